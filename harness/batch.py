@@ -1,0 +1,128 @@
+"""``ForwardBatch``: the tensors one forward pass reads, shaped like SGLang's."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+import torch
+
+from .allocator import ReqToTokenPool
+from .pool import HybridSWAKVPool
+
+
+class ForwardMode(enum.Enum):
+    EXTEND = "extend"
+    """prefill, possibly on top of a cached prefix (chunked prefill continues this way)"""
+    DECODE = "decode"
+    """one new token per request"""
+    DRAFT = "draft"
+    """speculative multi-step draft: ``draft_steps`` decode forwards, ``out_cache_loc`` reassigned per step"""
+
+    @property
+    def is_decode_like(self) -> bool:
+        return self is not ForwardMode.EXTEND
+
+
+@dataclass(slots=True, kw_only=True)
+class ForwardBatch:
+    forward_mode: ForwardMode
+    batch_size: int
+    input_ids: torch.Tensor
+    """[num_tokens] int64"""
+    positions: torch.Tensor
+    """[num_tokens] int64, position of each token inside its request"""
+    req_pool_indices: torch.Tensor
+    """[batch_size] int64, rows of req_to_token"""
+    seq_lens: torch.Tensor
+    """[batch_size] int64, tokens of each request once this forward has run (prefix included)"""
+    extend_prefix_lens: torch.Tensor
+    """[batch_size] int64, tokens already cached before this forward"""
+    extend_seq_lens: torch.Tensor
+    """[batch_size] int64, tokens this forward adds per request"""
+    out_cache_loc: torch.Tensor
+    """[num_tokens] int64, full-pool slot each new token writes"""
+    out_cache_loc_swa: torch.Tensor | None
+    """[num_tokens] int32, SWA slot each new token writes; precomputed at batch creation"""
+    req_to_token_pool: ReqToTokenPool
+    token_to_kv_pool: HybridSWAKVPool
+    extend_seq_lens_cpu: tuple[int, ...] = ()
+    """the same lengths as Python ints, for eager metadata builders"""
+    draft_out_cache_loc: torch.Tensor | None = None
+    """DRAFT only: [draft_steps, batch_size] full slots, one row per draft step"""
+    draft_input_ids: torch.Tensor | None = None
+    """DRAFT only: [draft_steps, batch_size] tokens fed at each draft step"""
+    keep_stale_swa_on_reassign: bool = False
+    """reproduces SGLang's speculative worker, which kept the old out_cache_loc_swa (a fault)"""
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.out_cache_loc.shape[0])
+
+    @property
+    def req_to_token(self) -> torch.Tensor:
+        return self.req_to_token_pool.req_to_token
+
+    @property
+    def draft_steps(self) -> int:
+        return 0 if self.draft_out_cache_loc is None else int(self.draft_out_cache_loc.shape[0])
+
+    def reassign_out_cache_loc(self, loc: torch.Tensor) -> None:
+        """Point the batch at new write locations, as a speculative draft step does.
+
+        The precomputed SWA locations belong to the old ``out_cache_loc``, so they are dropped and
+        consumers fall back to translating (SGLang PR 24138).
+        """
+        self.out_cache_loc = loc
+        if not self.keep_stale_swa_on_reassign:
+            self.out_cache_loc_swa = None
+
+    def enter_draft_step(self, step: int) -> None:
+        """Turn this DRAFT batch into its ``step``-th decode forward (0-based)."""
+        assert self.draft_out_cache_loc is not None and self.draft_input_ids is not None
+        if step > 0:
+            # decode-shaped forward: every request grows by one token per draft step
+            self.positions = self.positions + 1
+            self.seq_lens = self.seq_lens + 1
+            self.extend_prefix_lens = self.extend_prefix_lens + 1
+        self.input_ids = self.draft_input_ids[step]
+        self.reassign_out_cache_loc(self.draft_out_cache_loc[step])
+
+
+def make_forward_batch(
+    *,
+    forward_mode: ForwardMode,
+    input_ids: torch.Tensor,
+    positions: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    prefix_lens: list[int],
+    extend_lens: list[int],
+    out_cache_loc: torch.Tensor,
+    req_to_token_pool: ReqToTokenPool,
+    pool: HybridSWAKVPool,
+    draft_out_cache_loc: torch.Tensor | None = None,
+    draft_input_ids: torch.Tensor | None = None,
+    keep_stale_swa_on_reassign: bool = False,
+) -> ForwardBatch:
+    """Build a batch; ``out_cache_loc_swa`` is translated once here, as SGLang does at batch creation."""
+    device = out_cache_loc.device
+    prefix = torch.tensor(prefix_lens, dtype=torch.int64, device=device)
+    extend = torch.tensor(extend_lens, dtype=torch.int64, device=device)
+    return ForwardBatch(
+        forward_mode=forward_mode,
+        batch_size=len(extend_lens),
+        input_ids=input_ids,
+        positions=positions,
+        req_pool_indices=req_pool_indices,
+        seq_lens=prefix + extend,
+        extend_prefix_lens=prefix,
+        extend_seq_lens=extend,
+        extend_seq_lens_cpu=tuple(extend_lens),
+        out_cache_loc=out_cache_loc,
+        out_cache_loc_swa=pool.translate_loc_from_full_to_swa(out_cache_loc),
+        req_to_token_pool=req_to_token_pool,
+        token_to_kv_pool=pool,
+        draft_out_cache_loc=draft_out_cache_loc,
+        draft_input_ids=draft_input_ids,
+        keep_stale_swa_on_reassign=keep_stale_swa_on_reassign,
+    )

@@ -1,0 +1,231 @@
+"""A tiny seeded transformer whose layers are either sliding-window (SWA) or full attention.
+
+Attention is not computed here: each layer hands its q/k/v to an ``AttentionFn`` supplied by the runner,
+which writes the KV cache and attends through the backend. Everything else (embedding, RMSNorm, RoPE,
+projections, MLP) is plain torch so the graph engines can capture it.
+
+The attention output of layer k feeds layer k+1, so a wrong KV read in one layer changes the K/V that
+every later layer writes, as in a real model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+# Rows are padded to a multiple of this before every matmul. CPU GEMM kernels pick different blockings
+# for different row counts (3 rows and 4 rows round differently), so without padding a graph replaying a
+# padded bucket would differ from the eager run in the last bit for reasons that are not bugs. With it
+# the model is batch-invariant and the harness can demand bitwise equality on CPU.
+_ROW_BLOCK = 16
+
+AttentionFn = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+"""(layer_id, q [T, Hq*D], k [T, Hkv*D], v [T, Hkv*D]) -> attention output [T, Hq*D]"""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelSpec:
+    name: str
+    layer_pattern: tuple[str, ...]
+    """per layer: "swa" (sliding window) or "full\""""
+    window: int
+    """keys visible to a query in an SWA layer, the query's own key included (FlashInfer window_left = W - 1)"""
+    hidden_size: int = 64
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    head_dim: int = 16
+    intermediate_size: int = 128
+    vocab_size: int = 256
+    rope_theta: float = 10000.0
+    dtype: str = "float32"
+    seed: int = 0
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layer_pattern)
+
+    @property
+    def layer_is_swa(self) -> tuple[bool, ...]:
+        return tuple(kind == "swa" for kind in self.layer_pattern)
+
+    def layer_window(self, layer_id: int) -> int | None:
+        """Keys visible in ``layer_id``; None for full attention."""
+        return self.window if self.layer_pattern[layer_id] == "swa" else None
+
+    def problems(self) -> list[str]:
+        """Every inconsistency in the spec, as ``field: what is wrong``."""
+        out = []
+        if not self.layer_pattern:
+            out.append("layer_pattern: expected at least one layer")
+        bad = sorted({k for k in self.layer_pattern if k not in ("swa", "full")})
+        if bad:
+            out.append(f"layer_pattern: expected entries 'swa' or 'full', got {bad}")
+        for name in ("window", "hidden_size", "num_heads", "num_kv_heads", "head_dim", "intermediate_size"):
+            if getattr(self, name) < 1:
+                out.append(f"{name}: expected a positive integer, got {getattr(self, name)}")
+        if self.num_kv_heads >= 1 and self.num_heads % self.num_kv_heads:
+            out.append(f"num_heads: expected a multiple of num_kv_heads ({self.num_kv_heads}), got {self.num_heads}")
+        if self.head_dim % 2:
+            out.append(f"head_dim: expected an even number for RoPE, got {self.head_dim}")
+        if self.dtype not in DTYPES:
+            out.append(f"dtype: expected one of {sorted(DTYPES)}, got {self.dtype!r}")
+        return out
+
+
+def _pattern(unit: tuple[str, ...], repeats: int) -> tuple[str, ...]:
+    return unit * repeats
+
+
+PRESETS: dict[str, ModelSpec] = {
+    # gpt-oss alternates sliding and full attention, sliding first.
+    "gpt-oss-mini": ModelSpec(name="gpt-oss-mini", layer_pattern=_pattern(("swa", "full"), 2), window=8),
+    # Gemma 3/4: five sliding layers, then one global.
+    "gemma-mini": ModelSpec(
+        name="gemma-mini", layer_pattern=_pattern(("swa",) * 5 + ("full",), 1), window=6, head_dim=32
+    ),
+    "all-swa": ModelSpec(name="all-swa", layer_pattern=("swa",) * 3, window=4),
+}
+
+
+def model_spec(preset: str, **overrides: object) -> ModelSpec:
+    """A preset with fields replaced; raises KeyError naming the known presets."""
+    if preset not in PRESETS:
+        raise KeyError(f"unknown model preset {preset!r}; known: {', '.join(sorted(PRESETS))}")
+    return dataclasses.replace(PRESETS[preset], **overrides)  # type: ignore[arg-type]
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``x @ weight`` computed on a row count padded to _ROW_BLOCK, so each row's bits never depend on the batch."""
+    rows = x.shape[0]
+    padded = -(-rows // _ROW_BLOCK) * _ROW_BLOCK
+    if padded != rows:
+        x = torch.nn.functional.pad(x, (0, 0, 0, padded - rows))
+    return (x @ weight)[:rows]
+
+
+def _acc_dtype(x: torch.Tensor) -> torch.dtype:
+    """Accumulate in float32 at least; the float64 oracle stays in float64."""
+    return torch.promote_types(x.dtype, torch.float32)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    xf = x.to(_acc_dtype(x))
+    var = xf.pow(2).mean(-1, keepdim=True)
+    return (xf * torch.rsqrt(var + eps)).to(x.dtype) * weight
+
+
+def apply_rope(x: torch.Tensor, positions: torch.Tensor, head_dim: int, theta: float) -> torch.Tensor:
+    """Rotate-half RoPE on [T, H*D]."""
+    t = x.shape[0]
+    half = head_dim // 2
+    acc = _acc_dtype(x)
+    inv_freq = 1.0 / (theta ** (torch.arange(half, device=x.device, dtype=acc) / half))
+    angles = positions.to(acc)[:, None] * inv_freq[None, :]
+    cos = angles.cos()[:, None, :]
+    sin = angles.sin()[:, None, :]
+    xh = x.view(t, -1, head_dim).to(acc)
+    x1, x2 = xh[..., :half], xh[..., half:]
+    out = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    return out.to(x.dtype).reshape(t, -1)
+
+
+@dataclass(slots=True)
+class LayerWeights:
+    attn_norm: torch.Tensor
+    wq: torch.Tensor
+    wk: torch.Tensor
+    wv: torch.Tensor
+    wo: torch.Tensor
+    mlp_norm: torch.Tensor
+    w_up: torch.Tensor
+    w_down: torch.Tensor
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [getattr(self, f.name) for f in dataclasses.fields(self)]
+
+
+class SyntheticModel:
+    """Weights drawn from ``spec.seed``; ``forward`` runs the layer stack around an injected attention."""
+
+    def __init__(self, spec: ModelSpec, device: torch.device | str = "cpu") -> None:
+        self.spec = spec
+        self.device = torch.device(device)
+        self.dtype = DTYPES[spec.dtype]
+        gen = torch.Generator().manual_seed(spec.seed)
+
+        def w(*shape: int) -> torch.Tensor:
+            t = torch.randn(*shape, generator=gen, dtype=torch.float32) / shape[0] ** 0.5
+            return t.to(device=self.device, dtype=self.dtype)
+
+        def norm(n: int) -> torch.Tensor:
+            t = 1.0 + 0.1 * torch.randn(n, generator=gen, dtype=torch.float32)
+            return t.to(device=self.device, dtype=self.dtype)
+
+        h, d = spec.hidden_size, spec.head_dim
+        self.embed = torch.randn(spec.vocab_size, h, generator=gen).to(device=self.device, dtype=self.dtype)
+        self.layers = [
+            LayerWeights(
+                attn_norm=norm(h),
+                wq=w(h, spec.num_heads * d),
+                wk=w(h, spec.num_kv_heads * d),
+                wv=w(h, spec.num_kv_heads * d),
+                wo=w(spec.num_heads * d, h),
+                mlp_norm=norm(h),
+                w_up=w(h, spec.intermediate_size),
+                w_down=w(spec.intermediate_size, h),
+            )
+            for _ in range(spec.num_layers)
+        ]
+        self.final_norm = norm(h)
+
+    def cast(self, dtype: torch.dtype) -> "SyntheticModel":
+        """The same weights in another dtype (the oracle runs the rounded weights in float64)."""
+        twin = object.__new__(SyntheticModel)
+        twin.spec, twin.device, twin.dtype = self.spec, self.device, dtype
+        twin.embed = self.embed.to(dtype)
+        twin.layers = [LayerWeights(*(w.to(dtype) for w in lw.tensors())) for lw in self.layers]
+        twin.final_norm = self.final_norm.to(dtype)
+        return twin
+
+    def parameters(self) -> list[torch.Tensor]:
+        out = [self.embed, self.final_norm]
+        for layer in self.layers:
+            out.extend(layer.tensors())
+        return out
+
+    def kv_scales(self) -> list[tuple[float, float]]:
+        """Per-layer FP8 k/v scales, deterministic in the seed (real checkpoints ship per-layer scales)."""
+        gen = torch.Generator().manual_seed(self.spec.seed + 7919)
+        raw = 0.01 + 0.02 * torch.rand(self.spec.num_layers, 2, generator=gen)
+        return [(float(k), float(v)) for k, v in raw.tolist()]
+
+    def project_qkv(
+        self, layer_id: int, hidden: torch.Tensor, positions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Pre-norm and the q/k/v projections of one layer, RoPE applied to q and k."""
+        lw = self.layers[layer_id]
+        x = rms_norm(hidden, lw.attn_norm)
+        d, theta = self.spec.head_dim, self.spec.rope_theta
+        q = apply_rope(linear(x, lw.wq), positions, d, theta)
+        k = apply_rope(linear(x, lw.wk), positions, d, theta)
+        v = linear(x, lw.wv)
+        return q, k, v
+
+    def finish_layer(self, layer_id: int, hidden: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
+        lw = self.layers[layer_id]
+        hidden = hidden + linear(attn_out, lw.wo)
+        x = rms_norm(hidden, lw.mlp_norm)
+        return hidden + linear(torch.nn.functional.silu(linear(x, lw.w_up)), lw.w_down)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attention: AttentionFn) -> torch.Tensor:
+        """Final hidden states [T, hidden] of the tokens in ``input_ids``."""
+        hidden = self.embed[input_ids]
+        for layer_id in range(self.spec.num_layers):
+            q, k, v = self.project_qkv(layer_id, hidden, positions)
+            hidden = self.finish_layer(layer_id, hidden, attention(layer_id, q, k, v))
+        return rms_norm(hidden, self.final_norm)

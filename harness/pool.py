@@ -1,0 +1,186 @@
+"""Hybrid sliding-window KV pool: a full pool and a smaller SWA pool, as SGLang's SWAKVPool keeps them.
+
+Layout (page size 1, one row per token slot)::
+
+    full pool   slot:  0 (dummy) | 1 | 2 | 3 | ... | full_size-1        <- full-attention layers
+    SWA pool    slot:  0 (dummy) | 1 | 2 | ... | swa_size-1              <- sliding-window layers
+
+    full_to_swa_index_mapping (length full_size + 1):
+        index:  0    1    2    3   ...  full_size-1   full_size
+        value:  0    s1   0    s3  ...  ...            -1
+                ^ dummy  ^ evicted (SWA slot freed)    ^ trailing entry: index -1 maps to -1
+
+Every token owns a full slot (``out_cache_loc``); while it is inside the window of a live request it also
+owns an SWA slot, found by gathering through the mapping (``translate_loc_from_full_to_swa``). Padded rows
+of a graph batch write to slot 0 of each pool, which is why slot 0 is never handed out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+KV_DTYPES = ("float32", "bfloat16", "fp8_e4m3")
+
+# e4m3fn encodes NaN as S.1111.111; the byte 0x7F is the positive one.
+FP8_NAN_BYTE = 0x7F
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PoolSpec:
+    full_size: int
+    """slots in the full pool, the dummy slot 0 included"""
+    swa_size: int
+    """slots in the SWA pool, the dummy slot 0 included"""
+    kv_dtype: str = "float32"
+    """one of KV_DTYPES; fp8_e4m3 is stored as uint8 with per-layer k/v scales"""
+    max_context_len: int = 64
+    """longest request (prompt plus output) the pool's page tables are sized for"""
+    max_running_requests: int = 16
+    """rows of req_to_token, the dummy row 0 excluded"""
+
+
+def storage_dtype(kv_dtype: str) -> torch.dtype:
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "fp8_e4m3": torch.uint8}[kv_dtype]
+
+
+def quantize_fp8(x: torch.Tensor, scale: float) -> torch.Tensor:
+    """Scale and cast to e4m3, returned as the raw bytes the pool stores."""
+    return (x.float() / scale).to(torch.float8_e4m3fn).view(torch.uint8)
+
+
+def dequantize_fp8(raw: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tensor:
+    return (raw.view(torch.float8_e4m3fn).float() * scale).to(dtype)
+
+
+class HybridSWAKVPool:
+    """K/V buffers of both pools, the full->SWA slot mapping and the stateful ``swa_loc`` shortcut."""
+
+    def __init__(
+        self,
+        *,
+        spec: PoolSpec,
+        layer_is_swa: Sequence[bool],
+        num_kv_heads: int,
+        head_dim: int,
+        kv_scales: Sequence[tuple[float, float]] | None = None,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        if spec.kv_dtype not in KV_DTYPES:
+            raise ValueError(f"kv_dtype must be one of {KV_DTYPES}, got {spec.kv_dtype!r}")
+        self.spec = spec
+        self.device = torch.device(device)
+        self.kv_dtype = spec.kv_dtype
+        self.store_dtype = storage_dtype(spec.kv_dtype)
+        self.full_size = spec.full_size
+        self.swa_size = spec.swa_size
+        self.layers_mapping: dict[int, tuple[int, bool]] = {}
+        n_full = n_swa = 0
+        for layer_id, is_swa in enumerate(layer_is_swa):
+            self.layers_mapping[layer_id] = (n_swa if is_swa else n_full, bool(is_swa))
+            if is_swa:
+                n_swa += 1
+            else:
+                n_full += 1
+        shape = (num_kv_heads, head_dim)
+        self.full_k_buffer = [self._alloc(self.full_size, shape) for _ in range(n_full)]
+        self.full_v_buffer = [self._alloc(self.full_size, shape) for _ in range(n_full)]
+        self.swa_k_buffer = [self._alloc(self.swa_size, shape) for _ in range(n_swa)]
+        self.swa_v_buffer = [self._alloc(self.swa_size, shape) for _ in range(n_swa)]
+        num_layers = len(layer_is_swa)
+        self.kv_scales: list[tuple[float, float]] = (
+            list(kv_scales) if kv_scales is not None else [(1.0, 1.0)] * num_layers
+        )
+        self.full_to_swa_index_mapping = torch.zeros(self.full_size + 1, dtype=torch.int64, device=self.device)
+        self.full_to_swa_index_mapping[-1] = -1
+        self.swa_loc: torch.Tensor | None = None
+        self._memo_key: tuple[int, int] | None = None
+        self._memo_value: torch.Tensor | None = None
+
+    def _alloc(self, size: int, shape: tuple[int, int]) -> torch.Tensor:
+        return torch.zeros((size, *shape), dtype=self.store_dtype, device=self.device)
+
+    # ---- location mapping -------------------------------------------------------------------------
+    def translate_loc_from_full_to_swa(self, locs: torch.Tensor) -> torch.Tensor:
+        """Gather SWA slots for full-pool slots; -1 maps to -1, evicted or dummy slots to 0."""
+        return self.full_to_swa_index_mapping[locs.long()].to(torch.int32)
+
+    def translate_memoized(self, locs: torch.Tensor) -> torch.Tensor:
+        """Translation cached on (data_ptr, numel), as SGLang PR 25824 did; valid until invalidated."""
+        key = (locs.data_ptr(), locs.numel())
+        if key != self._memo_key or self._memo_value is None:
+            self._memo_key = key
+            self._memo_value = self.translate_loc_from_full_to_swa(locs)
+        return self._memo_value
+
+    def invalidate_translate_cache(self) -> None:
+        """Called once per forward; a runner that forgets this serves another batch's locations."""
+        self._memo_key = None
+        self._memo_value = None
+
+    def set_swa_loc(self, loc: torch.Tensor | None) -> None:
+        self.swa_loc = loc
+
+    # ---- buffers ----------------------------------------------------------------------------------
+    def is_swa_layer(self, layer_id: int) -> bool:
+        return self.layers_mapping[layer_id][1]
+
+    def get_key_buffer(self, layer_id: int) -> torch.Tensor:
+        index, is_swa = self.layers_mapping[layer_id]
+        return (self.swa_k_buffer if is_swa else self.full_k_buffer)[index]
+
+    def get_value_buffer(self, layer_id: int) -> torch.Tensor:
+        index, is_swa = self.layers_mapping[layer_id]
+        return (self.swa_v_buffer if is_swa else self.full_v_buffer)[index]
+
+    def get_kv_buffer(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.get_key_buffer(layer_id), self.get_value_buffer(layer_id)
+
+    def set_kv_buffer(self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Write K/V rows at ``loc``, already resolved to the layer's own pool (SWA slots for SWA layers)."""
+        k_buf, v_buf = self.get_kv_buffer(layer_id)
+        if self.kv_dtype == "fp8_e4m3":
+            k_scale, v_scale = self.kv_scales[layer_id]
+            k = quantize_fp8(k, k_scale)
+            v = quantize_fp8(v, v_scale)
+        else:
+            k = k.to(self.store_dtype)
+            v = v.to(self.store_dtype)
+        # index_put_ with a Python-style negative index wraps to the last slot: vLLM issue 43810.
+        k_buf[loc] = k
+        v_buf[loc] = v
+
+    def read_kv(self, layer_id: int, slots: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """Gather K/V rows at ``slots`` (any shape) in the compute dtype, dequantizing FP8."""
+        k_buf, v_buf = self.get_kv_buffer(layer_id)
+        k = k_buf[slots]
+        v = v_buf[slots]
+        if self.kv_dtype == "fp8_e4m3":
+            k_scale, v_scale = self.kv_scales[layer_id]
+            return dequantize_fp8(k, k_scale, dtype), dequantize_fp8(v, v_scale, dtype)
+        return k.to(dtype), v.to(dtype)
+
+    def buffers(self) -> list[torch.Tensor]:
+        """Every tensor the pool owns, for registering as graph inputs."""
+        return [
+            *self.full_k_buffer,
+            *self.full_v_buffer,
+            *self.swa_k_buffer,
+            *self.swa_v_buffer,
+            self.full_to_swa_index_mapping,
+        ]
+
+    def poison(self) -> None:
+        """Fill every slot but the dummy with NaN so that slots a run never wrote show up as unwritten.
+
+        The dummy slot stays zero: masked attention still multiplies its rows by zero weights, and a NaN
+        there would leak into every padded read (that leak is what the pad_seq_len_zero fault provokes).
+        """
+        for buf in (*self.full_k_buffer, *self.full_v_buffer, *self.swa_k_buffer, *self.swa_v_buffer):
+            if buf.dtype == torch.uint8:
+                buf[1:] = FP8_NAN_BYTE
+            else:
+                buf[1:] = float("nan")
+            buf[0] = 0

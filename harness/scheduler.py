@@ -1,0 +1,278 @@
+"""Turns a request timeline into the sequence of ``ForwardBatch``es a serving engine would run.
+
+Policy, SGLang's default without mixed chunked prefill: a step runs an extend batch while any request
+still has prompt tokens to prefill (chunked by ``chunk_size``), otherwise one decode batch of every
+running request (or a speculative draft batch when ``draft_steps`` > 0). Between steps, finished and
+aborted requests free both pools and out-of-window tokens of live requests give back their SWA slots.
+
+Tokens are teacher-forced from a seeded stream per request, so the schedule and every slot assignment
+depend on the timeline alone, never on model outputs: a subject run and its reference see identical
+batches and slots, and their KV caches can be compared slot by slot.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from .allocator import ReqToTokenPool, SWATokenToKVPoolAllocator
+from .batch import ForwardBatch, ForwardMode, make_forward_batch
+from .pool import HybridSWAKVPool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RequestSpec:
+    rid: str
+    arrive: int = 0
+    """step at which the request joins the waiting queue"""
+    prompt_len: int
+    output_len: int = 0
+    """tokens decoded after the prompt; the request finishes once they are written"""
+    abort: int | None = None
+    """step at which the request is aborted (before that step's batch is built)"""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TimelineSpec:
+    requests: tuple[RequestSpec, ...]
+    chunk_size: int | None = None
+    """token budget of one extend batch; None prefills whole prompts"""
+    draft_steps: int = 0
+    """>0: decode runs as speculative drafts of this many forwards per step"""
+    seed: int = 0
+    max_steps: int = 512
+
+
+@dataclass(frozen=True, slots=True)
+class TokenKey:
+    rid: str
+    pos: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LiveToken:
+    rid: str
+    pos: int
+    full_slot: int
+    swa_slot: int
+    """0 when the token has been evicted from the SWA pool"""
+    in_window: bool
+    """among the W-1 latest tokens of its request, which its next query reads: its SWA slot must hold its K/V"""
+
+
+@dataclass(slots=True, kw_only=True)
+class ScheduledStep:
+    index: int
+    batch: ForwardBatch
+    forwards: tuple[tuple[TokenKey, ...], ...]
+    """owner of each token row, per forward (a draft step runs several forwards)"""
+
+    @property
+    def kind(self) -> str:
+        return self.batch.forward_mode.value
+
+
+@dataclass(slots=True)
+class _Req:
+    spec: RequestSpec
+    tokens: torch.Tensor
+    row: int = -1
+    seq_len: int = 0
+    swa_evicted: int = 0
+    slots: list[int] = field(default_factory=list)
+
+    @property
+    def total_len(self) -> int:
+        return self.spec.prompt_len + self.spec.output_len
+
+    @property
+    def prefilling(self) -> bool:
+        return self.seq_len < self.spec.prompt_len
+
+
+def request_tokens(timeline: TimelineSpec, vocab_size: int) -> dict[str, torch.Tensor]:
+    """The teacher-forced token stream (prompt then output) of every request, drawn from the timeline seed."""
+    gen = torch.Generator().manual_seed(timeline.seed)
+    return {
+        r.rid: torch.randint(vocab_size, (r.prompt_len + r.output_len,), generator=gen) for r in timeline.requests
+    }
+
+
+class Scheduler:
+    """Drive it with ``next_step()`` until it returns None, calling ``finish_step()`` after each forward."""
+
+    def __init__(
+        self,
+        timeline: TimelineSpec,
+        *,
+        pool: HybridSWAKVPool,
+        allocator: SWATokenToKVPoolAllocator,
+        req_to_token_pool: ReqToTokenPool,
+        window: int,
+        vocab_size: int,
+        keep_stale_swa_on_reassign: bool = False,
+    ) -> None:
+        self.timeline = timeline
+        self.pool = pool
+        self.allocator = allocator
+        self.req_to_token_pool = req_to_token_pool
+        self.window = window
+        self.keep_stale_swa_on_reassign = keep_stale_swa_on_reassign
+        self.device = pool.device
+        tokens = request_tokens(timeline, vocab_size)
+        self._pending = [
+            _Req(spec=r, tokens=tokens[r.rid]) for r in sorted(timeline.requests, key=lambda r: r.arrive)
+        ]
+        self._waiting: list[_Req] = []
+        self._running: list[_Req] = []
+        self._step = 0
+        self._in_step: list[_Req] = []
+
+    @property
+    def step_index(self) -> int:
+        return self._step
+
+    def next_step(self) -> ScheduledStep | None:
+        """The next batch to run, or None once every request has finished or been aborted."""
+        while self._step < self.timeline.max_steps:
+            self._apply_aborts()
+            while self._pending and self._pending[0].spec.arrive <= self._step:
+                self._waiting.append(self._pending.pop(0))
+            step = self._build()
+            if step is not None:
+                return step
+            if not self._pending:
+                return None
+            self._step += 1
+        raise RuntimeError(f"timeline did not finish within max_steps={self.timeline.max_steps}")
+
+    def live_tokens(self) -> list[LiveToken]:
+        """Every token of every running request, with its slots, as of now."""
+        mapping = self.pool.full_to_swa_index_mapping
+        out = []
+        for req in self._running:
+            # the keys the request's next query will read; older ones may already be evicted
+            first_in_window = req.seq_len - self.window + 1
+            swa = mapping[torch.tensor(req.slots, dtype=torch.int64)].tolist() if req.slots else []
+            for pos, (full, swa_slot) in enumerate(zip(req.slots, swa)):
+                out.append(
+                    LiveToken(
+                        rid=req.spec.rid, pos=pos, full_slot=full, swa_slot=swa_slot, in_window=pos >= first_in_window
+                    )
+                )
+        return out
+
+    def finish_step(self) -> None:
+        """Free finished requests and evict tokens that left the window, then advance the clock."""
+        for req in list(self._running):
+            if req.seq_len >= req.total_len and not req.prefilling:
+                self._free(req)
+            else:
+                # The next query sits at position seq_len and sees seq_len-W+1 .. seq_len.
+                evict_to = max(req.swa_evicted, req.seq_len - self.window + 1)
+                if evict_to > req.swa_evicted:
+                    self.allocator.free_swa(torch.tensor(req.slots[req.swa_evicted : evict_to], dtype=torch.int64))
+                    req.swa_evicted = evict_to
+        self._step += 1
+
+    # ---- internals -------------------------------------------------------------------------------------
+    def _apply_aborts(self) -> None:
+        for req in list(self._running):
+            if req.spec.abort is not None and req.spec.abort <= self._step:
+                self._free(req)
+        self._waiting = [r for r in self._waiting if r.spec.abort is None or r.spec.abort > self._step]
+
+    def _free(self, req: _Req) -> None:
+        self.allocator.free(torch.tensor(req.slots, dtype=torch.int64))
+        self.req_to_token_pool.free(req.row)
+        self._running.remove(req)
+
+    def _build(self) -> ScheduledStep | None:
+        prefilling = [r for r in self._running if r.prefilling]
+        if prefilling or self._waiting:
+            return self._build_extend(prefilling)
+        if self._running:
+            return self._build_decode()
+        return None
+
+    def _build_extend(self, prefilling: list[_Req]) -> ScheduledStep:
+        budget = self.timeline.chunk_size or 1 << 30
+        chosen: list[tuple[_Req, int]] = []
+        for req in prefilling:
+            if budget <= 0:
+                break
+            n = min(req.spec.prompt_len - req.seq_len, budget)
+            chosen.append((req, n))
+            budget -= n
+        while self._waiting and budget > 0:
+            req = self._waiting.pop(0)
+            req.row = self.req_to_token_pool.alloc()
+            self._running.append(req)
+            n = min(req.spec.prompt_len, budget)
+            chosen.append((req, n))
+            budget -= n
+        ids, positions, rows, prefix_lens, extend_lens, locs, owners = [], [], [], [], [], [], []
+        for req, n in chosen:
+            slots = self.allocator.alloc(n)
+            start = req.seq_len
+            self.req_to_token_pool.write(req.row, start, slots)
+            req.slots.extend(slots.tolist())
+            ids.append(req.tokens[start : start + n])
+            positions.append(torch.arange(start, start + n))
+            rows.append(req.row)
+            prefix_lens.append(start)
+            extend_lens.append(n)
+            locs.append(slots)
+            owners.extend(TokenKey(req.spec.rid, p) for p in range(start, start + n))
+            req.seq_len += n
+        batch = make_forward_batch(
+            forward_mode=ForwardMode.EXTEND,
+            input_ids=torch.cat(ids).to(self.device),
+            positions=torch.cat(positions).to(self.device),
+            req_pool_indices=torch.tensor(rows, dtype=torch.int64, device=self.device),
+            prefix_lens=prefix_lens,
+            extend_lens=extend_lens,
+            out_cache_loc=torch.cat(locs),
+            req_to_token_pool=self.req_to_token_pool,
+            pool=self.pool,
+        )
+        return ScheduledStep(index=self._step, batch=batch, forwards=(tuple(owners),))
+
+    def _build_decode(self) -> ScheduledStep:
+        reqs = list(self._running)
+        steps = 1
+        if self.timeline.draft_steps > 0:
+            steps = min(self.timeline.draft_steps, *(r.total_len - r.seq_len for r in reqs))
+        # step-major allocation: all of draft step 0's slots, then step 1's ...
+        loc_rows = [self.allocator.alloc(len(reqs)) for _ in range(steps)]
+        ids = torch.zeros((steps, len(reqs)), dtype=torch.int64)
+        forwards: list[tuple[TokenKey, ...]] = []
+        for i, locs in enumerate(loc_rows):
+            owners = []
+            for b, req in enumerate(reqs):
+                pos = req.seq_len + i
+                self.req_to_token_pool.write(req.row, pos, locs[b : b + 1])
+                req.slots.append(int(locs[b]))
+                ids[i, b] = req.tokens[pos]
+                owners.append(TokenKey(req.spec.rid, pos))
+            forwards.append(tuple(owners))
+        prefix_lens = [r.seq_len for r in reqs]
+        for req in reqs:
+            req.seq_len += steps
+        draft = self.timeline.draft_steps > 0
+        batch = make_forward_batch(
+            forward_mode=ForwardMode.DRAFT if draft else ForwardMode.DECODE,
+            input_ids=ids[0].to(self.device),
+            positions=torch.tensor(prefix_lens, dtype=torch.int64, device=self.device),
+            req_pool_indices=torch.tensor([r.row for r in reqs], dtype=torch.int64, device=self.device),
+            prefix_lens=prefix_lens,
+            extend_lens=[1] * len(reqs),
+            out_cache_loc=loc_rows[0],
+            req_to_token_pool=self.req_to_token_pool,
+            pool=self.pool,
+            draft_out_cache_loc=torch.stack(loc_rows) if draft else None,
+            draft_input_ids=ids.to(self.device) if draft else None,
+            keep_stale_swa_on_reassign=self.keep_stale_swa_on_reassign,
+        )
+        return ScheduledStep(index=self._step, batch=batch, forwards=tuple(forwards))
