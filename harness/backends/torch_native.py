@@ -71,7 +71,7 @@ class TorchNativeBackend:
         self.design = design
         self.kv_write = kv_write
         self.faults = frozenset(faults) & BACKEND_FAULTS
-        self.width = pool.spec.max_context_len
+        self.width = int(req_to_token.shape[1])
         self.device = pool.device
         self.dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[model_spec.dtype]
         self.num_kv_heads = model_spec.num_kv_heads

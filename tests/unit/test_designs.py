@@ -1,0 +1,89 @@
+import pytest
+import torch
+
+from harness.allocator import ReqToTokenPool, SWATokenToKVPoolAllocator
+from harness.batch import ForwardMode, make_forward_batch
+from harness.designs import DESIGNS, resolve_design
+from harness.model import model_spec
+from harness.pool import HybridSWAKVPool, PoolSpec
+from harness.backends import TorchNativeBackend
+
+
+@pytest.fixture
+def setup():
+    spec = model_spec("gpt-oss-mini")
+    pool = HybridSWAKVPool(spec=PoolSpec(full_size=32, swa_size=16), layer_is_swa=spec.layer_is_swa,
+                           num_kv_heads=2, head_dim=16)
+    r2t = ReqToTokenPool(max_running_requests=2, max_context_len=16)
+    alloc = SWATokenToKVPoolAllocator(pool)
+    locs = alloc.alloc(3)
+    row = r2t.alloc()
+    r2t.write(row, 0, locs)
+    batch = make_forward_batch(
+        forward_mode=ForwardMode.EXTEND, input_ids=torch.zeros(3, dtype=torch.int64), positions=torch.arange(3),
+        req_pool_indices=torch.tensor([row]), prefix_lens=[0], extend_lens=[3], out_cache_loc=locs,
+        req_to_token_pool=r2t, pool=pool,
+    )
+    return spec, pool, r2t, alloc, batch
+
+
+class _Md:
+    out_cache_loc_swa = None
+
+
+def test_forward_batch_returns_precomputed_locations_even_when_translation_changed(setup):
+    _, pool, _, alloc, batch = setup
+    precomputed = batch.out_cache_loc_swa
+    alloc.free_swa(batch.out_cache_loc)  # a fresh translation would now give zeros
+    assert DESIGNS["forward_batch"](batch, pool, _Md()) is precomputed
+    assert DESIGNS["translate"](batch, pool, _Md()).tolist() == [0, 0, 0]
+
+
+def test_forward_batch_translates_without_precomputed_locations(setup):
+    _, pool, _, _, batch = setup
+    expected = pool.translate_loc_from_full_to_swa(batch.out_cache_loc)
+    batch.reassign_out_cache_loc(batch.out_cache_loc)
+    assert batch.out_cache_loc_swa is None
+    assert torch.equal(DESIGNS["forward_batch"](batch, pool, _Md()), expected)
+
+
+@pytest.mark.parametrize("design", ["translate", "forward_batch"])
+def test_garbage_swa_loc_never_influences(design, setup):
+    _, pool, _, _, batch = setup
+    expected = DESIGNS[design](batch, pool, _Md()).clone()
+    pool.set_swa_loc(torch.tensor([9, 9, 9, 9, 9], dtype=torch.int32))
+    assert torch.equal(DESIGNS[design](batch, pool, _Md()), expected)
+
+
+def test_stale_state_reads_whatever_swa_loc_holds(setup):
+    _, pool, _, _, batch = setup
+    garbage = torch.tensor([9, 9], dtype=torch.int32)
+    pool.set_swa_loc(garbage)
+    assert DESIGNS["stale_state"](batch, pool, _Md()) is garbage
+
+
+@pytest.mark.parametrize("design", list(DESIGNS))
+def test_full_layers_write_at_out_cache_loc_untouched(design, setup):
+    spec, pool, r2t, _, batch = setup
+    backend = TorchNativeBackend(model_spec=spec, pool=pool, req_to_token=r2t.req_to_token, design=DESIGNS[design])
+    backend.init_forward_metadata(batch)
+    pool.set_swa_loc(batch.out_cache_loc_swa)
+    full_layer = spec.layer_is_swa.index(False)
+    assert backend._get_layer_cache_loc(full_layer, batch) is batch.out_cache_loc
+
+
+def test_metadata_design_reads_backend_copy(setup):
+    spec, pool, r2t, _, batch = setup
+    backend = TorchNativeBackend(model_spec=spec, pool=pool, req_to_token=r2t.req_to_token, design=DESIGNS["metadata"])
+    backend.init_forward_metadata(batch)
+    got = backend._get_layer_cache_loc(0, batch)
+    assert got is backend.forward_metadata.out_cache_loc_swa
+    assert torch.equal(got, batch.out_cache_loc_swa)
+
+
+def test_third_party_design_by_import_path():
+    assert resolve_design("harness.designs:translate") is DESIGNS["translate"]
+    with pytest.raises(KeyError, match="unknown design"):
+        resolve_design("nope")
+    with pytest.raises(KeyError, match="cannot be imported"):
+        resolve_design("no.such.module:fn")
