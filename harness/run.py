@@ -12,7 +12,10 @@ from .backends import BACKENDS
 from .designs import REFERENCE_DESIGN, resolve_design
 from .model import ModelSpec, SyntheticModel
 from .pool import HybridSWAKVPool, PoolSpec
+from .graphs import get_engine
 from .runners import EagerRunner, Runner, run_batch
+from .runners.decode_graph import DecodeGraphRunner
+from .runners.piecewise import PiecewisePrefillRunner
 from .scheduler import Scheduler, TimelineSpec
 from .snapshot import KVSnapshot, take_snapshot
 
@@ -23,6 +26,9 @@ MODES = ("eager", "full", "piecewise")
 class GraphSpec:
     decode_buckets: tuple[int, ...] = (1, 2, 4, 8, 16)
     """batch sizes the decode runner captures"""
+    capture: str = "startup"
+    """decode graphs: "startup" captures every bucket before the first batch, largest first;
+    "on_demand" captures a bucket the first time a batch needs it, with the pool state of that moment"""
     prefill_buckets: tuple[int, ...] = (8, 16, 32, 64)
     """token counts the piecewise prefill runner captures"""
 
@@ -112,16 +118,26 @@ def build_session(spec: RunSpec) -> Session:
         kv_write=spec.kv_write,
         faults=spec.faults,
     )
-    runner = make_runner(spec, model=model, backend=backend, pool=pool)
+    runner = make_runner(spec, model=model, backend=backend, pool=pool, req_to_token_pool=req_to_token_pool)
     pool.poison()
     return Session(spec, model, pool, req_to_token_pool, allocator, scheduler, backend, runner)
 
 
-def make_runner(spec: RunSpec, *, model: SyntheticModel, backend, pool: HybridSWAKVPool) -> Runner:
-    eager = EagerRunner(model=model, backend=backend, pool=pool)
+def make_runner(
+    spec: RunSpec, *, model: SyntheticModel, backend, pool: HybridSWAKVPool, req_to_token_pool: ReqToTokenPool
+) -> Runner:
     if spec.mode == "eager":
-        return eager
-    raise ValueError(f"mode {spec.mode!r} is not available")
+        return EagerRunner(model=model, backend=backend, pool=pool)
+    engine = get_engine(spec.engine)
+    if spec.mode == "full":
+        return DecodeGraphRunner(
+            model=model, backend=backend, pool=pool, req_to_token_pool=req_to_token_pool, engine=engine,
+            buckets=spec.graphs.decode_buckets, capture=spec.graphs.capture, faults=spec.faults,
+        )
+    return PiecewisePrefillRunner(
+        model=model, backend=backend, pool=pool, req_to_token_pool=req_to_token_pool, engine=engine,
+        buckets=spec.graphs.prefill_buckets, faults=spec.faults,
+    )
 
 
 def execute(spec: RunSpec) -> RunResult:

@@ -1,0 +1,183 @@
+"""The decode CUDA-graph runner, shaped like SGLang's: full capture per batch-size bucket.
+
+Static buffers (max bucket rows)::
+
+    input_ids  positions  req_pool_indices  seq_lens  out_cache_loc  out_cache_loc_swa
+    [real rows ..................][padding rows: 0     0        1         0              0 ]
+
+A batch of 3 replays the bucket-4 graph: padding is filled, the real rows copied in, the backend's
+static metadata refreshed outside the graph, then the graph replays. Python does not run during replay,
+so this path never performs the eager step's ``pool.swa_loc`` update (SGLang's did not either).
+
+The behaviours real bugs came from are switches (``faults``), correct by default:
+``no_zero_swa_pad`` (SGLang PR 24743), ``no_preset_swa_loc`` (before PR 23552), ``pad_seq_len_zero``
+(vLLM PR 38436), ``pad_slot_minus_one`` (vLLM issue 43810).
+"""
+
+from __future__ import annotations
+
+import bisect
+from typing import Collection
+
+import torch
+
+from ..allocator import ReqToTokenPool
+from ..backends.torch_native import TorchNativeBackend
+from ..batch import ForwardBatch, ForwardMode
+from ..graphs import CapturedGraph, GraphEngine
+from ..model import SyntheticModel
+from ..pool import HybridSWAKVPool
+from .eager import EagerRunner
+from .graph_log import GraphLog
+
+DECODE_RUNNER_FAULTS = frozenset({"no_zero_swa_pad", "no_preset_swa_loc", "pad_seq_len_zero", "pad_slot_minus_one"})
+CAPTURE_POLICIES = ("startup", "on_demand")
+
+
+class DecodeGraphRunner:
+    mode = "full"
+
+    def __init__(
+        self,
+        *,
+        model: SyntheticModel,
+        backend: TorchNativeBackend,
+        pool: HybridSWAKVPool,
+        req_to_token_pool: ReqToTokenPool,
+        engine: GraphEngine,
+        buckets: tuple[int, ...],
+        capture: str = "startup",
+        faults: Collection[str] = (),
+    ) -> None:
+        if capture not in CAPTURE_POLICIES:
+            raise ValueError(f"capture must be one of {CAPTURE_POLICIES}, got {capture!r}")
+        self.model = model
+        self.backend = backend
+        self.pool = pool
+        self.req_to_token_pool = req_to_token_pool
+        self.engine = engine
+        self.eager = EagerRunner(model=model, backend=backend, pool=pool)
+        self.buckets = tuple(sorted(set(buckets)))
+        self.faults = frozenset(faults) & DECODE_RUNNER_FAULTS
+        self.log = GraphLog()
+        max_bs = self.buckets[-1]
+        dev = pool.device
+        self.input_ids = torch.zeros(max_bs, dtype=torch.int64, device=dev)
+        self.positions = torch.zeros(max_bs, dtype=torch.int64, device=dev)
+        self.req_pool_indices = torch.zeros(max_bs, dtype=torch.int64, device=dev)
+        self.seq_lens = torch.ones(max_bs, dtype=torch.int64, device=dev)
+        self.out_cache_loc = torch.zeros(max_bs, dtype=torch.int64, device=dev)
+        self.out_cache_loc_swa = torch.zeros(max_bs, dtype=torch.int32, device=dev)
+        backend.init_cuda_graph_state(max_bs)
+        self.graphs: dict[int, CapturedGraph] = {}
+        self.outputs: dict[int, torch.Tensor] = {}
+        if capture == "startup":
+            # largest first, as serving engines do, so smaller graphs reuse the big one's pool memory
+            for bs in reversed(self.buckets):
+                self._capture(bs)
+
+    def static_buffers(self) -> list[torch.Tensor]:
+        return [self.input_ids, self.positions, self.req_pool_indices, self.seq_lens, self.out_cache_loc,
+                self.out_cache_loc_swa]
+
+    def observations(self) -> list[str]:
+        return self.log.lines()
+
+    def _static_batch(self, bs: int, forward_mode: ForwardMode) -> ForwardBatch:
+        return ForwardBatch(
+            forward_mode=forward_mode,
+            batch_size=bs,
+            input_ids=self.input_ids[:bs],
+            positions=self.positions[:bs],
+            req_pool_indices=self.req_pool_indices[:bs],
+            seq_lens=self.seq_lens[:bs],
+            extend_prefix_lens=self.seq_lens[:bs] - 1,
+            extend_seq_lens=torch.ones(bs, dtype=torch.int64, device=self.pool.device),
+            extend_seq_lens_cpu=(1,) * bs,
+            out_cache_loc=self.out_cache_loc[:bs],
+            out_cache_loc_swa=self.out_cache_loc_swa[:bs],
+            req_to_token_pool=self.req_to_token_pool,
+            token_to_kv_pool=self.pool,
+        )
+
+    def _capture(self, bs: int) -> None:
+        # the capture batch: every row is padding (dummy request row 0, dummy slot 0, seq_len 1)
+        self.input_ids[:bs].zero_()
+        self.positions[:bs].zero_()
+        self.req_pool_indices[:bs].zero_()
+        self.seq_lens[:bs].fill_(1)
+        self.out_cache_loc[:bs].zero_()
+        self.out_cache_loc_swa[:bs].zero_()
+        batch = self._static_batch(bs, ForwardMode.DECODE)
+        self.backend.init_forward_metadata_capture_cuda_graph(
+            bs, batch.req_pool_indices, batch.seq_lens, batch.out_cache_loc, ForwardMode.DECODE
+        )
+        if "no_preset_swa_loc" not in self.faults:
+            # SGLang PR 23552: point the attribute at the static buffer so the graph reads what replay fills
+            self.pool.set_swa_loc(batch.out_cache_loc_swa)
+        model, backend = self.model, self.backend
+        produced: list[torch.Tensor] = []
+
+        def forward() -> torch.Tensor:
+            out = model.forward(
+                batch.input_ids, batch.positions, lambda layer_id, q, k, v: backend.forward(q, k, v, layer_id, batch)
+            )
+            produced.append(out)
+            return out
+
+        graph = self.engine.capture(
+            forward,
+            label=f"decode bs={bs}",
+            roots={"pool": self.pool, "backend": self.backend, "runner": self, "model": self.model},
+            static_inputs=[
+                *self.static_buffers(),
+                *self.model.parameters(),
+                *self.pool.buffers(),
+                *self.backend.graph_static_tensors(),
+                self.req_to_token_pool.req_to_token,
+            ],
+        )
+        self.graphs[bs] = graph
+        self.outputs[bs] = produced[-1]  # the tensor of the captured run; replay writes into it
+        self.log.captured(graph)
+
+    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        bs = batch.batch_size
+        index = bisect.bisect_left(self.buckets, bs)
+        if not batch.forward_mode.is_decode_like:
+            return self.eager.forward(batch)
+        if index == len(self.buckets):
+            self.log.eager_fallbacks += 1
+            return self.eager.forward(batch)  # no bucket fits: a real engine runs it eagerly
+        bucket = self.buckets[index]
+        if bucket not in self.graphs:
+            self._capture(bucket)
+        self._fill(batch, bucket)
+        self.pool.invalidate_translate_cache()
+        self.backend.init_forward_metadata_replay_cuda_graph(
+            bucket, bs, self.req_pool_indices[:bucket], self.seq_lens[:bucket], self.out_cache_loc[:bucket],
+            batch.forward_mode,
+        )
+        self.log.replayed(self.graphs[bucket], self.graphs[bucket].replay())
+        return self.outputs[bucket][:bs].clone()
+
+    def _fill(self, batch: ForwardBatch, bucket: int) -> None:
+        bs = batch.batch_size
+        pad_seq_len = 0 if "pad_seq_len_zero" in self.faults else 1
+        pad_slot = -1 if "pad_slot_minus_one" in self.faults else 0
+        self.input_ids[bs:bucket].zero_()
+        self.positions[bs:bucket].zero_()
+        self.req_pool_indices[bs:bucket].zero_()
+        self.seq_lens[bs:bucket].fill_(pad_seq_len)
+        self.out_cache_loc[bs:bucket].fill_(pad_slot)
+        if "no_zero_swa_pad" not in self.faults:
+            self.out_cache_loc_swa[bs:bucket].fill_(pad_slot)
+        self.input_ids[:bs].copy_(batch.input_ids)
+        self.positions[:bs].copy_(batch.positions)
+        self.req_pool_indices[:bs].copy_(batch.req_pool_indices)
+        self.seq_lens[:bs].copy_(batch.seq_lens)
+        self.out_cache_loc[:bs].copy_(batch.out_cache_loc)
+        swa = batch.out_cache_loc_swa
+        if swa is None:  # a draft step dropped it: the runner translates, as SGLang's does
+            swa = self.pool.translate_loc_from_full_to_swa(batch.out_cache_loc)
+        self.out_cache_loc_swa[:bs].copy_(swa)

@@ -1,0 +1,170 @@
+"""The piecewise prefill graph runner, shaped like SGLang's: everything but attention is captured.
+
+Extend batches are bucketed by token count. Static ``input_ids``, ``positions``, ``out_cache_loc`` and
+``out_cache_loc_swa`` are zero-padded to the bucket; the captured pieces run over the whole bucket, and
+attention runs between them as an eager island on views narrowed to the real tokens, with
+``pool.swa_loc`` pointed at the narrowed static SWA locations for the call and restored after.
+
+Because attention runs eagerly on views of the same static buffers at every replay, anything keyed on
+those buffers' addresses sees the same key for different batches: the ``memoized`` design depends on
+the runner invalidating it once per forward (the ``skip_memo_invalidate`` fault skips that).
+"""
+
+from __future__ import annotations
+
+import bisect
+from typing import Collection
+
+import torch
+
+from ..allocator import ReqToTokenPool
+from ..backends.torch_native import TorchNativeBackend
+from ..batch import ForwardBatch, ForwardMode
+from ..graphs import CapturedGraph, GraphEngine, eager_island
+from ..model import SyntheticModel
+from ..pool import HybridSWAKVPool
+from .eager import EagerRunner
+from .graph_log import GraphLog
+
+PIECEWISE_RUNNER_FAULTS = frozenset({"skip_memo_invalidate"})
+
+
+class PiecewisePrefillRunner:
+    mode = "piecewise"
+
+    def __init__(
+        self,
+        *,
+        model: SyntheticModel,
+        backend: TorchNativeBackend,
+        pool: HybridSWAKVPool,
+        req_to_token_pool: ReqToTokenPool,
+        engine: GraphEngine,
+        buckets: tuple[int, ...],
+        faults: Collection[str] = (),
+    ) -> None:
+        self.model = model
+        self.backend = backend
+        self.pool = pool
+        self.req_to_token_pool = req_to_token_pool
+        self.engine = engine
+        self.eager = EagerRunner(model=model, backend=backend, pool=pool)
+        self.buckets = tuple(sorted(set(buckets)))
+        self.faults = frozenset(faults) & PIECEWISE_RUNNER_FAULTS
+        self.log = GraphLog()
+        n, dev = self.buckets[-1], pool.device
+        self.input_ids = torch.zeros(n, dtype=torch.int64, device=dev)
+        self.positions = torch.zeros(n, dtype=torch.int64, device=dev)
+        self.out_cache_loc = torch.zeros(n, dtype=torch.int64, device=dev)
+        self.out_cache_loc_swa = torch.zeros(n, dtype=torch.int32, device=dev)
+        self._hidden_width = model.spec.num_heads * model.spec.head_dim
+        self._batch: ForwardBatch | None = None
+        self._num_real = 0
+        self.graphs: dict[int, CapturedGraph] = {}
+        self.outputs: dict[int, torch.Tensor] = {}
+        for bucket in reversed(self.buckets):
+            self._capture(bucket)
+
+    def observations(self) -> list[str]:
+        return self.log.lines()
+
+    def _narrow(self, batch: ForwardBatch, n: int) -> ForwardBatch:
+        """The real batch re-pointed at views of the static buffers, as attention sees it at replay."""
+        return ForwardBatch(
+            forward_mode=batch.forward_mode,
+            batch_size=batch.batch_size,
+            input_ids=self.input_ids[:n],
+            positions=self.positions[:n],
+            req_pool_indices=batch.req_pool_indices,
+            seq_lens=batch.seq_lens,
+            extend_prefix_lens=batch.extend_prefix_lens,
+            extend_seq_lens=batch.extend_seq_lens,
+            extend_seq_lens_cpu=batch.extend_seq_lens_cpu,
+            out_cache_loc=self.out_cache_loc[:n],
+            out_cache_loc_swa=self.out_cache_loc_swa[:n],
+            req_to_token_pool=batch.req_to_token_pool,
+            token_to_kv_pool=self.pool,
+        )
+
+    def _attention(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """The eager island: runs as Python at every replay, between the captured pieces."""
+        n, batch = self._num_real, self._batch
+        assert batch is not None
+        previous = self.pool.swa_loc
+        self.pool.set_swa_loc(batch.out_cache_loc_swa)
+        try:
+            real = self.backend.forward(q[:n], k[:n], v[:n], layer_id, batch)
+        finally:
+            self.pool.set_swa_loc(previous)
+        out = q.new_zeros(q.shape[0], self._hidden_width)
+        out[:n] = real
+        return out
+
+    def _capture(self, bucket: int) -> None:
+        # capture batch: one dummy request whose tokens all write to the dummy slot
+        for buf in (self.input_ids, self.positions, self.out_cache_loc, self.out_cache_loc_swa):
+            buf[:bucket].zero_()
+        dev = self.pool.device
+        lens = torch.tensor([bucket], dtype=torch.int64, device=dev)
+        dummy = ForwardBatch(
+            forward_mode=ForwardMode.EXTEND,
+            batch_size=1,
+            input_ids=self.input_ids[:bucket],
+            positions=self.positions[:bucket],
+            req_pool_indices=torch.zeros(1, dtype=torch.int64, device=dev),
+            seq_lens=lens,
+            extend_prefix_lens=torch.zeros(1, dtype=torch.int64, device=dev),
+            extend_seq_lens=lens,
+            extend_seq_lens_cpu=(bucket,),
+            out_cache_loc=self.out_cache_loc[:bucket],
+            out_cache_loc_swa=self.out_cache_loc_swa[:bucket],
+            req_to_token_pool=self.req_to_token_pool,
+            token_to_kv_pool=self.pool,
+        )
+        self._batch, self._num_real = dummy, bucket
+        self.backend.init_forward_metadata(dummy)
+        model, ids, pos = self.model, self.input_ids[:bucket], self.positions[:bucket]
+        produced: list[torch.Tensor] = []
+
+        def forward() -> torch.Tensor:
+            out = model.forward(ids, pos, lambda layer_id, q, k, v: eager_island(self._attention, layer_id, q, k, v))
+            produced.append(out)
+            return out
+
+        graph = self.engine.capture(
+            forward,
+            label=f"prefill tokens={bucket}",
+            roots={"pool": self.pool, "backend": self.backend, "runner": self, "model": self.model},
+            static_inputs=[self.input_ids, self.positions, self.out_cache_loc, self.out_cache_loc_swa,
+                           *self.model.parameters(), *self.pool.buffers()],
+            islands=True,
+        )
+        self.graphs[bucket] = graph
+        self.outputs[bucket] = produced[-1]
+        self.log.captured(graph)
+        self._batch = None
+
+    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        if batch.forward_mode is not ForwardMode.EXTEND:
+            return self.eager.forward(batch)
+        n = batch.num_tokens
+        index = bisect.bisect_left(self.buckets, n)
+        if index == len(self.buckets):
+            self.log.eager_fallbacks += 1
+            return self.eager.forward(batch)
+        bucket = self.buckets[index]
+        for buf in (self.input_ids, self.positions, self.out_cache_loc, self.out_cache_loc_swa):
+            buf[n:bucket].zero_()
+        self.input_ids[:n].copy_(batch.input_ids)
+        self.positions[:n].copy_(batch.positions)
+        self.out_cache_loc[:n].copy_(batch.out_cache_loc)
+        swa = batch.out_cache_loc_swa
+        if swa is None:
+            swa = self.pool.translate_loc_from_full_to_swa(batch.out_cache_loc)
+        self.out_cache_loc_swa[:n].copy_(swa)
+        self._batch, self._num_real = self._narrow(batch, n), n
+        if "skip_memo_invalidate" not in self.faults:
+            self.pool.invalidate_translate_cache()
+        self.backend.init_forward_metadata(self._batch)
+        self.log.replayed(self.graphs[bucket], self.graphs[bucket].replay())
+        return self.outputs[bucket][:n].clone()
