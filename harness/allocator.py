@@ -24,6 +24,7 @@ class _FreeList:
         self._free = list(range(1, size))
         self._capacity = size - 1
         self._what = what
+        self.freed_since_last_take: list[int] = []
 
     def __len__(self) -> int:
         return len(self._free)
@@ -42,6 +43,11 @@ class _FreeList:
             if slot <= 0:
                 raise ValueError(f"{self._what}: cannot free reserved slot {slot}")
             bisect.insort(self._free, slot)
+        self.freed_since_last_take.extend(slots)
+
+    def take_freed(self) -> list[int]:
+        out, self.freed_since_last_take = self.freed_since_last_take, []
+        return out
 
 
 class ReqToTokenPool:
@@ -80,6 +86,10 @@ class SWATokenToKVPoolAllocator:
 
     def available_size(self) -> tuple[int, int]:
         return len(self._full), len(self._swa)
+
+    def take_freed(self) -> tuple[list[int], list[int]]:
+        """Full and SWA slots freed since the last call."""
+        return self._full.take_freed(), self._swa.take_freed()
 
     def alloc(self, n: int) -> torch.Tensor:
         """Full-pool slots for ``n`` new tokens; their SWA slots are recorded in the mapping."""

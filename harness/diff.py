@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .pool import FP8_NAN_BYTE
+from .pool import is_poison
 from .scheduler import LiveToken, TokenKey
 from .snapshot import KVSnapshot
 
@@ -61,12 +61,6 @@ def _rows_bytes(t: torch.Tensor) -> torch.Tensor:
     """[..., slots, H, D] -> [..., slots, bytes] raw bytes, so NaN payloads compare equal to themselves."""
     flat = t.contiguous().view(torch.uint8)
     return flat.reshape(*t.shape[:-2], -1)
-
-
-def _is_poison(row: torch.Tensor) -> bool:
-    if row.dtype == torch.uint8:
-        return bool((row == FP8_NAN_BYTE).all())
-    return bool(torch.isnan(row).all())
 
 
 def _key(row: torch.Tensor) -> bytes:
@@ -155,7 +149,7 @@ class _Differ:
     def _classify(self, li, slot, sub, ref, prev, owners, tok, written_now) -> tuple[str, str]:
         got_k, got_v = sub[0][li, slot], sub[1][li, slot]
         want_k, want_v = ref[0][li, slot], ref[1][li, slot]
-        if _is_poison(got_k) and _is_poison(got_v):
+        if is_poison(got_k) and is_poison(got_v):
             return "unwritten", "slot still holds poison"
         holder = owners.get((li, _key(got_k) + _key(got_v)))
         if holder is not None and (holder.rid, holder.pos) != (tok.rid, tok.pos):
@@ -173,6 +167,8 @@ class _Differ:
             return "unwritten", "slot kept its previous contents"
         if got_k.dtype == torch.uint8:
             return "drift", "quantized bytes differ"
+        if bool(torch.isnan(got_k).any() or torch.isnan(got_v).any()):
+            return "drift", "computed NaN"
         diff = torch.maximum((got_k.float() - want_k.float()).abs().max(), (got_v.float() - want_v.float()).abs().max())
         return "drift", f"max |diff| {float(diff):.3g}"
 

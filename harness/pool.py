@@ -24,8 +24,20 @@ import torch
 
 KV_DTYPES = ("float32", "bfloat16", "fp8_e4m3")
 
-# e4m3fn encodes NaN as S.1111.111; the byte 0x7F is the positive one.
-FP8_NAN_BYTE = 0x7F
+# Poison is NaN with a payload arithmetic never produces, so "never written" and "computed NaN" differ.
+# FP8 e4m3fn has no payload bits (NaN is S.1111.111): there poison is the negative NaN byte.
+POISON_BITS = {torch.float32: (torch.int32, 0x7FC0BEEF), torch.bfloat16: (torch.int16, 0x7FCB), torch.uint8: (torch.uint8, 0xFF)}
+
+
+def poison_(buf: torch.Tensor) -> None:
+    int_dtype, bits = POISON_BITS[buf.dtype]
+    buf.view(int_dtype).fill_(bits)
+
+
+def is_poison(row: torch.Tensor) -> bool:
+    """Every element of ``row`` still holds the poison pattern."""
+    int_dtype, bits = POISON_BITS[row.dtype]
+    return bool((row.contiguous().view(int_dtype) == bits).all())
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -172,6 +184,17 @@ class HybridSWAKVPool:
             self.full_to_swa_index_mapping,
         ]
 
+    def poison_slots(self, full_slots: list[int], swa_slots: list[int]) -> None:
+        """Re-poison freed slots: a correct run never reads them again, so stale reads show as poison."""
+        for slots, buffers in ((full_slots, (*self.full_k_buffer, *self.full_v_buffer)),
+                               (swa_slots, (*self.swa_k_buffer, *self.swa_v_buffer))):
+            if slots:
+                index = torch.tensor(slots, dtype=torch.int64, device=self.device)
+                for buf in buffers:
+                    rows = buf.new_empty((len(slots), *buf.shape[1:]))
+                    poison_(rows)
+                    buf[index] = rows
+
     def poison(self) -> None:
         """Fill every slot but the dummy with NaN so that slots a run never wrote show up as unwritten.
 
@@ -179,8 +202,5 @@ class HybridSWAKVPool:
         there would leak into every padded read (that leak is what the pad_seq_len_zero fault provokes).
         """
         for buf in (*self.full_k_buffer, *self.full_v_buffer, *self.swa_k_buffer, *self.swa_v_buffer):
-            if buf.dtype == torch.uint8:
-                buf[1:] = FP8_NAN_BYTE
-            else:
-                buf[1:] = float("nan")
+            poison_(buf[1:])
             buf[0] = 0

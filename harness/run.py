@@ -152,6 +152,7 @@ def execute(spec: RunSpec) -> RunResult:
             hidden = run_batch(session.runner, step.batch)
             snapshots.append(take_snapshot(session.pool, step, session.scheduler.live_tokens(), hidden))
             session.scheduler.finish_step()
+            session.pool.poison_slots(*session.allocator.take_freed())
     except Exception as exc:  # noqa: BLE001 - any failure of the subject is a verdict, not a crash
         return RunResult(
             spec=spec,

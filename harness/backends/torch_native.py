@@ -85,7 +85,7 @@ class TorchNativeBackend:
             windows = [windows[0]] * len(windows)
         self._layer_windows = windows
         self.forward_metadata: TorchNativeMetadata | None = None
-        self._graph_bs = 0
+        self._graph_metadata: dict[int, TorchNativeMetadata] = {}
 
     # ---- metadata builder: eager ---------------------------------------------------------------------
     def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:
@@ -133,7 +133,7 @@ class TorchNativeBackend:
         if "baked_scalar" in self.faults:
             # A Python number taken from the capture batch; replay never recomputes it.
             kv_width = int(seq_lens[:bs].max())
-        self.forward_metadata = TorchNativeMetadata(
+        self.forward_metadata = self._graph_metadata[bs] = TorchNativeMetadata(
             page_table=self._cg_page_table[:bs],
             swa_page_table=self._cg_swa_page_table[:bs],
             token_rows=self._cg_token_rows[:bs],
@@ -141,7 +141,6 @@ class TorchNativeBackend:
             out_cache_loc_swa=self._cg_swa_loc[:bs],
             kv_width=kv_width,
         )
-        self._graph_bs = bs
 
     def init_forward_metadata_replay_cuda_graph(
         self,
@@ -153,6 +152,8 @@ class TorchNativeBackend:
         forward_mode: ForwardMode,
     ) -> None:
         """Refresh the static buffers for the batch about to replay the ``bs`` graph (runs outside it)."""
+        # eager steps in between rebound forward_metadata; the graph's own object comes back
+        self.forward_metadata = self._graph_metadata[bs]
         self._fill_graph_buffers(bs, num_real, req_pool_indices, seq_lens, out_cache_loc)
 
     def _fill_graph_buffers(
@@ -160,8 +161,8 @@ class TorchNativeBackend:
     ) -> None:
         page_table = build_page_table(self.req_to_token, req_pool_indices[:bs], seq_lens[:bs], self.width)
         swa_page_table = self.pool.translate_loc_from_full_to_swa(page_table).long()
-        md = self.forward_metadata
-        if "rebind_metadata" in self.faults and md is not None and self._graph_bs:
+        md = self._graph_metadata.get(bs)
+        if "rebind_metadata" in self.faults and md is not None:
             # SGLang PR 26019 review: new tensors bound to the metadata object; the graph keeps reading
             # the static buffers it captured, which still hold whatever they held before.
             md.page_table = page_table

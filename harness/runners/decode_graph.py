@@ -158,7 +158,7 @@ class DecodeGraphRunner:
             bucket, bs, self.req_pool_indices[:bucket], self.seq_lens[:bucket], self.out_cache_loc[:bucket],
             batch.forward_mode,
         )
-        self.log.replayed(self.graphs[bucket], self.graphs[bucket].replay())
+        self.log.replayed(self.graphs[bucket], self.graphs[bucket].replay(), padded=bucket > bs)
         return self.outputs[bucket][:bs].clone()
 
     def _fill(self, batch: ForwardBatch, bucket: int) -> None:

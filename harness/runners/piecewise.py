@@ -134,7 +134,8 @@ class PiecewisePrefillRunner:
         graph = self.engine.capture(
             forward,
             label=f"prefill tokens={bucket}",
-            roots={"pool": self.pool, "backend": self.backend, "runner": self, "model": self.model},
+            # not the runner: its _batch is per-replay Python state that the island reads, never the graph
+            roots={"pool": self.pool, "backend": self.backend, "model": self.model},
             static_inputs=[self.input_ids, self.positions, self.out_cache_loc, self.out_cache_loc_swa,
                            *self.model.parameters(), *self.pool.buffers()],
             islands=True,
@@ -166,5 +167,5 @@ class PiecewisePrefillRunner:
         if "skip_memo_invalidate" not in self.faults:
             self.pool.invalidate_translate_cache()
         self.backend.init_forward_metadata(self._batch)
-        self.log.replayed(self.graphs[bucket], self.graphs[bucket].replay())
+        self.log.replayed(self.graphs[bucket], self.graphs[bucket].replay(), padded=bucket > n)
         return self.outputs[bucket][:n].clone()

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from harness.allocator import PoolExhausted, ReqToTokenPool, SWATokenToKVPoolAllocator
-from harness.pool import FP8_NAN_BYTE, HybridSWAKVPool, PoolSpec
+from harness.pool import HybridSWAKVPool, PoolSpec, is_poison
 
 
 def make_pool(full=16, swa=8, kv_dtype="float32"):
@@ -102,7 +102,7 @@ def test_poison_marks_every_slot_but_dummy():
     pool, _ = make_pool(kv_dtype="fp8_e4m3")
     pool.poison()
     buf = pool.swa_v_buffer[1]
-    assert bool((buf[1:] == FP8_NAN_BYTE).all()) and bool((buf[0] == 0).all())
+    assert all(is_poison(buf[i]) for i in range(1, buf.shape[0])) and bool((buf[0] == 0).all())
 
 
 def test_memoized_translation_is_served_until_invalidated():
@@ -113,3 +113,11 @@ def test_memoized_translation_is_served_until_invalidated():
     assert torch.equal(pool.translate_memoized(locs), first)  # stale: same data_ptr and numel
     pool.invalidate_translate_cache()
     assert pool.translate_memoized(locs).tolist() == [0, 0]
+
+
+def test_poison_is_not_a_computed_nan():
+    pool, _ = make_pool()
+    pool.poison()
+    assert is_poison(pool.full_k_buffer[0][1])
+    pool.full_k_buffer[0][1] = float("nan")
+    assert not is_poison(pool.full_k_buffer[0][1])

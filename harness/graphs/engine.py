@@ -1,0 +1,158 @@
+"""The graph-engine interface shared by the ``tape`` and ``cuda`` engines.
+
+A graph engine captures a Python callable that runs torch ops over static
+tensors and replays it later.  Engines are generic: they know nothing about
+KV pools, attention or runners.  Everything a caller needs is here; the
+engines themselves live in :mod:`harness.graphs.tape` and
+:mod:`harness.graphs.cuda`.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = [
+    "CaptureError",
+    "CapturedGraph",
+    "GraphEngine",
+    "GraphInput",
+    "InputAudit",
+    "StaleInput",
+    "eager_island",
+    "get_engine",
+]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GraphInput:
+    """A tensor the graph reads that was not allocated during capture."""
+
+    path: str | None
+    shape: tuple[int, ...]
+    dtype: str
+    registered: bool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StaleInput:
+    """An attribute that, at replay, no longer holds the tensor the graph captured."""
+
+    path: str
+    captured: str
+    now: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InputAudit:
+    inputs: tuple[GraphInput, ...]
+
+    @property
+    def unregistered(self) -> tuple[GraphInput, ...]:
+        return tuple(i for i in self.inputs if not i.registered)
+
+
+class CaptureError(RuntimeError):
+    """An op CUDA refuses during stream capture.
+
+    ``op`` names the op (``aten._local_scalar_dense.default``, ``Tensor.tolist``);
+    ``location`` is the user source line that called it, as ``file:line: code``.
+    """
+
+    op: str
+    location: str
+    reason: str
+
+    def __init__(self, op: str, location: str, reason: str = "") -> None:
+        self.op = op
+        self.location = location
+        self.reason = reason
+        why = f" ({reason})" if reason else ""
+        super().__init__(f"{op} is not allowed during CUDA graph capture{why}\n  at {location}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # The custom __init__ signature would otherwise break pickling (xdist, multiprocessing).
+        return (type(self), (self.op, self.location, self.reason))
+
+
+@runtime_checkable
+class CapturedGraph(Protocol):
+    label: str
+    audit: InputAudit
+
+    def replay(self) -> tuple[StaleInput, ...]: ...
+
+
+@runtime_checkable
+class GraphEngine(Protocol):
+    name: str
+
+    def capture(
+        self,
+        fn: Callable[[], object],
+        *,
+        label: str,
+        roots: Mapping[str, object],
+        static_inputs: Iterable[torch.Tensor],
+        islands: bool = False,
+    ) -> CapturedGraph: ...
+
+
+class _IslandHost(Protocol):
+    def run_island(
+        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any: ...
+
+
+# Dispatch modes are thread-local in torch, so the capture that owns islands is too.
+_tls = threading.local()
+
+
+def _island_host() -> _IslandHost | None:
+    return getattr(_tls, "island_host", None)
+
+
+def _set_island_host(host: _IslandHost | None) -> _IslandHost | None:
+    previous = getattr(_tls, "island_host", None)
+    _tls.island_host = host
+    return previous
+
+
+def eager_island(
+    fn: Callable[..., torch.Tensor | tuple[torch.Tensor, ...]], *args: Any, **kwargs: Any
+) -> Any:
+    """Call ``fn(*args, **kwargs)``.
+
+    Outside any capture, or under a capture with ``islands=False``, this is a plain
+    call (with ``islands=False`` the ops inside are captured like any other).  Under
+    a capture with ``islands=True``, ``fn`` runs eagerly (not recorded) and is recorded
+    as an island that re-runs as Python at every replay, between the captured pieces;
+    its tensor outputs become static outputs (at replay the fresh results are copied
+    into them).
+    """
+    host = getattr(_tls, "island_host", None)
+    if host is None:
+        return fn(*args, **kwargs)
+    return host.run_island(fn, args, kwargs)
+
+
+_ENGINE_NAMES = ("tape", "cuda")
+
+
+def get_engine(name: str) -> GraphEngine:
+    """Return a fresh engine instance (a ``cuda`` instance owns one memory pool)."""
+    # Imported lazily: both engine modules import this one.
+    if name == "tape":
+        from .tape import TapeEngine
+
+        return TapeEngine()
+    if name == "cuda":
+        from .cuda import CudaEngine
+
+        return CudaEngine()
+    raise ValueError(f"unknown graph engine {name!r}; known engines: {', '.join(_ENGINE_NAMES)}")

@@ -1,0 +1,53 @@
+"""Shared helpers for the graph-engine tests."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from harness.graphs import get_engine
+
+
+def capture(
+    fn: Callable[[], object],
+    *,
+    roots: Mapping[str, object] | None = None,
+    static: Iterable[torch.Tensor] = (),
+    islands: bool = False,
+    engine: str = "tape",
+):
+    return get_engine(engine).capture(
+        fn, label="test", roots=roots or {}, static_inputs=static, islands=islands
+    )
+
+
+class OpLog(TorchDispatchMode):
+    """Records the names of the aten ops dispatched while active."""
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:  # spare the tests a torch._dynamo import
+        return False
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def no_modes_active() -> bool:
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+    from torch.overrides import _get_current_function_mode
+
+    return _get_current_dispatch_mode() is None and _get_current_function_mode() is None
+
+
+# An op with no ``.out`` overload, so replay must compute it and copy the result in.
+_lib = torch.library.Library("harness_graphs_test", "DEF")
+_lib.define("twice(Tensor x) -> Tensor")
+_lib.impl("twice", lambda x: x * 2, "CompositeExplicitAutograd")
+twice = torch.ops.harness_graphs_test.twice.default

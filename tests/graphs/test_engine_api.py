@@ -1,0 +1,63 @@
+"""The public surface: engine lookup, protocols, capture misuse."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from harness.graphs import CapturedGraph, GraphEngine, get_engine
+
+from ._helpers import capture, no_modes_active
+
+
+@pytest.mark.parametrize("name", ["tape", "cuda"])
+def test_get_engine_returns_an_engine_of_that_name(name):
+    engine = get_engine(name)
+    assert engine.name == name
+    assert isinstance(engine, GraphEngine)
+
+
+def test_each_get_engine_call_returns_a_fresh_instance():
+    assert get_engine("cuda") is not get_engine("cuda")
+
+
+def test_unknown_engine_name_lists_known_names():
+    with pytest.raises(ValueError, match="tape.*cuda"):
+        get_engine("cudagraph")
+
+
+def test_tape_capture_returns_a_captured_graph_with_label():
+    g = get_engine("tape").capture(lambda: None, label="decode-bs4", roots={}, static_inputs=[])
+    assert isinstance(g, CapturedGraph)
+    assert g.label == "decode-bs4"
+    assert g.replay() == ()
+    assert g.audit.inputs == ()
+
+
+def test_captured_callable_must_return_tensors_or_none():
+    s = SimpleNamespace(x=torch.ones(2))
+    before = s.x.clone()
+
+    def fn():
+        s.x.add_(1)
+        return {"y": s.x}
+
+    with pytest.raises(TypeError, match="tensor"):
+        capture(fn)
+    assert torch.equal(s.x, before)
+    assert no_modes_active()
+
+
+def test_captures_do_not_nest():
+    with pytest.raises(RuntimeError, match="nest"):
+        capture(lambda: capture(lambda: None))
+    assert no_modes_active()
+    capture(lambda: None)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA message")
+def test_cuda_engine_without_cuda_says_so():
+    with pytest.raises(RuntimeError, match="CUDA device"):
+        get_engine("cuda").capture(lambda: None, label="x", roots={}, static_inputs=[])
