@@ -24,7 +24,6 @@ class _FreeList:
         self._free = list(range(1, size))
         self._capacity = size - 1
         self._what = what
-        self.freed_since_last_take: list[int] = []
 
     def __len__(self) -> int:
         return len(self._free)
@@ -43,11 +42,6 @@ class _FreeList:
             if slot <= 0:
                 raise ValueError(f"{self._what}: cannot free reserved slot {slot}")
             bisect.insort(self._free, slot)
-        self.freed_since_last_take.extend(slots)
-
-    def take_freed(self) -> list[int]:
-        out, self.freed_since_last_take = self.freed_since_last_take, []
-        return out
 
 
 class ReqToTokenPool:
@@ -79,17 +73,17 @@ class ReqToTokenPool:
 class SWATokenToKVPoolAllocator:
     """Allocates a full slot and an SWA slot per token and keeps ``full_to_swa_index_mapping`` current."""
 
-    def __init__(self, pool: HybridSWAKVPool) -> None:
+    def __init__(self, pool: HybridSWAKVPool, *, poison_freed: bool = False) -> None:
+        """``poison_freed`` re-poisons slots as they are freed: a correct run never reads a freed slot
+        again, so a stale read shows up as poison instead of as plausible old data."""
         self.pool = pool
+        self.poison_freed = poison_freed
         self._full = _FreeList(pool.full_size, "full KV pool")
         self._swa = _FreeList(pool.swa_size, "SWA KV pool")
 
     def available_size(self) -> tuple[int, int]:
         return len(self._full), len(self._swa)
 
-    def take_freed(self) -> tuple[list[int], list[int]]:
-        """Full and SWA slots freed since the last call."""
-        return self._full.take_freed(), self._swa.take_freed()
 
     def alloc(self, n: int) -> torch.Tensor:
         """Full-pool slots for ``n`` new tokens; their SWA slots are recorded in the mapping."""
@@ -112,13 +106,18 @@ class SWATokenToKVPoolAllocator:
             return
         mapping = self.pool.full_to_swa_index_mapping
         swa = mapping[full_slots.long()]
-        live = swa > 0
-        self._swa.give_back(swa[live].tolist())
+        freed = swa[swa > 0].tolist()
+        self._swa.give_back(freed)
         mapping[full_slots.long()] = 0
+        if self.poison_freed:
+            self.pool.poison_slots([], freed)
 
     def free(self, full_slots: torch.Tensor) -> None:
         """Free finished or aborted tokens in both pools."""
         if full_slots.numel() == 0:
             return
         self.free_swa(full_slots)
-        self._full.give_back(full_slots.long().tolist())
+        freed = full_slots.long().tolist()
+        self._full.give_back(freed)
+        if self.poison_freed:
+            self.pool.poison_slots(freed, [])

@@ -15,7 +15,7 @@ from typing import Sequence
 from .designs import DESIGNS
 from .faults import FAULTS
 from .graphs import get_engine
-from .matrix import Case, CaseResult, cases, run_case
+from .matrix import Case, CaseResult, cases, limit_threads, run_case
 from .run import MODES
 from .scenario import SCENARIO_ROOT_DEFAULT, ScenarioSpec, load_all
 
@@ -39,6 +39,7 @@ def _cases(args: argparse.Namespace, specs: list[ScenarioSpec]) -> list[Case]:
 
 def _run_scenario_cases(batch: list[Case]) -> list[CaseResult]:
     # one worker takes all cases of a scenario, so the reference run is computed once there
+    limit_threads()
     return [run_case(case) for case in batch]
 
 
@@ -221,6 +222,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    limit_threads()
     if getattr(args, "json_default", None) and not args.json:
         args.json = args.json_default
     return args.func(args)

@@ -12,10 +12,9 @@ from typing import Iterator
 
 import pytest
 
-from .matrix import Case, CaseResult, cases, reference_for, run_case
+from .matrix import Case, CaseResult, cases, run_case, scenario_reference
 from .model import SyntheticModel
 from .oracle import certify, dense_oracle
-from .run import RunSpec
 from .scenario import ScenarioError, ScenarioSpec, load_scenario
 
 
@@ -110,11 +109,8 @@ class OracleItem(pytest.Item):
         self.device = device
 
     def runtest(self) -> None:
-        spec: RunSpec = self.scenario.run_spec(
-            design="forward_batch", mode="eager", backend=self.backend, device=self.device, with_faults=False
-        )
-        reference = reference_for(Case(scenario=self.scenario, design="forward_batch", mode="eager",
-                                       backend=self.backend, device=self.device, with_faults=False))
+        reference = scenario_reference(self.scenario, backend=self.backend, device=self.device)
+        spec = reference.spec
         if reference.error is not None:
             raise ReferenceNotCertified(f"reference run failed at step {reference.error.step}: "
                                         f"{reference.error.type}: {reference.error.message}")
@@ -150,5 +146,12 @@ class BadScenarioItem(pytest.Item):
         return self.path, None, self.name
 
 
-def is_scenario_file(path: Path) -> bool:
-    return path.suffix == ".toml" and "scenarios" in path.parts[:-1]
+def is_scenario_file(path: Path, rootpath: Path) -> bool:
+    """A ``.toml`` file below a folder named ``scenarios`` inside the project (not above it)."""
+    if path.suffix != ".toml":
+        return False
+    try:
+        parts = path.relative_to(rootpath).parts
+    except ValueError:
+        parts = path.parts
+    return "scenarios" in parts[:-1]

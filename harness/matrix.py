@@ -10,6 +10,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Iterable
 
+import torch
+
 from .run import RunResult, RunSpec, execute
 from .scenario import ScenarioSpec
 from .verdict import Verdict, judge
@@ -103,6 +105,12 @@ def cases(
     return out
 
 
+def limit_threads() -> None:
+    """One intra-op thread per process: the tensors are tiny, and pytest-xdist or --jobs already use every
+    core; oversubscribed torch threads made runs fifty times slower on a loaded 2-core machine."""
+    torch.set_num_threads(1)
+
+
 @lru_cache(maxsize=32)
 def _reference(reference_spec: RunSpec) -> RunResult:
     # one reference run per (scenario, backend, device) in a process; xdist workers each keep their own
@@ -111,6 +119,13 @@ def _reference(reference_spec: RunSpec) -> RunResult:
 
 def reference_for(case: Case) -> RunResult:
     return _reference(case.run_spec().reference())
+
+
+def scenario_reference(scenario: ScenarioSpec, *, backend: str, device: str = "cpu") -> RunResult:
+    """The reference run of a scenario, whichever designs and modes it lists."""
+    spec = scenario.run_spec(design=scenario.designs[0], mode=scenario.modes[0], backend=backend, device=device,
+                             with_faults=False)
+    return _reference(spec.reference())
 
 
 def run_case(case: Case) -> CaseResult:

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from .collect import ScenarioFile, is_scenario_file
+from .matrix import limit_threads
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -19,12 +20,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    limit_threads()
     config.addinivalue_line("markers", "gpu: needs CUDA (skipped with a reason when no GPU is present)")
     config.addinivalue_line("markers", "slow: takes more than a few seconds")
 
 
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
-    if is_scenario_file(file_path):
+    if is_scenario_file(file_path, parent.config.rootpath):
         return ScenarioFile.from_parent(parent, path=file_path)
     return None
 

@@ -49,7 +49,7 @@ class RunSpec:
 
     def reference(self) -> "RunSpec":
         """The run every subject is compared against: eager, the forward_batch design, no faults."""
-        return dataclasses.replace(self, design=REFERENCE_DESIGN, mode="eager", faults=frozenset())
+        return dataclasses.replace(self, design=REFERENCE_DESIGN, mode="eager", engine="tape", faults=frozenset())
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -100,7 +100,7 @@ def build_session(spec: RunSpec) -> Session:
         max_context_len=spec.pool.max_context_len,
         device=device,
     )
-    allocator = SWATokenToKVPoolAllocator(pool)
+    allocator = SWATokenToKVPoolAllocator(pool, poison_freed=True)
     scheduler = Scheduler(
         spec.timeline,
         pool=pool,
@@ -152,7 +152,6 @@ def execute(spec: RunSpec) -> RunResult:
             hidden = run_batch(session.runner, step.batch)
             snapshots.append(take_snapshot(session.pool, step, session.scheduler.live_tokens(), hidden))
             session.scheduler.finish_step()
-            session.pool.poison_slots(*session.allocator.take_freed())
     except Exception as exc:  # noqa: BLE001 - any failure of the subject is a verdict, not a crash
         return RunResult(
             spec=spec,

@@ -71,7 +71,6 @@ def drive(spec: RunSpec, *, poison_outputs: bool = False):
         hidden.append(torch.cat(run_batch(session.runner, step.batch)))
         pools.append([b.clone() for b in session.pool.buffers()])
         session.scheduler.finish_step()
-        session.pool.poison_slots(*session.allocator.take_freed())
     return hidden, pools, session.runner
 
 

@@ -1,0 +1,171 @@
+"""``python -m harness run|list|report`` on the sample scenarios: exit codes, tables, JSON records, filters."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness.cli import main
+
+JSON_KEYS = {"scenario", "design", "mode", "backend", "engine", "faults", "expected", "verdict",
+             "first_divergent_step", "mismatched_slots", "error"}
+WRONG_WINDOW_EXPECTING_MATCH = {'verdict = "diverge"': 'verdict = "match"'}
+
+
+@pytest.fixture
+def cli_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, one_torch_thread: None) -> Path:
+    """A working directory for the CLI; ``scenarios/`` there is its default scenario root."""
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def run_cli(capsys, *args: str) -> tuple[int, str, str]:
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def rows(out: str) -> dict[str, list[str]]:
+    """The result table's rows by run name."""
+    return {line.split()[0]: line.split() for line in out.splitlines() if "[" in line.split(" ", 1)[0]}
+
+
+def test_run_exits_0_when_every_verdict_is_the_expected_one(cli_dir, capsys, write_scenario):
+    write_scenario(cli_dir, "tiny_match")
+    write_scenario(cli_dir, "tiny_wrong_window")
+    code, out, err = run_cli(capsys, "run", "--jobs", "1")  # the default root: ./scenarios
+    assert code == 0, out + err
+    table = rows(out)
+    assert len(table) == 6 + 2  # tiny_match: 3 designs x 2 modes; tiny_wrong_window: the run and its -nofault twin
+    assert table["tiny_wrong_window[forward_batch-eager-torch_native]"][1:3] == ["diverge", "diverge"]
+    assert table["tiny_wrong_window[forward_batch-eager-torch_native-nofault]"][1:3] == ["match", "match"]
+    assert "UNEXPECTED" not in out
+    assert "8 as expected, 0 unexpected, 0 scenario files failed to load" in out
+
+
+def test_run_exits_1_when_a_verdict_is_not_the_expected_one(cli_dir, capsys, write_scenario):
+    write_scenario(cli_dir, "tiny_wrong_window", replace=WRONG_WINDOW_EXPECTING_MATCH)
+    code, out, _ = run_cli(capsys, "run", "scenarios", "--jobs", "1")
+    assert code == 1
+    row = rows(out)["tiny_wrong_window[forward_batch-eager-torch_native]"]
+    assert row[1:4] == ["match", "diverge", "UNEXPECTED"]
+    assert " ".join(row[4:]).startswith("step ") and "pool, layer" in " ".join(row[4:])
+    assert "1 as expected, 1 unexpected, 0 scenario files failed to load" in out
+
+
+def test_json_writes_one_record_per_run_with_verdict_divergence_and_error(cli_dir, capsys, write_scenario):
+    write_scenario(cli_dir, "tiny_wrong_window")
+    write_scenario(cli_dir, "tiny_stale_error")
+    code, out, _ = run_cli(capsys, "run", "scenarios", "--jobs", "1", "--json", "out/results.json")
+    assert code == 0
+    records = json.loads((cli_dir / "out" / "results.json").read_text())
+    assert f"JSON: {cli_dir / 'out' / 'results.json'}" in out
+    assert len(records) == 4
+    for rec in records:
+        assert JSON_KEYS <= rec.keys(), JSON_KEYS - rec.keys()
+        assert (rec["backend"], rec["engine"]) == ("torch_native", "tape")
+    by = {(r["scenario"], r["design"], tuple(r["faults"])): r for r in records}
+
+    diverged = by["tiny_wrong_window", "forward_batch", ("window_from_wrong_layer",)]
+    assert (diverged["mode"], diverged["expected"], diverged["verdict"]) == ("eager", "diverge", "diverge")
+    assert isinstance(diverged["first_divergent_step"], int) and diverged["mismatched_slots"] > 0
+    assert diverged["error"] is None
+
+    clean = by["tiny_wrong_window", "forward_batch", ()]
+    assert (clean["expected"], clean["verdict"], clean["first_divergent_step"], clean["mismatched_slots"]) == (
+        "match", "match", None, 0
+    )
+
+    errored = by["tiny_stale_error", "stale_state", ()]
+    assert (errored["expected"], errored["verdict"], errored["first_divergent_step"]) == ("error", "error", None)
+    assert errored["error"]["type"] == "RuntimeError" and isinstance(errored["error"]["step"], int)
+    assert by["tiny_stale_error", "forward_batch", ()]["verdict"] == "match"
+
+
+def test_design_and_mode_options_filter_the_runs(cli_dir, capsys, write_scenario):
+    write_scenario(cli_dir, "tiny_match")
+    write_scenario(cli_dir, "tiny_stale_error")
+    code, out, _ = run_cli(capsys, "run", "--jobs", "1", "--design", "stale_state", "--mode", "eager",
+                           "--json", "r.json")
+    assert code == 0
+    assert sorted(rows(out)) == ["tiny_match[stale_state-eager-torch_native]",
+                                 "tiny_stale_error[stale_state-eager-torch_native]"]
+    assert {(r["design"], r["mode"]) for r in json.loads(Path("r.json").read_text())} == {("stale_state", "eager")}
+
+    code, out, _ = run_cli(capsys, "run", "--jobs", "1", "--design", "translate", "--design", "forward_batch",
+                           "--mode", "full")
+    assert code == 0
+    assert sorted(rows(out)) == ["tiny_match[forward_batch-full-torch_native]",
+                                 "tiny_match[translate-full-torch_native]"]
+
+
+def test_fault_option_keeps_only_scenarios_injecting_that_fault(cli_dir, capsys, write_scenario):
+    write_scenario(cli_dir, "tiny_match")
+    write_scenario(cli_dir, "tiny_wrong_window")
+    code, out, _ = run_cli(capsys, "run", "--jobs", "1", "--fault", "window_from_wrong_layer")
+    assert code == 0
+    assert set(rows(out)) == {"tiny_wrong_window[forward_batch-eager-torch_native]",
+                              "tiny_wrong_window[forward_batch-eager-torch_native-nofault]"}
+
+
+def test_run_with_nothing_selected_exits_2(cli_dir, capsys, write_scenario):
+    write_scenario(cli_dir, "tiny_wrong_window")
+    code, _, err = run_cli(capsys, "run", "--jobs", "1", "--design", "translate")
+    assert code == 2
+    assert "no runs selected" in err
+
+
+def test_list_prints_each_scenario_with_its_tags_modes_designs_and_faults(cli_dir, capsys, write_scenario):
+    write_scenario(cli_dir, "tiny_match")
+    write_scenario(cli_dir, "tiny_wrong_window")
+    code, out, err = run_cli(capsys, "list")
+    assert code == 0 and err == ""
+    lines = out.splitlines()
+    assert lines[0].split() == ["scenario", "tags", "modes", "designs", "faults"]
+    assert [line.split() for line in lines[1:]] == [
+        ["tiny_match", "smoke,tiny", "eager,full", "translate,stale_state,forward_batch", "-"],
+        ["tiny_wrong_window", "fault,window", "eager", "forward_batch", "window_from_wrong_layer"],
+    ]
+
+
+def test_a_bad_file_is_reported_with_path_and_key_exits_1_and_the_others_still_run(cli_dir, capsys, write_scenario):
+    bad = write_scenario(cli_dir, "broken", "tiny_match", replace={"swa_size = 16": "swa_size = 1"})
+    write_scenario(cli_dir, "tiny_stale_error")
+    code, out, err = run_cli(capsys, "run", "--jobs", "1")
+    assert code == 1
+    assert f"{Path('scenarios') / bad.name}: pool.swa_size: expected an integer from 2 to" in err
+    assert sorted(rows(out)) == ["tiny_stale_error[forward_batch-eager-torch_native]",
+                                 "tiny_stale_error[stale_state-eager-torch_native]"]
+    assert "2 as expected, 0 unexpected, 1 scenario files failed to load" in out
+
+    code, out, err = run_cli(capsys, "list")
+    assert code == 1
+    assert "pool.swa_size" in err and bad.name in err
+    assert [line.split()[0] for line in out.splitlines()[1:]] == ["tiny_stale_error"]
+
+
+def test_report_writes_its_json_to_reports_results_json_by_default(cli_dir, capsys, write_scenario):
+    write_scenario(cli_dir, "tiny_stale_error")
+    code, _, _ = run_cli(capsys, "report", "--jobs", "1", "--design", "stale_state")
+    assert code == 0
+    records = json.loads((cli_dir / "reports" / "results.json").read_text())
+    assert [(r["scenario"], r["design"], r["verdict"]) for r in records] == [
+        ("tiny_stale_error", "stale_state", "error")
+    ]
+
+
+def test_python_m_harness_run_exit_status_and_json_from_a_subprocess(cli_dir, write_scenario):
+    write_scenario(cli_dir, "tiny_wrong_window", replace=WRONG_WINDOW_EXPECTING_MATCH)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "harness", "run", "--jobs", "1", "--json", "r.json"],
+                          cwd=cli_dir, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "1 as expected, 1 unexpected" in proc.stdout
+    assert "tiny_wrong_window[forward_batch-eager-torch_native]: diverge (UNEXPECTED)" in proc.stderr
+    verdicts = {(tuple(r["faults"]), r["expected"], r["verdict"]) for r in json.loads((cli_dir / "r.json").read_text())}
+    assert verdicts == {(("window_from_wrong_layer",), "match", "diverge"), ((), "match", "match")}

@@ -1,0 +1,51 @@
+"""The benchmark machinery: rows come out with real timings and the markdown section is rewritten in place.
+
+Nothing here asserts on speed: performance is measured by ``make bench``, never by the test suite.
+"""
+
+from pathlib import Path
+
+from harness.bench import BEGIN, END, BenchRow, measure, render_markdown, write_section
+
+
+def test_measure_produces_timed_rows_for_decode_padded_and_prefill():
+    rows = measure(presets=["all-swa"], decode_buckets=(2,), prefill_buckets=(16,), repeats=1, warmup=1,
+                   targets=[("tape", "cpu")])
+    assert [(r.kind, r.bucket, r.real) for r in rows] == [("decode", 2, 2), ("decode", 2, 1), ("prefill", 16, 16)]
+    for row in rows:
+        assert row.preset == "all-swa" and row.engine == "tape" and row.device == "cpu"
+        assert row.eager_ms > 0 and row.replay_ms > 0
+        assert row.ratio == row.replay_ms / row.eager_ms
+
+
+def _row(replay_ms: float) -> BenchRow:
+    return BenchRow(preset="p", kind="decode", bucket=1, real=1, engine="tape", device="cpu", eager_ms=1.0,
+                    replay_ms=replay_ms)
+
+
+def test_section_is_created_then_replaced_idempotently(tmp_path: Path):
+    out = tmp_path / "BENCHMARKS.md"
+    info = {"device": "cpu"}
+    write_section(out, render_markdown([_row(0.5)], info))
+    first = out.read_text()
+    assert first.startswith("# Benchmarks") and first.count(BEGIN) == 1 and first.count(END) == 1
+    assert "| yes |" in first
+
+    write_section(out, render_markdown([_row(0.5)], info))
+    assert out.read_text() == first
+
+    write_section(out, render_markdown([_row(2.0)], info))
+    second = out.read_text()
+    assert second.count(BEGIN) == 1 and second.count(END) == 1
+    assert "| no |" in second and "| yes |" not in second
+    assert not list(tmp_path.glob(".*.tmp"))  # the temporary file was renamed into place
+
+
+def test_text_outside_the_markers_is_kept(tmp_path: Path):
+    out = tmp_path / "B.md"
+    out.write_text(f"intro\n\n{BEGIN}\nold\n{END}\n\nafterword\n")
+    write_section(out, "new")
+    assert out.read_text() == f"intro\n\n{BEGIN}\nnew\n{END}\n\nafterword\n"
+    out.write_text("no markers yet\n")
+    write_section(out, "new")
+    assert out.read_text() == f"no markers yet\n\n{BEGIN}\nnew\n{END}\n"
