@@ -22,7 +22,7 @@ test: $(STAMP)
 	$(PY) -m pytest -n $(PYTEST_WORKERS)
 
 test-gpu: $(STAMP)
-	$(PY) -m pytest -m gpu
+	$(PY) -m pytest -m gpu --harness-device=cuda
 
 report: $(STAMP)
 	$(PY) -m harness report

@@ -115,6 +115,22 @@ def record(result: CaseResult) -> dict[str, object]:
     }
 
 
+def verdict_matrix(results: list[CaseResult]) -> str:
+    """Observed verdicts per design and mode, counted over every scenario (what a reviewer scans first)."""
+    import pandas as pd
+
+    frame = pd.DataFrame(
+        [{"design": r.case.design, "mode": r.case.mode, "verdict": r.verdict.outcome} for r in results
+         if r.case.with_faults]
+    )
+    if frame.empty:
+        return ""
+    counts = frame.groupby(["design", "mode", "verdict"]).size().unstack("verdict", fill_value=0)
+    cells = counts.apply(lambda row: " ".join(f"{v}:{n}" for v, n in row.items() if n), axis=1)
+    table = cells.unstack("mode", fill_value="-")
+    return table.to_string()
+
+
 def write_json_atomic(path: Path, data: object) -> None:
     """Write to a temporary file beside ``path`` and rename it into place, as pytest writes its caches."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -150,6 +166,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         for r in results
     ]
     _print_table(("run", "expected", "observed", "", "first divergence / error"), rows)
+    print()
+    print(verdict_matrix(results))
     bad = [r for r in results if not r.ok]
     print(f"\n{len(results) - len(bad)} as expected, {len(bad)} unexpected, {len(load_errors)} scenario files "
           f"failed to load")

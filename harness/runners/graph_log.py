@@ -10,7 +10,8 @@ from ..graphs import CapturedGraph, StaleInput
 class GraphLog:
     def __init__(self) -> None:
         self._lines: list[str] = []
-        self._stale: Counter[tuple[str, str]] = Counter()
+        self._stale: Counter[tuple[str, str, bool]] = Counter()
+        self._first_seen: dict[tuple[str, str, bool], StaleInput] = {}
         self.captures = 0
         self.replays = 0
         self.padded_replays = 0
@@ -20,25 +21,27 @@ class GraphLog:
         self.captures += 1
         for item in graph.audit.unregistered:
             path = item.path or "<no attribute path>"
-            self._lines.append(
-                f"{graph.label}: unregistered graph input {path} {list(item.shape)} {item.dtype}"
-            )
+            self._lines.append(f"{graph.label}: unregistered graph input {path} {item.dtype}{list(item.shape)}")
 
     def replayed(self, graph: CapturedGraph, stale: tuple[StaleInput, ...], *, padded: bool) -> None:
         self.replays += 1
         self.padded_replays += padded
         registered = {i.path: i.registered for i in graph.audit.inputs if i.path}
         for item in stale:
-            if registered.get(item.path):
-                what = (f"rebound attribute {item.path} (registered: the graph still reads the captured buffer, "
-                        f"correct only if it is refreshed in place; captured {item.captured}, now {item.now})")
-            else:
-                what = (f"stale input {item.path} (unregistered: the graph still reads the tensor captured from it, "
-                        f"which nothing refreshes; captured {item.captured}, now {item.now})")
-            self._stale[(graph.label, what)] += 1
+            key = (graph.label, item.path, bool(registered.get(item.path)))
+            self._stale[key] += 1
+            self._first_seen.setdefault(key, item)
 
     def lines(self) -> list[str]:
-        stale = [f"{label}: {what} at {n} replay(s)" for (label, what), n in self._stale.items()]
-        counts = (f"graphs: {self.captures} captured, {self.replays} replays ({self.padded_replays} padded), "
-                  f"{self.eager_fallbacks} eager fallbacks")
-        return [counts, *self._lines, *stale]
+        out = [f"{self.captures} graphs captured, {self.replays} replays ({self.padded_replays} padded), "
+               f"{self.eager_fallbacks} eager fallbacks", *self._lines]
+        # Unregistered first: those are the graph reading data that nothing refreshes.
+        for (label, path, is_registered), n in sorted(self._stale.items(), key=lambda kv: kv[0][2]):
+            first = self._first_seen[(label, path, is_registered)]
+            if is_registered:
+                out.append(f"{label}: {path} rebound at {n} replay(s); the graph reads the registered buffer "
+                           f"captured from it, correct only while that buffer is refreshed in place")
+            else:
+                out.append(f"{label}: stale input {path} at {n} replay(s): the graph still reads the tensor "
+                           f"captured from it ({first.captured}), nothing refreshes it; it now holds {first.now}")
+        return out

@@ -1,0 +1,58 @@
+"""The scenario library itself: it loads, and it covers what the harness promises to catch."""
+
+from pathlib import Path
+
+import pytest
+
+from harness.faults import FAULTS
+from harness.model import PRESETS
+from harness.scenario import load_all
+
+ROOT = Path(__file__).resolve().parents[2] / "scenarios"
+FAMILIES = ("swa_prefill_", "swa_decode_", "swa_mixed_", "swa_spec_", "swa_fp8_")
+
+
+@pytest.fixture(scope="module")
+def library():
+    specs, errors = load_all([ROOT])
+    assert not errors, "\n".join(str(e) for e in errors)
+    return specs
+
+
+def test_library_has_at_least_fifteen_scenarios_in_named_families(library):
+    assert len(library) >= 15
+    for spec in library:
+        assert spec.name.startswith(FAMILIES), f"{spec.name}: not in a -k selectable family"
+    for family in FAMILIES:
+        assert any(s.name.startswith(family) for s in library), f"no {family}* scenario"
+
+
+def test_every_fault_is_flagged_somewhere_and_matches_without_it(library):
+    for fault in FAULTS:
+        flagged = [
+            (s.name, e.design)
+            for s in library if fault in s.faults
+            for e in s.expectations
+            if e.without_faults == "match" and any(e.for_mode(m) in ("diverge", "error") for m in s.modes)
+        ]
+        assert flagged, f"no scenario flags {fault} and expects a match once it is switched off"
+
+
+def test_every_model_preset_is_exercised(library):
+    assert {s.model.name for s in library} >= set(PRESETS)
+
+
+def test_every_expectation_says_why(library):
+    for spec in library:
+        for exp in spec.expectations:
+            assert len(exp.why.split()) >= 3, f"{spec.name}: expect.{exp.design}.why is not an explanation"
+
+
+def test_library_covers_the_promised_workloads(library):
+    kv = {s.pool.kv_dtype for s in library}
+    assert {"float32", "bfloat16", "fp8_e4m3"} <= kv
+    assert any(s.kv_write == "fused_fp8" for s in library)
+    assert any(s.timeline.draft_steps > 0 for s in library)
+    assert any(s.timeline.chunk_size for s in library)
+    assert any(any(r.abort is not None for r in s.timeline.requests) for s in library)
+    assert {"eager", "full", "piecewise"} <= {m for s in library for m in s.modes}
