@@ -16,7 +16,6 @@ The behaviours real bugs came from are switches (``faults``), correct by default
 
 from __future__ import annotations
 
-import bisect
 from typing import Collection
 
 import torch
@@ -24,18 +23,18 @@ import torch
 from ..allocator import ReqToTokenPool
 from ..backends.torch_native import TorchNativeBackend
 from ..batch import ForwardBatch, ForwardMode
-from ..graphs import CapturedGraph, GraphEngine
+from ..graphs import GraphEngine
 from ..model import SyntheticModel
 from ..pool import HybridSWAKVPool
-from .eager import EagerRunner
-from .graph_log import GraphLog
+from ._graph_runner import GraphRunner
 
 DECODE_RUNNER_FAULTS = frozenset({"no_zero_swa_pad", "no_preset_swa_loc", "pad_seq_len_zero", "pad_slot_minus_one"})
 CAPTURE_POLICIES = ("startup", "on_demand")
 
 
-class DecodeGraphRunner:
+class DecodeGraphRunner(GraphRunner):
     mode = "full"
+    known_faults = DECODE_RUNNER_FAULTS
 
     def __init__(
         self,
@@ -51,15 +50,8 @@ class DecodeGraphRunner:
     ) -> None:
         if capture not in CAPTURE_POLICIES:
             raise ValueError(f"capture must be one of {CAPTURE_POLICIES}, got {capture!r}")
-        self.model = model
-        self.backend = backend
-        self.pool = pool
-        self.req_to_token_pool = req_to_token_pool
-        self.engine = engine
-        self.eager = EagerRunner(model=model, backend=backend, pool=pool)
-        self.buckets = tuple(sorted(set(buckets)))
-        self.faults = frozenset(faults) & DECODE_RUNNER_FAULTS
-        self.log = GraphLog()
+        super().__init__(model=model, backend=backend, pool=pool, req_to_token_pool=req_to_token_pool,
+                         engine=engine, buckets=buckets, faults=faults)
         max_bs = self.buckets[-1]
         dev = pool.device
         self.input_ids = torch.zeros(max_bs, dtype=torch.int64, device=dev)
@@ -69,8 +61,6 @@ class DecodeGraphRunner:
         self.out_cache_loc = torch.zeros(max_bs, dtype=torch.int64, device=dev)
         self.out_cache_loc_swa = torch.zeros(max_bs, dtype=torch.int32, device=dev)
         backend.init_cuda_graph_state(max_bs)
-        self.graphs: dict[int, CapturedGraph] = {}
-        self.outputs: dict[int, torch.Tensor] = {}
         if capture == "startup":
             # largest first, as serving engines do, so smaller graphs reuse the big one's pool memory
             for bs in reversed(self.buckets):
@@ -79,9 +69,6 @@ class DecodeGraphRunner:
     def static_buffers(self) -> list[torch.Tensor]:
         return [self.input_ids, self.positions, self.req_pool_indices, self.seq_lens, self.out_cache_loc,
                 self.out_cache_loc_swa]
-
-    def observations(self) -> list[str]:
-        return self.log.lines()
 
     def _static_batch(self, bs: int, forward_mode: ForwardMode) -> ForwardBatch:
         return ForwardBatch(
@@ -137,19 +124,16 @@ class DecodeGraphRunner:
                 self.req_to_token_pool.req_to_token,
             ],
         )
-        self.graphs[bs] = graph
-        self.outputs[bs] = produced[-1]  # the tensor of the captured run; replay writes into it
-        self.log.captured(graph)
+        self._keep(bs, graph, produced[-1])
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         bs = batch.batch_size
-        index = bisect.bisect_left(self.buckets, bs)
         if not batch.forward_mode.is_decode_like:
             return self.eager.forward(batch)
-        if index == len(self.buckets):
+        bucket = self.bucket_for(bs)
+        if bucket is None:
             self.log.eager_fallbacks += 1
             return self.eager.forward(batch)  # no bucket fits: a real engine runs it eagerly
-        bucket = self.buckets[index]
         if bucket not in self.graphs:
             self._capture(bucket)
         self._fill(batch, bucket)
@@ -158,8 +142,7 @@ class DecodeGraphRunner:
             bucket, bs, self.req_pool_indices[:bucket], self.seq_lens[:bucket], self.out_cache_loc[:bucket],
             batch.forward_mode,
         )
-        self.log.replayed(self.graphs[bucket], self.graphs[bucket].replay(), padded=bucket > bs)
-        return self.outputs[bucket][:bs].clone()
+        return self._replay(bucket, bs)
 
     def _fill(self, batch: ForwardBatch, bucket: int) -> None:
         bs = batch.batch_size

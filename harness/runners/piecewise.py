@@ -12,7 +12,6 @@ the runner invalidating it once per forward (the ``skip_memo_invalidate`` fault 
 
 from __future__ import annotations
 
-import bisect
 from typing import Collection
 
 import torch
@@ -20,17 +19,17 @@ import torch
 from ..allocator import ReqToTokenPool
 from ..backends.torch_native import TorchNativeBackend
 from ..batch import ForwardBatch, ForwardMode
-from ..graphs import CapturedGraph, GraphEngine, eager_island
+from ..graphs import GraphEngine, eager_island
 from ..model import SyntheticModel
 from ..pool import HybridSWAKVPool
-from .eager import EagerRunner
-from .graph_log import GraphLog
+from ._graph_runner import GraphRunner
 
 PIECEWISE_RUNNER_FAULTS = frozenset({"skip_memo_invalidate"})
 
 
-class PiecewisePrefillRunner:
+class PiecewisePrefillRunner(GraphRunner):
     mode = "piecewise"
+    known_faults = PIECEWISE_RUNNER_FAULTS
 
     def __init__(
         self,
@@ -43,15 +42,8 @@ class PiecewisePrefillRunner:
         buckets: tuple[int, ...],
         faults: Collection[str] = (),
     ) -> None:
-        self.model = model
-        self.backend = backend
-        self.pool = pool
-        self.req_to_token_pool = req_to_token_pool
-        self.engine = engine
-        self.eager = EagerRunner(model=model, backend=backend, pool=pool)
-        self.buckets = tuple(sorted(set(buckets)))
-        self.faults = frozenset(faults) & PIECEWISE_RUNNER_FAULTS
-        self.log = GraphLog()
+        super().__init__(model=model, backend=backend, pool=pool, req_to_token_pool=req_to_token_pool,
+                         engine=engine, buckets=buckets, faults=faults)
         n, dev = self.buckets[-1], pool.device
         self.input_ids = torch.zeros(n, dtype=torch.int64, device=dev)
         self.positions = torch.zeros(n, dtype=torch.int64, device=dev)
@@ -60,13 +52,8 @@ class PiecewisePrefillRunner:
         self._hidden_width = model.spec.num_heads * model.spec.head_dim
         self._batch: ForwardBatch | None = None
         self._num_real = 0
-        self.graphs: dict[int, CapturedGraph] = {}
-        self.outputs: dict[int, torch.Tensor] = {}
         for bucket in reversed(self.buckets):
             self._capture(bucket)
-
-    def observations(self) -> list[str]:
-        return self.log.lines()
 
     def _narrow(self, batch: ForwardBatch, n: int) -> ForwardBatch:
         """The real batch re-pointed at views of the static buffers, as attention sees it at replay."""
@@ -142,20 +129,17 @@ class PiecewisePrefillRunner:
                            *self.model.parameters(), *self.pool.buffers()],
             islands=True,
         )
-        self.graphs[bucket] = graph
-        self.outputs[bucket] = produced[-1]
-        self.log.captured(graph)
+        self._keep(bucket, graph, produced[-1])
         self._batch = None
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         if batch.forward_mode is not ForwardMode.EXTEND:
             return self.eager.forward(batch)
         n = batch.num_tokens
-        index = bisect.bisect_left(self.buckets, n)
-        if index == len(self.buckets):
+        bucket = self.bucket_for(n)
+        if bucket is None:
             self.log.eager_fallbacks += 1
             return self.eager.forward(batch)
-        bucket = self.buckets[index]
         for buf in (self.input_ids, self.positions, self.out_cache_loc, self.out_cache_loc_swa):
             buf[n:bucket].zero_()
         self.input_ids[:n].copy_(batch.input_ids)
@@ -169,5 +153,4 @@ class PiecewisePrefillRunner:
         if "skip_memo_invalidate" not in self.faults:
             self.pool.invalidate_translate_cache()
         self.backend.init_forward_metadata(self._batch)
-        self.log.replayed(self.graphs[bucket], self.graphs[bucket].replay(), padded=bucket > n)
-        return self.outputs[bucket][:n].clone()
+        return self._replay(bucket, n)
