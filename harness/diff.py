@@ -154,16 +154,16 @@ class _Differ:
         holder = owners.get((li, _key(got_k) + _key(got_v)))
         if holder is not None and (holder.rid, holder.pos) != (tok.rid, tok.pos):
             return "overwritten", f"holds the K/V of {holder.rid}@{holder.pos}"
-        want = _key(want_k) + _key(want_v)
-        for other in range(sub[0].shape[1]):
-            if other != slot and _key(sub[0][li, other]) + _key(sub[1][li, other]) == want:
-                return "misplaced", f"expected row found in slot {other}"
-        if (
-            prev is not None
-            and TokenKey(tok.rid, tok.pos) in written_now
-            and torch.equal(_rows_bytes(prev[0][li, slot]), _rows_bytes(got_k))
-            and torch.equal(_rows_bytes(prev[1][li, slot]), _rows_bytes(got_v))
-        ):
+        written = TokenKey(tok.rid, tok.pos) in written_now
+        changed = prev is not None and not (
+            _same(prev[0][li, slot], got_k) and _same(prev[1][li, slot], got_v)
+        )
+        if not written and changed:
+            return "overwritten", "changed in a step that did not write its owner: a padded row or a stale location"
+        elsewhere = _find_row(sub[0][li], sub[1][li], want_k, want_v, exclude=slot)
+        if elsewhere is not None:
+            return "misplaced", f"expected row found in slot {elsewhere}"
+        if written and prev is not None and not changed:
             return "unwritten", "slot kept its previous contents"
         if got_k.dtype == torch.uint8:
             return "drift", "quantized bytes differ"
@@ -171,6 +171,20 @@ class _Differ:
             return "drift", "computed NaN"
         diff = torch.maximum((got_k.float() - want_k.float()).abs().max(), (got_v.float() - want_v.float()).abs().max())
         return "drift", f"max |diff| {float(diff):.3g}"
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return torch.equal(_rows_bytes(a), _rows_bytes(b))
+
+
+def _find_row(
+    k_buf: torch.Tensor, v_buf: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, exclude: int
+) -> int | None:
+    """A slot (other than ``exclude``) whose K and V rows equal ``k`` and ``v`` byte for byte."""
+    hits = (_rows_bytes(k_buf) == _rows_bytes(k)[None]).all(-1) & (_rows_bytes(v_buf) == _rows_bytes(v)[None]).all(-1)
+    hits[exclude] = False
+    found = hits.nonzero()
+    return int(found[0]) if found.numel() else None
 
 
 def diff_runs(
