@@ -1,4 +1,4 @@
-"""Named workloads reused by tests, benchmarks and the built-in report (vLLM's BATCH_SPECS idea)."""
+"""Named workloads reused across eager, graph and emulated runs in the tests (vLLM's BATCH_SPECS idea)."""
 
 from __future__ import annotations
 
@@ -54,9 +54,39 @@ def draft_after_prefill(window: int, draft_steps: int = 3) -> TimelineSpec:
     )
 
 
+def heterogeneous_decode(window: int) -> TimelineSpec:
+    """Decode batches of 4, 3, 2 and 1 requests of different lengths: padded buckets, at least 3 replays."""
+    return TimelineSpec(
+        requests=(
+            RequestSpec(rid="a", prompt_len=window + 3, output_len=12),
+            RequestSpec(rid="b", prompt_len=2, output_len=3),
+            RequestSpec(rid="c", prompt_len=window - 1, output_len=6),
+            RequestSpec(rid="d", prompt_len=2 * window + 1, output_len=9),
+            RequestSpec(rid="e", arrive=8, prompt_len=3, output_len=4),
+        ),
+        seed=21,
+    )
+
+
+def heterogeneous_prefill(window: int) -> TimelineSpec:
+    """Several extend batches of different token counts and request mixes, chunked across the window."""
+    return TimelineSpec(
+        requests=(
+            RequestSpec(rid="a", prompt_len=2 * window + 5, output_len=2),
+            RequestSpec(rid="b", arrive=1, prompt_len=window - 1, output_len=2),
+            RequestSpec(rid="c", arrive=1, prompt_len=3, output_len=1),
+            RequestSpec(rid="d", arrive=4, prompt_len=window + 1, output_len=2),
+        ),
+        chunk_size=window + 2,
+        seed=22,
+    )
+
+
 WORKLOADS = {
     "prefill_lengths": prefill_lengths,
     "chunked_decode": chunked_decode,
     "continuous_batching": continuous_batching,
     "draft_after_prefill": draft_after_prefill,
+    "heterogeneous_decode": heterogeneous_decode,
+    "heterogeneous_prefill": heterogeneous_prefill,
 }

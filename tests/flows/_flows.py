@@ -10,35 +10,7 @@ from harness.model import model_spec
 from harness.pool import PoolSpec
 from harness.run import GraphSpec, RunSpec, build_session
 from harness.runners import run_batch
-from harness.scheduler import RequestSpec, TimelineSpec
-
-
-def heterogeneous_decode(window: int) -> TimelineSpec:
-    """Decode batches of 4, 3, 2 and 1 requests of different lengths: padded buckets, at least 3 replays."""
-    return TimelineSpec(
-        requests=(
-            RequestSpec(rid="a", prompt_len=window + 3, output_len=12),
-            RequestSpec(rid="b", prompt_len=2, output_len=3),
-            RequestSpec(rid="c", prompt_len=window - 1, output_len=6),
-            RequestSpec(rid="d", prompt_len=2 * window + 1, output_len=9),
-            RequestSpec(rid="e", arrive=8, prompt_len=3, output_len=4),
-        ),
-        seed=21,
-    )
-
-
-def heterogeneous_prefill(window: int) -> TimelineSpec:
-    """Several extend batches of different token counts and request mixes, chunked across the window."""
-    return TimelineSpec(
-        requests=(
-            RequestSpec(rid="a", prompt_len=2 * window + 5, output_len=2),
-            RequestSpec(rid="b", arrive=1, prompt_len=window - 1, output_len=2),
-            RequestSpec(rid="c", arrive=1, prompt_len=3, output_len=1),
-            RequestSpec(rid="d", arrive=4, prompt_len=window + 1, output_len=2),
-        ),
-        chunk_size=window + 2,
-        seed=22,
-    )
+from harness.workloads import heterogeneous_decode, heterogeneous_prefill  # noqa: F401  (the flows import them from here)
 
 
 def spec_for(preset: str, timeline_fn, mode: str, design: str = "forward_batch", **kw) -> RunSpec:
