@@ -18,11 +18,17 @@ import torch
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
-# Rows are padded to a multiple of this before every matmul. CPU GEMM kernels pick different blockings
-# for different row counts (3 rows and 4 rows round differently), so without padding a graph replaying a
-# padded bucket would differ from the eager run in the last bit for reasons that are not bugs. With it
-# the model is batch-invariant and the harness can demand bitwise equality on CPU.
+# A forward runs on token rows padded to a multiple of this. CPU kernels are not batch-invariant: GEMM
+# picks different blockings for 3 rows and 4 rows, and vectorized elementwise loops compute the tail of a
+# buffer with scalar code (std::cos vs SLEEF's cos differ in the last bit). Without padding, a graph
+# replaying a padded bucket would differ from the eager run in the last bit for reasons that are not bugs.
+# With every buffer a whole number of row blocks, row r's bits never depend on how many rows came with it,
+# and the harness can demand bitwise equality on CPU.
 _ROW_BLOCK = 16
+
+# RoPE angles come from a table gathered by position, as serving engines keep a cos/sin cache; a gather
+# is exact, where computing cos per batch would round differently per batch shape.
+MAX_POSITIONS = 4096
 
 AttentionFn = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 """(layer_id, q [T, Hq*D], k [T, Hkv*D], v [T, Hkv*D]) -> attention output [T, Hq*D]"""
@@ -100,12 +106,19 @@ def model_spec(preset: str, **overrides: object) -> ModelSpec:
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """``x @ weight`` computed on a row count padded to _ROW_BLOCK, so each row's bits never depend on the batch."""
-    rows = x.shape[0]
-    padded = -(-rows // _ROW_BLOCK) * _ROW_BLOCK
-    if padded != rows:
-        x = torch.nn.functional.pad(x, (0, 0, 0, padded - rows))
-    return (x @ weight)[:rows]
+    return x @ weight
+
+
+def pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
+    """``x`` with zero rows appended up to ``rows``."""
+    extra = rows - x.shape[0]
+    if extra == 0:
+        return x
+    return torch.nn.functional.pad(x, (0, 0) * (x.dim() - 1) + (0, extra))
+
+
+def row_block(rows: int) -> int:
+    return -(-rows // _ROW_BLOCK) * _ROW_BLOCK
 
 
 def _acc_dtype(x: torch.Tensor) -> torch.dtype:
@@ -119,16 +132,23 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.
     return (xf * torch.rsqrt(var + eps)).to(x.dtype) * weight
 
 
-def apply_rope(x: torch.Tensor, positions: torch.Tensor, head_dim: int, theta: float) -> torch.Tensor:
-    """Rotate-half RoPE on [T, H*D]."""
+def rope_cache(head_dim: int, theta: float, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin tables [MAX_POSITIONS, head_dim/2]."""
+    half = head_dim // 2
+    inv_freq = 1.0 / (theta ** (torch.arange(half, dtype=torch.float64) / half))
+    angles = torch.arange(MAX_POSITIONS, dtype=torch.float64)[:, None] * inv_freq[None, :]
+    return angles.cos().to(device=device, dtype=dtype), angles.sin().to(device=device, dtype=dtype)
+
+
+def apply_rope(
+    x: torch.Tensor, positions: torch.Tensor, head_dim: int, cos_cache: torch.Tensor, sin_cache: torch.Tensor
+) -> torch.Tensor:
+    """Rotate-half RoPE on [T, H*D] with angles gathered from the caches."""
     t = x.shape[0]
     half = head_dim // 2
-    acc = _acc_dtype(x)
-    inv_freq = 1.0 / (theta ** (torch.arange(half, device=x.device, dtype=acc) / half))
-    angles = positions.to(acc)[:, None] * inv_freq[None, :]
-    cos = angles.cos()[:, None, :]
-    sin = angles.sin()[:, None, :]
-    xh = x.view(t, -1, head_dim).to(acc)
+    cos = cos_cache[positions][:, None, :]
+    sin = sin_cache[positions][:, None, :]
+    xh = x.view(t, -1, head_dim).to(cos_cache.dtype)
     x1, x2 = xh[..., :half], xh[..., half:]
     out = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
     return out.to(x.dtype).reshape(t, -1)
@@ -182,6 +202,9 @@ class SyntheticModel:
             for _ in range(spec.num_layers)
         ]
         self.final_norm = norm(h)
+        self.rope_cos, self.rope_sin = rope_cache(
+            spec.head_dim, spec.rope_theta, torch.promote_types(self.dtype, torch.float32), self.device
+        )
 
     def cast(self, dtype: torch.dtype) -> "SyntheticModel":
         """The same weights in another dtype (the oracle runs the rounded weights in float64)."""
@@ -190,6 +213,9 @@ class SyntheticModel:
         twin.embed = self.embed.to(dtype)
         twin.layers = [LayerWeights(*(w.to(dtype) for w in lw.tensors())) for lw in self.layers]
         twin.final_norm = self.final_norm.to(dtype)
+        twin.rope_cos, twin.rope_sin = rope_cache(
+            self.spec.head_dim, self.spec.rope_theta, torch.promote_types(dtype, torch.float32), self.device
+        )
         return twin
 
     def parameters(self) -> list[torch.Tensor]:
@@ -210,9 +236,9 @@ class SyntheticModel:
         """Pre-norm and the q/k/v projections of one layer, RoPE applied to q and k."""
         lw = self.layers[layer_id]
         x = rms_norm(hidden, lw.attn_norm)
-        d, theta = self.spec.head_dim, self.spec.rope_theta
-        q = apply_rope(linear(x, lw.wq), positions, d, theta)
-        k = apply_rope(linear(x, lw.wk), positions, d, theta)
+        d = self.spec.head_dim
+        q = apply_rope(linear(x, lw.wq), positions, d, self.rope_cos, self.rope_sin)
+        k = apply_rope(linear(x, lw.wk), positions, d, self.rope_cos, self.rope_sin)
         v = linear(x, lw.wv)
         return q, k, v
 
@@ -223,9 +249,16 @@ class SyntheticModel:
         return hidden + linear(torch.nn.functional.silu(linear(x, lw.w_up)), lw.w_down)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attention: AttentionFn) -> torch.Tensor:
-        """Final hidden states [T, hidden] of the tokens in ``input_ids``."""
-        hidden = self.embed[input_ids]
+        """Final hidden states [T, hidden] of the tokens in ``input_ids``.
+
+        Everything but attention runs on rows padded to a whole row block; attention sees the T real rows.
+        """
+        t = input_ids.shape[0]
+        rows = row_block(t)
+        hidden = pad_rows(self.embed[input_ids], rows)
+        positions = pad_rows(positions, rows)
         for layer_id in range(self.spec.num_layers):
             q, k, v = self.project_qkv(layer_id, hidden, positions)
-            hidden = self.finish_layer(layer_id, hidden, attention(layer_id, q, k, v))
-        return rms_norm(hidden, self.final_norm)
+            out = attention(layer_id, q[:t], k[:t], v[:t])
+            hidden = self.finish_layer(layer_id, hidden, pad_rows(out, rows))
+        return rms_norm(hidden, self.final_norm)[:t]

@@ -230,7 +230,11 @@ class TorchNativeBackend:
         slots = table[:, :width][md.token_rows]
         k_all, v_all = self.pool.read_kv(layer_id, slots, self.dtype)  # [T, W, Hkv, D]
         qh = q.view(t, self.num_kv_heads, self.group, self.head_dim)
-        scores = torch.matmul(qh, k_all.permute(0, 2, 3, 1)).float() * self.scale  # [T, Hkv, G, W]
+        # Contiguous operands: with one token, a permuted (strided) K sends matmul down another GEMM path
+        # that rounds differently, and a batch of 1 would no longer match the same row in a padded bucket.
+        k_t = k_all.permute(0, 2, 3, 1).contiguous()
+        v_t = v_all.permute(0, 2, 1, 3).contiguous()
+        scores = torch.matmul(qh, k_t).float() * self.scale  # [T, Hkv, G, W]
         key_pos = self._key_pos[:width][None, :]
         kv_len = md.token_kv_lens[:, None]
         valid = key_pos < kv_len
@@ -239,5 +243,5 @@ class TorchNativeBackend:
             valid = valid & (key_pos >= kv_len - window)
         scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
         probs = torch.softmax(scores, dim=-1).to(self.dtype)
-        out = torch.matmul(probs, v_all.permute(0, 2, 1, 3))  # [T, Hkv, G, D]
+        out = torch.matmul(probs, v_t)  # [T, Hkv, G, D]
         return out.reshape(t, -1)
