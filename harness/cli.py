@@ -12,9 +12,10 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Sequence
 
+import torch
+
 from .designs import DESIGNS
 from .faults import FAULTS
-from .graphs import get_engine
 from .matrix import Case, CaseResult, cases, limit_threads, run_case
 from .run import MODES
 from .scenario import SCENARIO_ROOT_DEFAULT, ScenarioSpec, load_all
@@ -154,8 +155,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
     specs, load_errors = _select(args)
     for err in load_errors:
         print(err, file=sys.stderr)
-    if args.engine:
-        get_engine(args.engine)  # an unknown or unavailable engine fails before any run
+    needs_cuda = args.device == "cuda" or args.engine == "cuda"
+    if needs_cuda and not torch.cuda.is_available():
+        print("--engine cuda and --device cuda need a CUDA device; this machine has none "
+              "(the tape engine on the CPU is the default)", file=sys.stderr)
+        return 2
     all_cases = _cases(args, specs)
     if not all_cases:
         print("no runs selected", file=sys.stderr)
