@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .allocator import ReqToTokenPool, SWATokenToKVPoolAllocator
-from .backends import BACKENDS
+from .backends import BACKENDS, TorchNativeBackend
 from .designs import REFERENCE_DESIGN, resolve_design
 from .model import ModelSpec, SyntheticModel
 from .pool import HybridSWAKVPool, PoolSpec
@@ -78,7 +78,7 @@ class Session:
     req_to_token_pool: ReqToTokenPool
     allocator: SWATokenToKVPoolAllocator
     scheduler: Scheduler
-    backend: object
+    backend: TorchNativeBackend
     runner: Runner
 
 
@@ -124,7 +124,12 @@ def build_session(spec: RunSpec) -> Session:
 
 
 def make_runner(
-    spec: RunSpec, *, model: SyntheticModel, backend, pool: HybridSWAKVPool, req_to_token_pool: ReqToTokenPool
+    spec: RunSpec,
+    *,
+    model: SyntheticModel,
+    backend: TorchNativeBackend,
+    pool: HybridSWAKVPool,
+    req_to_token_pool: ReqToTokenPool,
 ) -> Runner:
     if spec.mode == "eager":
         return EagerRunner(model=model, backend=backend, pool=pool)
