@@ -79,13 +79,17 @@ class PiecewisePrefillRunner(GraphRunner):
         assert batch is not None
         previous = self.pool.swa_loc
         self.pool.set_swa_loc(batch.out_cache_loc_swa)
+        rows = q.shape[0]
+        full = n == rows
+        if not full:
+            q, k, v = q[:n], k[:n], v[:n]
         try:
-            real = self.backend.forward(q[:n], k[:n], v[:n], layer_id, batch)
+            real = self.backend.forward(q, k, v, layer_id, batch)
         finally:
             self.pool.set_swa_loc(previous)
-        if n == q.shape[0]:
+        if full:
             return real
-        out = q.new_zeros(q.shape[0], self._hidden_width)
+        out = real.new_zeros(rows, self._hidden_width)
         out[:n] = real
         return out
 
@@ -140,8 +144,9 @@ class PiecewisePrefillRunner(GraphRunner):
         if bucket is None:
             self.log.eager_fallbacks += 1
             return self.eager.forward(batch)
-        for buf in (self.input_ids, self.positions, self.out_cache_loc, self.out_cache_loc_swa):
-            buf[n:bucket].zero_()
+        if n < bucket:
+            for buf in (self.input_ids, self.positions, self.out_cache_loc, self.out_cache_loc_swa):
+                buf[n:bucket].zero_()
         self.input_ids[:n].copy_(batch.input_ids)
         self.positions[:n].copy_(batch.positions)
         self.out_cache_loc[:n].copy_(batch.out_cache_loc)
