@@ -27,7 +27,7 @@ from .backends import BACKENDS
 from .backends.torch_native import KV_WRITE_PATHS
 from .designs import DESIGNS, resolve_design
 from .faults import FAULTS
-from .model import PRESETS, ModelSpec, model_spec
+from .model import MAX_POSITIONS, PRESETS, ModelSpec, model_spec
 from .pool import KV_DTYPES, HybridSWAKVPool, PoolSpec
 from .run import MODES, GraphSpec, RunSpec
 from .scheduler import RequestSpec, Scheduler, TimelineSpec
@@ -462,7 +462,8 @@ def _read_pool(r: _Reader, table: dict | None) -> PoolSpec | None:
         full_size=r.value(table, "pool", "full_size", _int(2, _LIMIT)),
         swa_size=r.value(table, "pool", "swa_size", _int(2, _LIMIT)),
         kv_dtype=r.value(table, "pool", "kv_dtype", _choice(KV_DTYPES), defaults.kv_dtype),
-        max_context_len=r.value(table, "pool", "max_context_len", _int(1, _LIMIT), defaults.max_context_len),
+        # positions index the model's RoPE cos/sin cache, which has MAX_POSITIONS rows
+        max_context_len=r.value(table, "pool", "max_context_len", _int(1, MAX_POSITIONS), defaults.max_context_len),
         max_running_requests=r.value(
             table, "pool", "max_running_requests", _int(1, _LIMIT), defaults.max_running_requests
         ),
