@@ -117,10 +117,6 @@ def _reference(reference_spec: RunSpec) -> RunResult:
     return execute(reference_spec)
 
 
-def reference_for(case: Case) -> RunResult:
-    return _reference(case.run_spec().reference())
-
-
 def scenario_reference(scenario: ScenarioSpec, *, backend: str, device: str = "cpu") -> RunResult:
     """The reference run of a scenario, whichever designs and modes it lists."""
     spec = scenario.run_spec(design=scenario.designs[0], mode=scenario.modes[0], backend=backend, device=device,
@@ -130,7 +126,8 @@ def scenario_reference(scenario: ScenarioSpec, *, backend: str, device: str = "c
 
 def run_case(case: Case) -> CaseResult:
     """Run the subject, judge it against the (cached) reference run. Never raises for a run's failure."""
-    return CaseResult(case=case, verdict=judge(execute(case.run_spec()), reference_for(case)))
+    reference = scenario_reference(case.scenario, backend=case.backend, device=case.device)
+    return CaseResult(case=case, verdict=judge(execute(case.run_spec()), reference))
 
 
 def _display_path(path: Path) -> str:

@@ -127,7 +127,6 @@ class Scheduler:
         self._waiting: list[_Req] = []
         self._running: list[_Req] = []
         self._step = 0
-        self._in_step: list[_Req] = []
 
     @property
     def step_index(self) -> int:

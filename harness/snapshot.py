@@ -15,7 +15,6 @@ class KVSnapshot:
     step: int
     kind: str
     """forward mode of the step's batch"""
-    batch_size: int
     live: tuple[LiveToken, ...]
     full_k: torch.Tensor
     """[full layers, full_size, Hkv, D] in the pool's storage dtype"""
@@ -41,7 +40,6 @@ def take_snapshot(
     return KVSnapshot(
         step=step.index,
         kind=step.kind,
-        batch_size=step.batch.batch_size,
         live=tuple(live),
         full_k=_stack(pool.full_k_buffer, like),
         full_v=_stack(pool.full_v_buffer, like),

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from .diff import DiffResult, KVMismatch, diff_runs
 from .oracle import tolerance
-from .run import RunError, RunResult, RunSpec, execute
+from .run import RunError, RunResult
 
 OUTCOMES = ("match", "diverge", "error")
 
@@ -56,9 +56,3 @@ def judge(subject: RunResult, reference: RunResult) -> Verdict:
     if subject.error is not None:
         return Verdict(outcome="error", diff=diff, error=subject.error, notes=subject.notes)
     return Verdict(outcome="diverge" if diff.total else "match", diff=diff, error=None, notes=subject.notes)
-
-
-def evaluate(spec: RunSpec, reference: RunResult | None = None) -> Verdict:
-    """Run ``spec`` and its reference (unless given) and judge the subject."""
-    reference = reference if reference is not None else execute(spec.reference())
-    return judge(execute(spec), reference)

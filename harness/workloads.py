@@ -80,13 +80,3 @@ def heterogeneous_prefill(window: int) -> TimelineSpec:
         chunk_size=window + 2,
         seed=22,
     )
-
-
-WORKLOADS = {
-    "prefill_lengths": prefill_lengths,
-    "chunked_decode": chunked_decode,
-    "continuous_batching": continuous_batching,
-    "draft_after_prefill": draft_after_prefill,
-    "heterogeneous_decode": heterogeneous_decode,
-    "heterogeneous_prefill": heterogeneous_prefill,
-}

@@ -49,7 +49,6 @@ class TorchNativeBackend:
     """Paged attention in plain torch ops; every tensor op here can be captured by a graph engine."""
 
     name = "torch_native"
-    supports_cuda_graph = True
 
     def __init__(
         self,

@@ -343,9 +343,6 @@ class Recorder:
 
     # -- bookkeeping
 
-    def is_produced(self, t: torch.Tensor) -> bool:
-        return self.produced.get(id(t)) is t
-
     def note_inputs(self, tensors: list[torch.Tensor]) -> None:
         for t in tensors:
             tid = id(t)

@@ -137,7 +137,6 @@ class CudaGraph:
         runners: list[Callable[[], None] | None] = [_island_runner(s) for s in islands]
         runners.append(None)
         self._segments = tuple(zip(graphs, runners))
-        self._islands = islands
         self._outputs = outputs
 
     @property

@@ -113,10 +113,6 @@ class _IslandHost(Protocol):
 _tls = threading.local()
 
 
-def _island_host() -> _IslandHost | None:
-    return getattr(_tls, "island_host", None)
-
-
 def _set_island_host(host: _IslandHost | None) -> _IslandHost | None:
     previous = getattr(_tls, "island_host", None)
     _tls.island_host = host

@@ -12,13 +12,14 @@ the runner invalidating it once per forward (the ``skip_memo_invalidate`` fault 
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Collection
 
 import torch
 
 from ..allocator import ReqToTokenPool
 from ..backends.torch_native import TorchNativeBackend
-from ..batch import ForwardBatch, ForwardMode
+from ..batch import ForwardBatch, ForwardMode, make_forward_batch
 from ..graphs import GraphEngine, eager_island
 from ..model import SyntheticModel
 from ..pool import HybridSWAKVPool
@@ -57,20 +58,12 @@ class PiecewisePrefillRunner(GraphRunner):
 
     def _narrow(self, batch: ForwardBatch, n: int) -> ForwardBatch:
         """The real batch re-pointed at views of the static buffers, as attention sees it at replay."""
-        return ForwardBatch(
-            forward_mode=batch.forward_mode,
-            batch_size=batch.batch_size,
+        return dataclasses.replace(
+            batch,
             input_ids=self.input_ids[:n],
             positions=self.positions[:n],
-            req_pool_indices=batch.req_pool_indices,
-            seq_lens=batch.seq_lens,
-            extend_prefix_lens=batch.extend_prefix_lens,
-            extend_seq_lens=batch.extend_seq_lens,
-            extend_seq_lens_cpu=batch.extend_seq_lens_cpu,
             out_cache_loc=self.out_cache_loc[:n],
             out_cache_loc_swa=self.out_cache_loc_swa[:n],
-            req_to_token_pool=batch.req_to_token_pool,
-            token_to_kv_pool=self.pool,
         )
 
     def _attention(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -97,22 +90,19 @@ class PiecewisePrefillRunner(GraphRunner):
         # capture batch: one dummy request whose tokens all write to the dummy slot
         for buf in (self.input_ids, self.positions, self.out_cache_loc, self.out_cache_loc_swa):
             buf[:bucket].zero_()
-        dev = self.pool.device
-        lens = torch.tensor([bucket], dtype=torch.int64, device=dev)
-        dummy = ForwardBatch(
-            forward_mode=ForwardMode.EXTEND,
-            batch_size=1,
-            input_ids=self.input_ids[:bucket],
-            positions=self.positions[:bucket],
-            req_pool_indices=torch.zeros(1, dtype=torch.int64, device=dev),
-            seq_lens=lens,
-            extend_prefix_lens=torch.zeros(1, dtype=torch.int64, device=dev),
-            extend_seq_lens=lens,
-            extend_seq_lens_cpu=(bucket,),
-            out_cache_loc=self.out_cache_loc[:bucket],
-            out_cache_loc_swa=self.out_cache_loc_swa[:bucket],
-            req_to_token_pool=self.req_to_token_pool,
-            token_to_kv_pool=self.pool,
+        dummy = self._narrow(
+            make_forward_batch(
+                forward_mode=ForwardMode.EXTEND,
+                input_ids=self.input_ids[:bucket],
+                positions=self.positions[:bucket],
+                req_pool_indices=torch.zeros(1, dtype=torch.int64, device=self.pool.device),
+                prefix_lens=[0],
+                extend_lens=[bucket],
+                out_cache_loc=self.out_cache_loc[:bucket],
+                req_to_token_pool=self.req_to_token_pool,
+                pool=self.pool,
+            ),
+            bucket,
         )
         self._batch, self._num_real = dummy, bucket
         self.backend.init_forward_metadata(dummy)

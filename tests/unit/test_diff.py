@@ -23,7 +23,7 @@ def snap(step, rows: dict[int, float], live, written=(), poisoned=()):
         poison_(k[0, slot])
     v = k.clone()
     empty = torch.zeros(0, SLOTS, H, D)
-    return KVSnapshot(step=step, kind="decode", batch_size=1, live=tuple(live), full_k=empty, full_v=empty,
+    return KVSnapshot(step=step, kind="decode", live=tuple(live), full_k=empty, full_v=empty,
                       swa_k=k, swa_v=v, hidden=torch.zeros(len(written), 4),
                       hidden_owners=tuple(TokenKey(r, p) for r, p in written))
 
