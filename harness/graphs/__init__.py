@@ -13,8 +13,8 @@ from .engine import (
     InputAudit,
     StaleInput,
     eager_island,
-    get_engine,
 )
+from .registry import get_engine
 
 __all__ = [
     "CaptureError",

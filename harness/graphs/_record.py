@@ -501,3 +501,32 @@ class _HostReadHook(TorchFunctionMode):
 
     def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None) -> Any:
         return self._recorder.on_function(func, args, kwargs or {})
+
+def island_runner(step: IslandStep) -> Callable[[], None]:
+    """What replay runs for an island: its Python again, fresh results copied into the capture's statics."""
+    fn, args, kwargs, statics = step.fn, step.args, step.kwargs, step.statics
+
+    def run() -> None:
+        fresh, _ = island_outputs(fn, fn(*args, **kwargs))
+        if len(fresh) != len(statics):
+            raise RuntimeError(f"eager island {fn.__qualname__} returned {len(fresh)} tensors at replay, {len(statics)} at capture")
+        with torch.no_grad():
+            for static, new in zip(statics, fresh):
+                if new.shape != static.shape:
+                    raise RuntimeError(
+                        f"eager island {fn.__qualname__} returned shape {tuple(new.shape)} at replay, {tuple(static.shape)} at capture"
+                    )
+                static.copy_(new)
+
+    return run
+
+
+def static_outputs(result: object) -> tuple[torch.Tensor, ...]:
+    """Validate what a captured callable returned."""
+    if result is None:
+        return ()
+    if isinstance(result, torch.Tensor):
+        return (result,)
+    if isinstance(result, (tuple, list)) and all(isinstance(t, torch.Tensor) for t in result):
+        return tuple(result)
+    raise TypeError(f"a captured callable must return a tensor, a tuple of tensors or None, got {type(result).__name__}")

@@ -36,9 +36,8 @@ from typing import Any
 import torch
 
 from ._audit import StaleWatch, build_audit
-from ._record import IslandStep, Recorder, island_outputs, poison_storage, storage_key
+from ._record import IslandStep, Recorder, island_outputs, island_runner, poison_storage, static_outputs, storage_key
 from .engine import InputAudit, StaleInput
-from .tape import _island_runner, static_outputs
 
 __all__ = ["CudaEngine", "CudaGraph"]
 
@@ -134,7 +133,7 @@ class CudaGraph:
         self.label = label
         self.audit = audit
         self._watch = watch
-        runners: list[Callable[[], None] | None] = [_island_runner(s) for s in islands]
+        runners: list[Callable[[], None] | None] = [island_runner(s) for s in islands]
         runners.append(None)
         self._segments = tuple(zip(graphs, runners))
         self._outputs = outputs

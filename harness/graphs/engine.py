@@ -25,7 +25,6 @@ __all__ = [
     "InputAudit",
     "StaleInput",
     "eager_island",
-    "get_engine",
 ]
 
 
@@ -135,20 +134,3 @@ def eager_island(
     if host is None:
         return fn(*args, **kwargs)
     return host.run_island(fn, args, kwargs)
-
-
-_ENGINE_NAMES = ("tape", "cuda")
-
-
-def get_engine(name: str) -> GraphEngine:
-    """Return a fresh engine instance (a ``cuda`` instance owns one memory pool)."""
-    # Imported lazily: both engine modules import this one.
-    if name == "tape":
-        from .tape import TapeEngine
-
-        return TapeEngine()
-    if name == "cuda":
-        from .cuda import CudaEngine
-
-        return CudaEngine()
-    raise ValueError(f"unknown graph engine {name!r}; known engines: {', '.join(_ENGINE_NAMES)}")

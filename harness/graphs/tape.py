@@ -66,7 +66,7 @@ from typing import Any
 import torch
 
 from ._audit import StaleWatch, build_audit
-from ._record import IslandStep, OpStep, Recorder, flat_outputs, island_outputs
+from ._record import IslandStep, OpStep, Recorder, flat_outputs, island_outputs, island_runner, static_outputs
 from .engine import InputAudit, StaleInput
 
 __all__ = ["TapeEngine", "TapeGraph"]
@@ -175,22 +175,6 @@ def _compute_then_copy(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
     return run
 
 
-def _island_runner(step: IslandStep) -> Callable[[], None]:
-    fn, args, kwargs, statics = step.fn, step.args, step.kwargs, step.statics
-
-    def run() -> None:
-        fresh, _ = island_outputs(fn, fn(*args, **kwargs))
-        if len(fresh) != len(statics):
-            raise RuntimeError(f"eager island {fn.__qualname__} returned {len(fresh)} tensors at replay, {len(statics)} at capture")
-        with torch.no_grad():
-            for static, new in zip(statics, fresh):
-                if new.shape != static.shape:
-                    raise RuntimeError(
-                        f"eager island {fn.__qualname__} returned shape {tuple(new.shape)} at replay, {tuple(static.shape)} at capture"
-                    )
-                static.copy_(new)
-
-    return run
 
 
 def _plan_op(step: OpStep) -> tuple[_Call | None, str]:
@@ -229,7 +213,7 @@ def _compile(steps: list[OpStep | IslandStep]) -> tuple[tuple[_Segment, ...], tu
     ops: list[_Call] = []
     for step in steps:
         if isinstance(step, IslandStep):
-            segments.append((tuple(ops), _island_runner(step)))
+            segments.append((tuple(ops), island_runner(step)))
             ops = []
             notes.append("island")
             continue
@@ -364,15 +348,6 @@ def _tape_island(rec: Recorder, fn: Callable[..., Any], args: tuple[Any, ...], k
     return statics[0] if single else statics
 
 
-def static_outputs(result: object) -> tuple[torch.Tensor, ...]:
-    """Validate what a captured callable returned."""
-    if result is None:
-        return ()
-    if isinstance(result, torch.Tensor):
-        return (result,)
-    if isinstance(result, (tuple, list)) and all(isinstance(t, torch.Tensor) for t in result):
-        return tuple(result)
-    raise TypeError(f"a captured callable must return a tensor, a tuple of tensors or None, got {type(result).__name__}")
 
 
 class TapeEngine:
