@@ -31,12 +31,12 @@ from pathlib import Path
 
 import torch
 
-from .batch import ForwardBatch
-from .model import PRESETS, model_spec
-from .pool import PoolSpec
-from .run import GraphSpec, RunSpec, Session, build_session
+from .check.run import GraphSpec, RunSpec, Session, build_session
 from .runners import EagerRunner, Runner, run_batch
-from .scheduler import RequestSpec, TimelineSpec
+from .serving.batch import ForwardBatch
+from .serving.model import PRESETS, model_spec
+from .serving.pool import PoolSpec
+from .serving.timeline import RequestSpec, TimelineSpec
 
 __all__ = ["BenchRow", "DECODE_BUCKETS", "PREFILL_BUCKETS", "measure", "render_markdown", "run_bench",
            "write_section"]

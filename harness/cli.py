@@ -14,11 +14,11 @@ from typing import Sequence
 
 import torch
 
-from .designs import DESIGNS
-from .faults import FAULTS
-from .matrix import Case, CaseResult, cases, limit_threads, run_case
-from .run import MODES
+from .check.matrix import Case, CaseResult, cases, limit_threads, run_case
+from .check.run import MODES
 from .scenario import SCENARIO_ROOT_DEFAULT, ScenarioSpec, load_all
+from .serving.designs import DESIGNS
+from .serving.faults import FAULTS
 
 
 def _select(args: argparse.Namespace) -> tuple[list[ScenarioSpec], list[str]]:

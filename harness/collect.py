@@ -12,10 +12,10 @@ from typing import Iterator
 
 import pytest
 
-from .matrix import Case, CaseResult, cases, run_case, scenario_reference
-from .model import SyntheticModel
-from .oracle import certify, dense_oracle
+from .check.matrix import Case, CaseResult, cases, run_case, scenario_reference
+from .check.oracle import certify, dense_oracle
 from .scenario import ScenarioError, ScenarioSpec, load_scenario
+from .serving.model import SyntheticModel
 
 
 class ScenarioMismatch(Exception):

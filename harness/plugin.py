@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from .check.matrix import limit_threads
 from .collect import ScenarioFile, is_scenario_file
-from .matrix import limit_threads
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

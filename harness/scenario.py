@@ -22,16 +22,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from .allocator import PoolExhausted, ReqToTokenPool, SWATokenToKVPoolAllocator
 from .backends import BACKENDS
 from .backends.torch_native import KV_WRITE_PATHS
-from .designs import DESIGNS, resolve_design
-from .faults import FAULTS
-from .model import MAX_POSITIONS, PRESETS, ModelSpec, model_spec
-from .pool import KV_DTYPES, HybridSWAKVPool, PoolSpec
-from .run import MODES, GraphSpec, RunSpec
-from .scheduler import RequestSpec, Scheduler, TimelineSpec
-from .verdict import OUTCOMES
+from .check.run import MODES, GraphSpec, RunSpec
+from .check.verdict import OUTCOMES
+from .serving.allocator import SWATokenToKVPoolAllocator
+from .serving.designs import DESIGNS, resolve_design
+from .serving.faults import FAULTS
+from .serving.model import MAX_POSITIONS, PRESETS, ModelSpec, model_spec
+from .serving.pool import (
+    KV_DTYPES,
+    HybridSWAKVPool,
+    PoolExhausted,
+    PoolSpec,
+    ReqToTokenPool,
+)
+from .serving.scheduler import Scheduler
+from .serving.timeline import RequestSpec, TimelineSpec
 
 __all__ = [
     "SCENARIO_ROOT_DEFAULT",

@@ -18,10 +18,10 @@ from typing import Collection
 
 import torch
 
-from ..batch import ForwardBatch, ForwardMode
-from ..designs import SWALocDesign
-from ..model import ModelSpec
-from ..pool import HybridSWAKVPool, quantize_fp8
+from ..serving.batch import ForwardBatch, ForwardMode
+from ..serving.designs import SWALocDesign
+from ..serving.model import ModelSpec
+from ..serving.pool import HybridSWAKVPool, quantize_fp8
 from .page_table import build_page_table, extend_token_kv_lens, extend_token_rows
 
 KV_WRITE_PATHS = ("plain", "fused_fp8")

@@ -6,8 +6,8 @@ checker and the input audit, so they refuse and report the same things.
 """
 
 from .engine import (
-    CaptureError,
     CapturedGraph,
+    CaptureError,
     GraphEngine,
     GraphInput,
     InputAudit,

@@ -36,7 +36,15 @@ from typing import Any
 import torch
 
 from ._audit import StaleWatch, build_audit
-from ._record import IslandStep, Recorder, island_outputs, island_runner, poison_storage, static_outputs, storage_key
+from ._record import (
+    IslandStep,
+    Recorder,
+    island_outputs,
+    island_runner,
+    poison_storage,
+    static_outputs,
+    storage_key,
+)
 from .engine import InputAudit, StaleInput
 
 __all__ = ["CudaEngine", "CudaGraph"]

@@ -66,7 +66,15 @@ from typing import Any
 import torch
 
 from ._audit import StaleWatch, build_audit
-from ._record import IslandStep, OpStep, Recorder, flat_outputs, island_outputs, island_runner, static_outputs
+from ._record import (
+    IslandStep,
+    OpStep,
+    Recorder,
+    flat_outputs,
+    island_outputs,
+    island_runner,
+    static_outputs,
+)
 from .engine import InputAudit, StaleInput
 
 __all__ = ["TapeEngine", "TapeGraph"]

@@ -6,7 +6,7 @@ from typing import Protocol
 
 import torch
 
-from ..batch import ForwardBatch, ForwardMode
+from ..serving.batch import ForwardBatch, ForwardMode
 from .eager import EagerRunner
 
 

@@ -8,11 +8,10 @@ from typing import Collection
 
 import torch
 
-from ..allocator import ReqToTokenPool
 from ..backends.torch_native import TorchNativeBackend
 from ..graphs import CapturedGraph, GraphEngine, StaleInput
-from ..model import SyntheticModel
-from ..pool import HybridSWAKVPool
+from ..serving.model import SyntheticModel
+from ..serving.pool import HybridSWAKVPool, ReqToTokenPool
 from .eager import EagerRunner
 
 

@@ -20,12 +20,11 @@ from typing import Collection
 
 import torch
 
-from ..allocator import ReqToTokenPool
 from ..backends.torch_native import TorchNativeBackend
-from ..batch import ForwardBatch, ForwardMode
 from ..graphs import GraphEngine
-from ..model import SyntheticModel
-from ..pool import HybridSWAKVPool
+from ..serving.batch import ForwardBatch, ForwardMode
+from ..serving.model import SyntheticModel
+from ..serving.pool import HybridSWAKVPool, ReqToTokenPool
 from ._graph_runner import GraphRunner
 
 DECODE_RUNNER_FAULTS = frozenset({"no_zero_swa_pad", "no_preset_swa_loc", "pad_seq_len_zero", "pad_slot_minus_one"})

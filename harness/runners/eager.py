@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 
 from ..backends.torch_native import TorchNativeBackend
-from ..batch import ForwardBatch
-from ..model import SyntheticModel
-from ..pool import HybridSWAKVPool
+from ..serving.batch import ForwardBatch
+from ..serving.model import SyntheticModel
+from ..serving.pool import HybridSWAKVPool
 
 
 class EagerRunner:

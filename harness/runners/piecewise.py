@@ -17,12 +17,11 @@ from typing import Collection
 
 import torch
 
-from ..allocator import ReqToTokenPool
 from ..backends.torch_native import TorchNativeBackend
-from ..batch import ForwardBatch, ForwardMode, make_forward_batch
 from ..graphs import GraphEngine, eager_island
-from ..model import SyntheticModel
-from ..pool import HybridSWAKVPool
+from ..serving.batch import ForwardBatch, ForwardMode, make_forward_batch
+from ..serving.model import SyntheticModel
+from ..serving.pool import HybridSWAKVPool, ReqToTokenPool
 from ._graph_runner import GraphRunner
 
 PIECEWISE_RUNNER_FAULTS = frozenset({"skip_memo_invalidate"})

@@ -6,11 +6,11 @@ import dataclasses
 
 import torch
 
-from harness.model import model_spec
-from harness.pool import PoolSpec
-from harness.run import GraphSpec, RunSpec, build_session
+from harness.check.run import GraphSpec, RunSpec, build_session
 from harness.runners import run_batch
-from harness.workloads import heterogeneous_decode, heterogeneous_prefill  # noqa: F401  (the flows import them from here)
+from harness.serving.model import model_spec
+from harness.serving.pool import PoolSpec
+from harness.serving.workloads import heterogeneous_decode, heterogeneous_prefill  # noqa: F401  (the flows import them from here)
 
 
 def spec_for(preset: str, timeline_fn, mode: str, design: str = "forward_batch", **kw) -> RunSpec:

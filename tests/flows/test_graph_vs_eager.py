@@ -2,9 +2,16 @@
 
 import pytest
 
-from harness.model import PRESETS
+from harness.serving.model import PRESETS
 
-from ._flows import bitwise_equal, drive, heterogeneous_decode, heterogeneous_prefill, replace, spec_for
+from ._flows import (
+    bitwise_equal,
+    drive,
+    heterogeneous_decode,
+    heterogeneous_prefill,
+    replace,
+    spec_for,
+)
 
 
 @pytest.mark.parametrize("preset", sorted(PRESETS))
@@ -31,7 +38,7 @@ def test_graph_replays_equal_eager_bitwise(preset, mode, timeline):
 def test_nan_outputs_before_replay_would_show_if_replay_skipped_a_row():
     # The NaN fill is a real check: a graph that skips writing its output leaves NaN in the hidden states.
     spec = spec_for("gpt-oss-mini", heterogeneous_decode, "full")
-    from harness.run import build_session
+    from harness.check.run import build_session
     from harness.runners import run_batch
 
     session = build_session(spec)

@@ -6,11 +6,11 @@ import random
 
 import pytest
 
-from harness.model import PRESETS, model_spec
-from harness.pool import PoolSpec
-from harness.run import GraphSpec, RunSpec, execute
-from harness.scheduler import RequestSpec, TimelineSpec
-from harness.verdict import judge
+from harness.check.run import GraphSpec, RunSpec, execute
+from harness.check.verdict import judge
+from harness.serving.model import PRESETS, model_spec
+from harness.serving.pool import PoolSpec
+from harness.serving.timeline import RequestSpec, TimelineSpec
 
 SOUND_DESIGNS = ("translate", "forward_batch", "memoized", "metadata")
 KV_SETUPS = (("float32", "float32", "plain"), ("bfloat16", "bfloat16", "plain"),

@@ -1,11 +1,11 @@
 """stale_state under decode graphs: without the capture-time preset (before SGLang PR 23552) the graph
 bakes in whichever tensor pool.swa_loc held when it was captured, and the input audit names it."""
 
-from harness.model import model_spec
-from harness.pool import PoolSpec
-from harness.run import GraphSpec, RunSpec, execute
-from harness.scheduler import RequestSpec, TimelineSpec
-from harness.verdict import judge
+from harness.check.run import GraphSpec, RunSpec, execute
+from harness.check.verdict import judge
+from harness.serving.model import model_spec
+from harness.serving.pool import PoolSpec
+from harness.serving.timeline import RequestSpec, TimelineSpec
 
 # Two one-token prompts leave pool.swa_loc two long, the size of the only bucket, so the graph captured on
 # demand for the first decode batch binds the prefill's SWA slots. A third request makes a batch of 3

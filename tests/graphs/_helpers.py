@@ -40,8 +40,8 @@ class OpLog(TorchDispatchMode):
 
 
 def no_modes_active() -> bool:
-    from torch.utils._python_dispatch import _get_current_dispatch_mode
     from torch.overrides import _get_current_function_mode
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
 
     return _get_current_dispatch_mode() is None and _get_current_function_mode() is None
 

@@ -12,8 +12,6 @@ from typing import Callable, Iterator
 import pytest
 import torch
 
-
-
 SAMPLES = Path(__file__).parent / "samples"
 
 

@@ -1,12 +1,12 @@
 import pytest
 import torch
 
-from harness.allocator import ReqToTokenPool, SWATokenToKVPoolAllocator
-from harness.batch import ForwardMode, make_forward_batch
-from harness.designs import DESIGNS, resolve_design
-from harness.model import model_spec
-from harness.pool import HybridSWAKVPool, PoolSpec
 from harness.backends import TorchNativeBackend
+from harness.serving.allocator import SWATokenToKVPoolAllocator
+from harness.serving.batch import ForwardMode, make_forward_batch
+from harness.serving.designs import DESIGNS, resolve_design
+from harness.serving.model import model_spec
+from harness.serving.pool import HybridSWAKVPool, PoolSpec, ReqToTokenPool
 
 
 @pytest.fixture
@@ -82,7 +82,7 @@ def test_metadata_design_reads_backend_copy(setup):
 
 
 def test_third_party_design_by_import_path():
-    assert resolve_design("harness.designs:translate") is DESIGNS["translate"]
+    assert resolve_design("harness.serving.designs:translate") is DESIGNS["translate"]
     with pytest.raises(KeyError, match="unknown design"):
         resolve_design("nope")
     with pytest.raises(KeyError, match="cannot be imported"):

@@ -2,10 +2,10 @@
 
 import torch
 
-from harness.diff import diff_runs
-from harness.pool import poison_
-from harness.scheduler import LiveToken, TokenKey
-from harness.snapshot import KVSnapshot
+from harness.check.diff import diff_runs
+from harness.check.snapshot import KVSnapshot
+from harness.serving.pool import poison_
+from harness.serving.timeline import LiveToken, TokenKey
 
 SLOTS, H, D = 8, 1, 2
 SWA = (True,)  # one SWA layer: pool "swa"

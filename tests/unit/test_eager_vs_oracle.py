@@ -1,15 +1,18 @@
 """The eager paged run with the reference design computes the model: the dense oracle certifies it."""
 
-import dataclasses
 
 import pytest
 
-from harness.model import PRESETS, SyntheticModel, model_spec
-from harness.oracle import certify, dense_oracle
-from harness.pool import PoolSpec
-from harness.run import RunSpec, execute
-from harness.scheduler import RequestSpec, TimelineSpec
-from harness.workloads import chunked_decode, continuous_batching, prefill_lengths
+from harness.check.oracle import certify, dense_oracle
+from harness.check.run import RunSpec, execute
+from harness.serving.model import PRESETS, SyntheticModel, model_spec
+from harness.serving.pool import PoolSpec
+from harness.serving.timeline import RequestSpec, TimelineSpec
+from harness.serving.workloads import (
+    chunked_decode,
+    continuous_batching,
+    prefill_lengths,
+)
 
 KV_CASES = [("float32", "float32", "plain"), ("bfloat16", "bfloat16", "plain"), ("float32", "fp8_e4m3", "fused_fp8"),
             ("float32", "fp8_e4m3", "plain")]

@@ -1,8 +1,14 @@
 import pytest
 import torch
 
-from harness.allocator import PoolExhausted, ReqToTokenPool, SWATokenToKVPoolAllocator
-from harness.pool import HybridSWAKVPool, PoolSpec, is_poison
+from harness.serving.allocator import SWATokenToKVPoolAllocator
+from harness.serving.pool import (
+    HybridSWAKVPool,
+    PoolExhausted,
+    PoolSpec,
+    ReqToTokenPool,
+    is_poison,
+)
 
 
 def make_pool(full=16, swa=8, kv_dtype="float32"):

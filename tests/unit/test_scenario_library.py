@@ -4,9 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.faults import FAULTS
-from harness.model import PRESETS
 from harness.scenario import load_all
+from harness.serving.faults import FAULTS
+from harness.serving.model import PRESETS
 
 ROOT = Path(__file__).resolve().parents[2] / "scenarios"
 FAMILIES = ("swa_prefill_", "swa_decode_", "swa_mixed_", "swa_spec_", "swa_fp8_")

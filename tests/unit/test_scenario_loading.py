@@ -7,10 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.designs import DESIGNS
-from harness.model import PRESETS
-from harness.pool import PoolSpec
-from harness.run import MODES, GraphSpec, RunSpec
+from harness.check.run import MODES, GraphSpec, RunSpec
 from harness.scenario import (
     Expectation,
     ScenarioError,
@@ -19,7 +16,10 @@ from harness.scenario import (
     load_all,
     load_scenario,
 )
-from harness.scheduler import RequestSpec, TimelineSpec
+from harness.serving.designs import DESIGNS
+from harness.serving.model import PRESETS
+from harness.serving.pool import PoolSpec
+from harness.serving.timeline import RequestSpec, TimelineSpec
 
 # A valid scenario in parts; a test replaces or drops (None) a part to provoke one problem.
 PARTS = {
@@ -98,11 +98,11 @@ def test_full_file_loads_overrides_and_builds_run_specs(tmp_path):
         pool='[pool]\nfull_size = 64\nswa_size = 32\nkv_dtype = "fp8_e4m3"\nmax_context_len = 32\n',
         graphs='[graphs]\nmodes = ["eager", "full"]\ndecode_buckets = [1, 4]\nprefill_buckets = [16]\n'
         'capture = "on_demand"\n',
-        run='[run]\ndesigns = ["translate", "stale_state", "harness.designs:metadata"]\nkv_write = "fused_fp8"\n'
+        run='[run]\ndesigns = ["translate", "stale_state", "harness.serving.designs:metadata"]\nkv_write = "fused_fp8"\n'
         'faults = ["no_zero_swa_pad"]\n',
         expect='[expect.translate]\nverdict = "match"\nwhy = "w"\n'
         '[expect.stale_state]\nverdict = "match"\nfull = "diverge"\nwithout_faults = "match"\nwhy = "w"\n'
-        '[expect."harness.designs:metadata"]\nverdict = "error"\nwhy = "w"\n',
+        '[expect."harness.serving.designs:metadata"]\nverdict = "error"\nwhy = "w"\n',
     )
     spec = load_scenario(path)
     assert spec.tags == ("decode", "padding")
@@ -111,7 +111,7 @@ def test_full_file_loads_overrides_and_builds_run_specs(tmp_path):
     assert spec.model.rope_theta == 500.0 and isinstance(spec.model.rope_theta, float)
     assert spec.graphs == GraphSpec(decode_buckets=(1, 4), prefill_buckets=(16,), capture="on_demand")
     assert spec.modes == ("eager", "full")
-    assert spec.designs == ("translate", "stale_state", "harness.designs:metadata")
+    assert spec.designs == ("translate", "stale_state", "harness.serving.designs:metadata")
     assert [e.design for e in spec.expectations] == list(spec.designs)
     stale = spec.expectation("stale_state")
     assert stale.by_mode == (("full", "diverge"),) and stale.without_faults == "match"
@@ -282,14 +282,14 @@ def test_unknown_registry_names(tmp_path):
 def test_design_import_path_that_fails(tmp_path):
     path = write(
         tmp_path,
-        run='[run]\ndesigns = ["no_such_pkg_xyz.mod:fn", "harness.designs:nope"]\n',
+        run='[run]\ndesigns = ["no_such_pkg_xyz.mod:fn", "harness.serving.designs:nope"]\n',
         expect='[expect."no_such_pkg_xyz.mod:fn"]\nverdict = "match"\nwhy = "w"\n'
-        '[expect."harness.designs:nope"]\nverdict = "match"\nwhy = "w"\n',
+        '[expect."harness.serving.designs:nope"]\nverdict = "match"\nwhy = "w"\n',
     )
     found = problems_of(path)
     assert len(found) == 2, found
     assert found[0].startswith(f"{path}: run.designs[0]: design 'no_such_pkg_xyz.mod:fn' cannot be imported")
-    assert found[1].startswith(f"{path}: run.designs[1]: design 'harness.designs:nope' cannot be imported")
+    assert found[1].startswith(f"{path}: run.designs[1]: design 'harness.serving.designs:nope' cannot be imported")
 
 
 def test_fused_fp8_needs_an_fp8_pool(tmp_path):

@@ -1,14 +1,13 @@
 """stale_state diverges in an eager flow through the mechanism itself: the draft batch carries no
 out_cache_loc_swa, the eager step therefore leaves pool.swa_loc as the previous batch set it."""
 
-import dataclasses
 
-from harness.model import model_spec
-from harness.pool import PoolSpec
-from harness.run import RunSpec, execute
-from harness.scheduler import RequestSpec, TimelineSpec
-from harness.verdict import judge
-from harness.workloads import draft_after_prefill
+from harness.check.run import RunSpec, execute
+from harness.check.verdict import judge
+from harness.serving.model import model_spec
+from harness.serving.pool import PoolSpec
+from harness.serving.timeline import RequestSpec, TimelineSpec
+from harness.serving.workloads import draft_after_prefill
 
 
 def _judge(timeline, design):

@@ -12,8 +12,8 @@ from typing import Iterable
 
 import torch
 
+from ..scenario import ScenarioSpec
 from .run import RunResult, RunSpec, execute
-from .scenario import ScenarioSpec
 from .verdict import Verdict, judge
 
 

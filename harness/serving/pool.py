@@ -17,6 +17,7 @@ of a graph batch write to slot 0 of each pool, which is why slot 0 is never hand
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -204,3 +205,60 @@ class HybridSWAKVPool:
         for buf in (*self.full_k_buffer, *self.full_v_buffer, *self.swa_k_buffer, *self.swa_v_buffer):
             poison_(buf[1:])
             buf[0] = 0
+
+
+class PoolExhausted(RuntimeError):
+    """The timeline needs more slots than the pool spec provides."""
+
+
+class FreeList:
+    """Sorted free slot ids; slot 0 is the reserved dummy and never free."""
+
+    def __init__(self, size: int, what: str) -> None:
+        self._free = list(range(1, size))
+        self._capacity = size - 1
+        self._what = what
+
+    def __len__(self) -> int:
+        return len(self._free)
+
+    def take(self, n: int) -> list[int]:
+        if n > len(self._free):
+            raise PoolExhausted(
+                f"{self._what}: need {n} slots, {len(self._free)} free of {self._capacity}; "
+                "raise the pool size in the scenario"
+            )
+        taken, self._free = self._free[:n], self._free[n:]
+        return taken
+
+    def give_back(self, slots: list[int]) -> None:
+        for slot in slots:
+            if slot <= 0:
+                raise ValueError(f"{self._what}: cannot free reserved slot {slot}")
+            bisect.insort(self._free, slot)
+
+
+class ReqToTokenPool:
+    """``req_to_token[req_pool_index, position] -> full-pool slot``; row 0 is the dummy row padded rows use."""
+
+    def __init__(self, *, max_running_requests: int, max_context_len: int, device: torch.device | str = "cpu"):
+        self.req_to_token = torch.zeros(
+            (max_running_requests + 1, max_context_len), dtype=torch.int32, device=device
+        )
+        self.max_context_len = max_context_len
+        self._rows = FreeList(max_running_requests + 1, "req_to_token rows")
+
+    def alloc(self) -> int:
+        return self._rows.take(1)[0]
+
+    def free(self, row: int) -> None:
+        self.req_to_token[row] = 0
+        self._rows.give_back([row])
+
+    def write(self, row: int, start: int, slots: torch.Tensor) -> None:
+        end = start + slots.numel()
+        if end > self.max_context_len:
+            raise PoolExhausted(
+                f"req_to_token: request needs {end} positions, max_context_len is {self.max_context_len}"
+            )
+        self.req_to_token[row, start:end] = slots.to(torch.int32)

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .pool import is_poison
-from .scheduler import LiveToken, TokenKey
+from ..serving.pool import is_poison
+from ..serving.timeline import LiveToken, TokenKey
 from .snapshot import KVSnapshot
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .scheduler import RequestSpec, TimelineSpec
+from .timeline import RequestSpec, TimelineSpec
 
 
 def prefill_lengths(window: int) -> TimelineSpec:

@@ -6,68 +6,9 @@ next one reused. Reuse while other requests still run is exactly where stale wri
 
 from __future__ import annotations
 
-import bisect
-
 import torch
 
-from .pool import HybridSWAKVPool
-
-
-class PoolExhausted(RuntimeError):
-    """The timeline needs more slots than the pool spec provides."""
-
-
-class _FreeList:
-    """Sorted free slot ids; slot 0 is the reserved dummy and never free."""
-
-    def __init__(self, size: int, what: str) -> None:
-        self._free = list(range(1, size))
-        self._capacity = size - 1
-        self._what = what
-
-    def __len__(self) -> int:
-        return len(self._free)
-
-    def take(self, n: int) -> list[int]:
-        if n > len(self._free):
-            raise PoolExhausted(
-                f"{self._what}: need {n} slots, {len(self._free)} free of {self._capacity}; "
-                "raise the pool size in the scenario"
-            )
-        taken, self._free = self._free[:n], self._free[n:]
-        return taken
-
-    def give_back(self, slots: list[int]) -> None:
-        for slot in slots:
-            if slot <= 0:
-                raise ValueError(f"{self._what}: cannot free reserved slot {slot}")
-            bisect.insort(self._free, slot)
-
-
-class ReqToTokenPool:
-    """``req_to_token[req_pool_index, position] -> full-pool slot``; row 0 is the dummy row padded rows use."""
-
-    def __init__(self, *, max_running_requests: int, max_context_len: int, device: torch.device | str = "cpu"):
-        self.req_to_token = torch.zeros(
-            (max_running_requests + 1, max_context_len), dtype=torch.int32, device=device
-        )
-        self.max_context_len = max_context_len
-        self._rows = _FreeList(max_running_requests + 1, "req_to_token rows")
-
-    def alloc(self) -> int:
-        return self._rows.take(1)[0]
-
-    def free(self, row: int) -> None:
-        self.req_to_token[row] = 0
-        self._rows.give_back([row])
-
-    def write(self, row: int, start: int, slots: torch.Tensor) -> None:
-        end = start + slots.numel()
-        if end > self.max_context_len:
-            raise PoolExhausted(
-                f"req_to_token: request needs {end} positions, max_context_len is {self.max_context_len}"
-            )
-        self.req_to_token[row, start:end] = slots.to(torch.int32)
+from .pool import FreeList, HybridSWAKVPool, PoolExhausted
 
 
 class SWATokenToKVPoolAllocator:
@@ -78,8 +19,8 @@ class SWATokenToKVPoolAllocator:
         again, so a stale read shows up as poison instead of as plausible old data."""
         self.pool = pool
         self.poison_freed = poison_freed
-        self._full = _FreeList(pool.full_size, "full KV pool")
-        self._swa = _FreeList(pool.swa_size, "SWA KV pool")
+        self._full = FreeList(pool.full_size, "full KV pool")
+        self._swa = FreeList(pool.swa_size, "SWA KV pool")
 
     def available_size(self) -> tuple[int, int]:
         return len(self._full), len(self._swa)

@@ -7,8 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .allocator import ReqToTokenPool
-from .pool import HybridSWAKVPool
+from .pool import HybridSWAKVPool, ReqToTokenPool
 
 
 class ForwardMode(enum.Enum):

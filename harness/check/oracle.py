@@ -10,9 +10,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .model import SyntheticModel
-from .pool import dequantize_fp8
-from .scheduler import TimelineSpec, request_tokens
+from ..serving.model import SyntheticModel
+from ..serving.pool import dequantize_fp8
+from ..serving.timeline import TimelineSpec, request_tokens
 from .snapshot import KVSnapshot
 
 # (atol, rtol) per (model dtype, kv dtype): the paged run rounds to these, the oracle does not.

@@ -7,16 +7,17 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .allocator import ReqToTokenPool, SWATokenToKVPoolAllocator
-from .backends import BACKENDS, TorchNativeBackend
-from .designs import REFERENCE_DESIGN, resolve_design
-from .model import ModelSpec, SyntheticModel
-from .pool import HybridSWAKVPool, PoolSpec
-from .graphs import get_engine
-from .runners import EagerRunner, Runner, run_batch
-from .runners.decode_graph import DecodeGraphRunner
-from .runners.piecewise import PiecewisePrefillRunner
-from .scheduler import Scheduler, TimelineSpec
+from ..backends import BACKENDS, TorchNativeBackend
+from ..graphs import get_engine
+from ..runners import EagerRunner, Runner, run_batch
+from ..runners.decode_graph import DecodeGraphRunner
+from ..runners.piecewise import PiecewisePrefillRunner
+from ..serving.allocator import SWATokenToKVPoolAllocator
+from ..serving.designs import REFERENCE_DESIGN, resolve_design
+from ..serving.model import ModelSpec, SyntheticModel
+from ..serving.pool import HybridSWAKVPool, PoolSpec, ReqToTokenPool
+from ..serving.scheduler import Scheduler
+from ..serving.timeline import TimelineSpec
 from .snapshot import KVSnapshot, take_snapshot
 
 MODES = ("eager", "full", "piecewise")

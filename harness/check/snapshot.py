@@ -6,8 +6,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .pool import HybridSWAKVPool
-from .scheduler import LiveToken, ScheduledStep, TokenKey
+from ..serving.pool import HybridSWAKVPool
+from ..serving.scheduler import ScheduledStep
+from ..serving.timeline import LiveToken, TokenKey
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
