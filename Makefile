@@ -28,7 +28,7 @@ report: $(STAMP)
 	$(PY) -m harness report
 
 bench: $(STAMP)
-	$(PY) -m harness bench
+	$(PY) -m harness.bench
 
 clean:
 	rm -rf $(VENV) .bench

@@ -1,4 +1,4 @@
-"""``python -m harness bench``: graph replay time against eager time, per model preset and bucket.
+"""``python -m harness.bench`` (``make bench``): graph replay time against eager time, per model preset and bucket.
 
 A captured graph exists to remove per-step overhead, so replaying it should cost no more than the eager
 forward it replaces. This module measures both on identical batches and identical pool state:
@@ -18,33 +18,32 @@ than eager is flagged in the ``ok`` column, and the command still succeeds.
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import os
 import platform
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from .check.run import GraphSpec, RunSpec, Session, build_session
-from .runners import EagerRunner, Runner, run_batch
+from .check.run import Session, build_session
+from .report.bench import BenchRow, render_markdown, render_terminal, write_section
+from .runners.base import Runner, RunnerContext
+from .runners.eager import EagerRunner
+from .runspec import GraphSpec, RunSpec
 from .serving.batch import ForwardBatch
 from .serving.model import PRESETS, model_spec
 from .serving.pool import PoolSpec
 from .serving.timeline import RequestSpec, TimelineSpec
 
-__all__ = ["BenchRow", "DECODE_BUCKETS", "PREFILL_BUCKETS", "measure", "render_markdown", "run_bench",
-           "write_section"]
+__all__ = ["DECODE_BUCKETS", "PREFILL_BUCKETS", "measure", "run_bench"]
 
 DECODE_BUCKETS: tuple[int, ...] = (1, 2, 4, 8, 16)
 PREFILL_BUCKETS: tuple[int, ...] = (16, 32, 64)
-BEGIN = "<!-- bench:begin -->"
-END = "<!-- bench:end -->"
 _WARMUP = 3
 
 # Big enough for 16 requests of up to ~2W+16 tokens each without the allocator running dry; the
@@ -52,42 +51,6 @@ _WARMUP = 3
 # same number of columns as in every scenario run.
 _POOL = PoolSpec(full_size=1024, swa_size=1024, max_context_len=64, max_running_requests=16)
 
-_INTRO = """# Benchmarks
-
-`python -m harness bench` (or `make bench`) times, for every model preset and graph bucket, one forward
-through a graph runner (decode graphs: static-buffer fill, backend replay-metadata hook and replay;
-piecewise prefill graphs: fill, metadata and replay with attention as an eager island) against
-`EagerRunner.forward` on an identical batch over the same model, backend and KV pool. Each time is the
-median of `--repeats` timed calls after a short warm-up.
-
-These numbers are measurements of one machine, not test assertions: a row whose replay is slower than
-eager is flagged `no` in the `ok` column and the command still succeeds. The section below is rewritten
-on every run.
-"""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class BenchRow:
-    preset: str
-    kind: str
-    """"decode" (full decode graph) or "prefill" (piecewise prefill graph)"""
-    bucket: int
-    """captured bucket: batch size for decode, token count for prefill"""
-    real: int
-    """real rows (decode) or tokens (prefill) in the batch; below ``bucket`` when padded"""
-    engine: str
-    device: str
-    eager_ms: float
-    replay_ms: float
-
-    @property
-    def ratio(self) -> float:
-        return self.replay_ms / self.eager_ms
-
-    @property
-    def ok(self) -> bool:
-        """Replay is at least as fast as the eager forward it replaces."""
-        return self.ratio <= 1.0
 
 
 # ---- building the batches ---------------------------------------------------------------------------
@@ -100,7 +63,8 @@ def _spec(preset: str, timeline: TimelineSpec, *, mode: str, graphs: GraphSpec, 
 
 def _eager_over(session: Session) -> EagerRunner:
     # the same model, backend and pool objects as the graph runner, so both paths do identical work
-    return EagerRunner(model=session.model, backend=session.backend, pool=session.pool)
+    return EagerRunner(RunnerContext(model=session.model, backend=session.backend, pool=session.pool,
+                                     req_to_token_pool=session.req_to_token_pool))
 
 
 def _decode_case(preset: str, bucket: int, real: int, engine: str, device: str) -> tuple[Runner, EagerRunner, ForwardBatch]:
@@ -112,7 +76,7 @@ def _decode_case(preset: str, bucket: int, real: int, engine: str, device: str) 
                                   graphs=GraphSpec(decode_buckets=(bucket,)), engine=engine, device=device))
     eager = _eager_over(session)
     while (step := session.scheduler.next_step()) is not None and step.kind != "decode":
-        run_batch(eager, step.batch)
+        session.worker.run(eager.forward, step.batch)
         session.scheduler.finish_step()  # frees the SWA slots of tokens that left the window
     if step is None or step.batch.batch_size != real:
         raise RuntimeError(f"{preset}: expected a decode batch of {real} requests, got {step}")
@@ -198,16 +162,6 @@ def measure(
     return rows
 
 
-# ---- reporting --------------------------------------------------------------------------------------
-
-_HEADER = ("preset", "kind", "bucket", "real", "engine", "eager ms", "replay ms", "replay/eager", "ok")
-
-
-def _cells(row: BenchRow) -> tuple[str, ...]:
-    return (row.preset, row.kind, str(row.bucket), str(row.real), f"{row.engine}/{row.device}",
-            f"{row.eager_ms:.3f}", f"{row.replay_ms:.3f}", f"{row.ratio:.2f}", "yes" if row.ok else "no")
-
-
 def _cpu_model() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -237,47 +191,6 @@ def _machine_info(targets: Sequence[tuple[str, str]], repeats: int) -> dict[str,
     return info
 
 
-def render_markdown(rows: Sequence[BenchRow], info: dict[str, str]) -> str:
-    lines = ["## Latest run", ""]
-    lines += [f"- {key}: {value}" for key, value in info.items()]
-    slow = sum(not r.ok for r in rows)
-    lines += ["", f"{len(rows)} rows, {slow} with replay slower than eager (`ok` = no).", ""]
-    lines.append("| " + " | ".join(_HEADER) + " |")
-    lines.append("|" + "|".join("---:" if h.endswith(("ms", "eager", "bucket", "real")) else "---" for h in _HEADER) + "|")
-    lines += ["| " + " | ".join(_cells(r)) + " |" for r in rows]
-    return "\n".join(lines) + "\n"
-
-
-def write_section(path: Path, section: str) -> None:
-    """Put ``section`` between the bench markers of ``path``, leaving the rest of the file as it is."""
-    block = f"{BEGIN}\n{section.rstrip()}\n{END}\n"
-    text = path.read_text() if path.exists() else _INTRO
-    start = text.find(BEGIN)
-    end = text.find(END, start + len(BEGIN)) if start >= 0 else -1
-    if start >= 0 and end >= 0:
-        tail = text[end + len(END):]
-        text = text[:start] + block + (tail[1:] if tail.startswith("\n") else tail)
-    else:
-        text = text.rstrip("\n") + "\n\n" + block
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # a reader (or an interrupted run) never sees a half-written file
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def _print_table(rows: Sequence[BenchRow]) -> None:
-    table = [_HEADER, *(_cells(r) for r in rows)]
-    widths = [max(len(r[i]) for r in table) for i in range(len(_HEADER))]
-    for r in table:
-        print("  ".join(c.rjust(w) if i >= 2 else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))).rstrip())
-
-
 def run_bench(*, repeats: int = 20, out: Path = Path("BENCHMARKS.md")) -> int:
     """Measure every preset and bucket, print the table, rewrite the section of ``out``; always 0."""
     targets = _targets()
@@ -289,12 +202,21 @@ def run_bench(*, repeats: int = 20, out: Path = Path("BENCHMARKS.md")) -> int:
         sys.stderr.flush()
 
     rows = measure(repeats=repeats, targets=targets, progress=progress)
-    for key, value in info.items():
-        print(f"{key}: {value}")
-    print()
-    _print_table(rows)
-    slow = [r for r in rows if not r.ok]
-    print(f"\n{len(rows)} rows, {len(slow)} with replay slower than eager (measured, not asserted)")
+    print(render_terminal(rows, info))
     write_section(out, render_markdown(rows, info))
     print(f"Markdown: {out.resolve()}")
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m harness.bench",
+                                     description="graph replay time against eager time per preset and bucket")
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--out", default="BENCHMARKS.md", help="markdown file the table is written into")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    return run_bench(repeats=args.repeats, out=Path(args.out))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

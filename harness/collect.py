@@ -2,56 +2,47 @@
 
 ``scenarios/swa_prefill_window_edge.toml`` yields ``swa_prefill_window_edge[stale_state-piecewise-torch_native]``
 and its siblings, one per (design, mode, backend), plus one item per backend that certifies the
-scenario's reference run against the dense oracle.
+scenario's reference run against the dense oracle. An item whose backend cannot run its case (by the
+backend's declaration) is skipped with the reason; one whose backend runs only on CUDA is marked ``gpu``.
 """
 
 from __future__ import annotations
 
+import json
+import time
 from pathlib import Path
 from typing import Iterator
 
 import pytest
 
-from .check.matrix import Case, CaseResult, cases, run_case, scenario_reference
+from .check.case import Case, cases
 from .check.oracle import certify, dense_oracle
-from .scenario import ScenarioError, ScenarioSpec, load_scenario
+from .check.run import run_case, scenario_reference
+from .report.build import case_view
+from .report.session import RECORD_PROPERTY
+from .report.text import failure_block, printable
+from .report.views import CaseView
+from .scenario.loader import ScenarioError, load_scenario
+from .scenario.spec import ScenarioSpec
 from .serving.model import SyntheticModel
 
 
 class ScenarioMismatch(Exception):
     """The observed verdict is not the one the scenario file expects."""
 
-    def __init__(self, result: CaseResult) -> None:
-        super().__init__(result.case.name)
-        self.result = result
+    def __init__(self, view: CaseView) -> None:
+        super().__init__(view.name)
+        self.view = view
 
 
 class ReferenceNotCertified(Exception):
     pass
 
 
-def describe_result(result: CaseResult) -> str:
-    """The failure block: expected vs observed, where it first diverged, and how to reproduce."""
-    case, verdict = result.case, result.verdict
-    unexpected_pass = verdict.outcome == "match" and case.expected != "match"
-    head = f"{case.name}: expected {case.expected}, observed {verdict.outcome}"
-    if unexpected_pass:
-        head = (f"UNEXPECTED PASS {head}. The known bug no longer reproduces: if a fix landed, update the "
-                f"expectation and its why in the scenario file")
-    lines = [head, f"  why expected: {case.why}"]
-    if case.faults:
-        lines.append(f"  faults: {', '.join(sorted(case.faults))}")
-    lines.append(f"  observed: {verdict.summary()}")
-    diff = verdict.diff
-    if diff is not None and diff.total:
-        classes = ", ".join(f"{name} {n}" for name, n in diff.classes)
-        lines.append(f"  {diff.total} mismatches over {diff.mismatched_slots} slots ({classes}); "
-                     f"dummy-slot writes: {diff.dummy_writes}")
-        for m in diff.mismatches[1:4]:
-            lines.append(f"    also: {m.where()}: {m.classification} ({m.detail})")
-    lines.extend(f"  graph: {note}" for note in verdict.notes)
-    lines.append(f"  reproduce: {case.reproduce()}")
-    return "\n".join(lines)
+def harness_options(config: pytest.Config) -> tuple[str, str | None]:
+    """(device, engine) the scenario items run with; engine None picks each case's default."""
+    options = config.option
+    return getattr(options, "harness_device", "cpu") or "cpu", getattr(options, "harness_engine", None)
 
 
 class ScenarioFile(pytest.File):
@@ -59,22 +50,29 @@ class ScenarioFile(pytest.File):
         try:
             scenario = load_scenario(self.path)
         except ScenarioError as err:
-            yield BadScenarioItem.from_parent(self, name=f"{self.path.stem}[load]", error=err)
+            yield BadScenarioItem.from_parent(self, name=f"{printable(self.path.stem)}[load]", error=err)
             return
-        options = self.config.option
-        device = getattr(options, "harness_device", "cpu") or "cpu"
-        engine = getattr(options, "harness_engine", None) or ("cuda" if device == "cuda" else "tape")
-        for backend in scenario.backends:
-            yield OracleItem.from_parent(
-                self, name=f"{scenario.name}[oracle-{backend}]", scenario=scenario, backend=backend, device=device
-            )
+        device, engine = harness_options(self.config)
+        seen_backends: set[str] = set()
         for case in cases(scenario, engine=engine, device=device):
+            if case.backend not in seen_backends:
+                seen_backends.add(case.backend)
+                oracle = OracleItem.from_parent(self, name=f"{scenario.name}[oracle-{case.backend}]",
+                                                scenario=scenario, backend=case.backend, device=case.device)
+                _mark(oracle, case)
+                yield oracle
             item = ScenarioItem.from_parent(self, name=case.name, case=case)
             # tags select with -k, like names do; they are not markers, so no registration is needed
             item.extra_keyword_matches.update(scenario.tags)
-            if device == "cuda" or engine == "cuda":
-                item.add_marker("gpu")
+            _mark(item, case)
             yield item
+
+
+def _mark(item: pytest.Item, case: Case) -> None:
+    if case.device == "cuda" or case.engine == "cuda":
+        item.add_marker("gpu")
+    if case.unsupported is not None:
+        item.add_marker(pytest.mark.skip(reason=case.unsupported))
 
 
 class ScenarioItem(pytest.Item):
@@ -83,16 +81,19 @@ class ScenarioItem(pytest.Item):
         self.case = case
 
     def runtest(self) -> None:
+        start = time.perf_counter()
         result = run_case(self.case)
-        verdict = result.verdict
-        self.user_properties.append(("expected", self.case.expected))
-        self.user_properties.append(("verdict", verdict.outcome))
-        if not result.ok:
-            raise ScenarioMismatch(result)
+        view = case_view(result, duration_s=time.perf_counter() - start)
+        self.user_properties.append(("expected", view.expected))
+        self.user_properties.append(("verdict", view.verdict))
+        # the report session on the controller rebuilds the view from this (pytest-xdist sends it along)
+        self.user_properties.append((RECORD_PROPERTY, json.dumps(view.to_record())))
+        if not view.ok:
+            raise ScenarioMismatch(view)
 
     def repr_failure(self, excinfo, style=None):
         if isinstance(excinfo.value, ScenarioMismatch):
-            return describe_result(excinfo.value.result)
+            return failure_block(excinfo.value.view)
         return super().repr_failure(excinfo, style)
 
     def reportinfo(self):
@@ -122,7 +123,7 @@ class OracleItem(pytest.Item):
 
     def repr_failure(self, excinfo, style=None):
         if isinstance(excinfo.value, ReferenceNotCertified):
-            return f"{self.name}: {excinfo.value}"
+            return printable(f"{self.name}: {excinfo.value}", keep_newlines=True)
         return super().repr_failure(excinfo, style)
 
     def reportinfo(self):
@@ -140,7 +141,7 @@ class BadScenarioItem(pytest.Item):
         raise self.error
 
     def repr_failure(self, excinfo, style=None):
-        return str(self.error)
+        return printable(str(self.error), keep_newlines=True)
 
     def reportinfo(self):
         return self.path, None, self.name

@@ -1,14 +1,16 @@
-"""pytest hooks only; each delegates to harness.collect (scenario files) or marks GPU tests."""
+"""pytest hooks only: collection goes to ``harness.collect``, results to a ``report.session.ReportSession``."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 import torch
 
-from .check.matrix import limit_threads
+from .check.run import limit_threads
 from .collect import ScenarioFile, is_scenario_file
+from .report.session import RECORD_PROPERTY, ReportSession
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -17,12 +19,18 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="device scenario runs use (cuda items are marked gpu)")
     group.addoption("--harness-engine", choices=("tape", "cuda"), default=None,
                     help="graph engine for scenario runs (default: tape on cpu, cuda on cuda)")
+    group.addoption("--harness-json", metavar="FILE", default=None,
+                    help="write one JSON record per scenario run (every xdist worker's) to FILE")
 
 
 def pytest_configure(config: pytest.Config) -> None:
     limit_threads()
     config.addinivalue_line("markers", "gpu: needs CUDA (skipped with a reason when no GPU is present)")
     config.addinivalue_line("markers", "slow: takes more than a few seconds")
+    if not hasattr(config, "workerinput"):  # the xdist controller, or a plain run: where results gather
+        json_path = config.getoption("harness_json", None)
+        hooks = _ReportHooks(ReportSession(json_path=Path(json_path) if json_path else None))
+        config.pluginmanager.register(hooks, "harness-report-session")
 
 
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
@@ -38,3 +46,31 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+class _ReportHooks:
+    """The hooks that feed one run's ``ReportSession``; registered per config, so pytester's in-process runs
+    each gather their own results."""
+
+    def __init__(self, session: ReportSession) -> None:
+        self.session = session
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.when != "call":
+            return
+        for name, value in report.user_properties:
+            if name == RECORD_PROPERTY:
+                self.session.add_record(json.loads(value))
+
+    def pytest_sessionfinish(self) -> None:
+        self.session.finish()
+
+    def pytest_terminal_summary(self, terminalreporter) -> None:
+        lines = self.session.summary_lines()
+        if not lines:
+            return
+        terminalreporter.section("SWA harness verdicts")
+        for line in lines:
+            terminalreporter.write_line(line)
+        if self.session.json_path is not None:
+            terminalreporter.write_line(f"KV results: {self.session.json_path.resolve()}")

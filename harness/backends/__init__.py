@@ -1,7 +1,2 @@
-"""Attention backends. ``torch_native`` runs anywhere; a FlashInfer backend needs CUDA."""
-
-from .torch_native import TorchNativeBackend
-
-BACKENDS = {"torch_native": TorchNativeBackend}
-
-__all__ = ["BACKENDS", "TorchNativeBackend"]
+"""Attention backends behind one contract (``base.py``): ``torch_native`` runs anywhere; the registry
+(``registry.py``) names them."""

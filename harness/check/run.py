@@ -1,72 +1,32 @@
-"""One run: build model, pool, backend and runner from specs, drive the scheduler, snapshot every step."""
+"""One run: build model, pool, backend and runner from a ``RunSpec``, drive the scheduler, snapshot every step;
+and one case: its subject run judged against its scenario's (cached) reference run."""
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from functools import lru_cache
 
 import torch
 
-from ..backends import BACKENDS, TorchNativeBackend
-from ..graphs import get_engine
-from ..runners import EagerRunner, Runner, run_batch
+from ..backends.base import AttentionBackend
+from ..backends.registry import backend_class
+from ..graphs.registry import get_engine
+from ..runners.base import Runner, RunnerContext
 from ..runners.decode_graph import DecodeGraphRunner
+from ..runners.eager import EagerRunner
 from ..runners.piecewise import PiecewisePrefillRunner
+from ..runspec import Mode, RunSpec
+from ..scenario.spec import ScenarioSpec
 from ..serving.allocator import SWATokenToKVPoolAllocator
-from ..serving.designs import REFERENCE_DESIGN, resolve_design
-from ..serving.model import ModelSpec, SyntheticModel
-from ..serving.pool import HybridSWAKVPool, PoolSpec, ReqToTokenPool
+from ..serving.designs import resolve_design
+from ..serving.model import SyntheticModel
+from ..serving.pool import HybridSWAKVPool, ReqToTokenPool
 from ..serving.scheduler import Scheduler
-from ..serving.timeline import TimelineSpec
+from ..serving.speculative import SpeculativeWorker
+from .case import Case, CaseResult
+from .result import RunError, RunResult
 from .snapshot import KVSnapshot, take_snapshot
-
-MODES = ("eager", "full", "piecewise")
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class GraphSpec:
-    decode_buckets: tuple[int, ...] = (1, 2, 4, 8, 16)
-    """batch sizes the decode runner captures"""
-    capture: str = "startup"
-    """decode graphs: "startup" captures every bucket before the first batch, largest first;
-    "on_demand" captures a bucket the first time a batch needs it, with the pool state of that moment"""
-    prefill_buckets: tuple[int, ...] = (8, 16, 32, 64)
-    """token counts the piecewise prefill runner captures"""
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RunSpec:
-    model: ModelSpec
-    pool: PoolSpec
-    timeline: TimelineSpec
-    design: str = REFERENCE_DESIGN
-    mode: str = "eager"
-    backend: str = "torch_native"
-    engine: str = "tape"
-    faults: frozenset[str] = frozenset()
-    kv_write: str = "plain"
-    graphs: GraphSpec = GraphSpec()
-    device: str = "cpu"
-
-    def reference(self) -> "RunSpec":
-        """The run every subject is compared against: eager, the forward_batch design, no faults."""
-        return dataclasses.replace(self, design=REFERENCE_DESIGN, mode="eager", engine="tape", faults=frozenset())
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RunError:
-    type: str
-    message: str
-    step: int | None
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class RunResult:
-    spec: RunSpec
-    snapshots: tuple[KVSnapshot, ...]
-    error: RunError | None = None
-    notes: tuple[str, ...] = field(default=())
-    """what the runner observed on the way: graph audits, stale inputs, eager fallbacks"""
+from .verdict import judge
 
 
 @dataclass(slots=True)
@@ -79,13 +39,17 @@ class Session:
     req_to_token_pool: ReqToTokenPool
     allocator: SWATokenToKVPoolAllocator
     scheduler: Scheduler
-    backend: TorchNativeBackend
+    backend: AttentionBackend
     runner: Runner
+    worker: SpeculativeWorker
+
+    def run_batch(self, batch) -> list[torch.Tensor]:
+        """Hidden states of every forward the batch takes (one per draft step for a draft batch)."""
+        return self.worker.run(self.runner.forward, batch)
 
 
 def build_session(spec: RunSpec) -> Session:
-    if spec.mode not in MODES:
-        raise ValueError(f"mode must be one of {MODES}, got {spec.mode!r}")
+    mode = Mode(spec.mode)
     device = torch.device(spec.device)
     model = SyntheticModel(spec.model, device)
     pool = HybridSWAKVPool(
@@ -109,9 +73,8 @@ def build_session(spec: RunSpec) -> Session:
         req_to_token_pool=req_to_token_pool,
         window=spec.model.window,
         vocab_size=spec.model.vocab_size,
-        keep_stale_swa_on_reassign="stale_swa_after_reassign" in spec.faults,
     )
-    backend = BACKENDS[spec.backend](
+    backend = backend_class(spec.backend)(
         model_spec=spec.model,
         pool=pool,
         req_to_token=req_to_token_pool.req_to_token,
@@ -119,31 +82,23 @@ def build_session(spec: RunSpec) -> Session:
         kv_write=spec.kv_write,
         faults=spec.faults,
     )
-    runner = make_runner(spec, model=model, backend=backend, pool=pool, req_to_token_pool=req_to_token_pool)
+    ctx = RunnerContext(model=model, backend=backend, pool=pool, req_to_token_pool=req_to_token_pool)
+    runner = make_runner(spec, ctx, mode)
     pool.poison()
-    return Session(spec, model, pool, req_to_token_pool, allocator, scheduler, backend, runner)
+    return Session(spec, model, pool, req_to_token_pool, allocator, scheduler, backend, runner,
+                   SpeculativeWorker(spec.faults))
 
 
-def make_runner(
-    spec: RunSpec,
-    *,
-    model: SyntheticModel,
-    backend: TorchNativeBackend,
-    pool: HybridSWAKVPool,
-    req_to_token_pool: ReqToTokenPool,
-) -> Runner:
-    if spec.mode == "eager":
-        return EagerRunner(model=model, backend=backend, pool=pool)
+def make_runner(spec: RunSpec, ctx: RunnerContext, mode: Mode) -> Runner:
+    eager = EagerRunner(ctx)
+    if mode is Mode.EAGER:
+        return eager
     engine = get_engine(spec.engine)
-    if spec.mode == "full":
-        return DecodeGraphRunner(
-            model=model, backend=backend, pool=pool, req_to_token_pool=req_to_token_pool, engine=engine,
-            buckets=spec.graphs.decode_buckets, capture=spec.graphs.capture, faults=spec.faults,
-        )
-    return PiecewisePrefillRunner(
-        model=model, backend=backend, pool=pool, req_to_token_pool=req_to_token_pool, engine=engine,
-        buckets=spec.graphs.prefill_buckets, faults=spec.faults,
-    )
+    if mode is Mode.FULL:
+        return DecodeGraphRunner(ctx, eager=eager, engine=engine, buckets=spec.graphs.decode_buckets,
+                                 capture=spec.graphs.capture, faults=spec.faults)
+    return PiecewisePrefillRunner(ctx, eager=eager, engine=engine, buckets=spec.graphs.prefill_buckets,
+                                  faults=spec.faults)
 
 
 def execute(spec: RunSpec) -> RunResult:
@@ -155,7 +110,7 @@ def execute(spec: RunSpec) -> RunResult:
         session = build_session(spec)
         while (step := session.scheduler.next_step()) is not None:
             step_index = step.index
-            hidden = run_batch(session.runner, step.batch)
+            hidden = session.run_batch(step.batch)
             snapshots.append(take_snapshot(session.pool, step, session.scheduler.live_tokens(), hidden))
             session.scheduler.finish_step()
     except Exception as exc:  # noqa: BLE001 - any failure of the subject is a verdict, not a crash
@@ -163,13 +118,38 @@ def execute(spec: RunSpec) -> RunResult:
             spec=spec,
             snapshots=tuple(snapshots),
             error=RunError(type=type(exc).__name__, message=str(exc), step=step_index),
-            notes=_notes(session),
+            observations=_observations(session),
         )
-    return RunResult(spec=spec, snapshots=tuple(snapshots), notes=_notes(session))
+    return RunResult(spec=spec, snapshots=tuple(snapshots), observations=_observations(session))
 
 
-def _notes(session: Session | None) -> tuple[str, ...]:
+def _observations(session: Session | None):
     if session is None:
-        return ()
-    report = getattr(session.runner, "observations", None)
-    return tuple(report()) if callable(report) else ()
+        return None
+    runner = session.runner
+    return runner.observations() if isinstance(runner, (DecodeGraphRunner, PiecewisePrefillRunner)) else None
+
+
+def limit_threads() -> None:
+    """One intra-op thread per process: the tensors are tiny, and pytest-xdist or --jobs already use every
+    core; oversubscribed torch threads made runs fifty times slower on a loaded 2-core machine."""
+    torch.set_num_threads(1)
+
+
+@lru_cache(maxsize=32)
+def _reference(reference_spec) -> RunResult:
+    # one reference run per (scenario, backend, device) in a process; xdist workers each keep their own
+    return execute(reference_spec)
+
+
+def scenario_reference(scenario: ScenarioSpec, *, backend: str, device: str = "cpu") -> RunResult:
+    """The reference run of a scenario, whichever designs and modes it lists."""
+    spec = scenario.run_spec(design=scenario.designs[0], mode=scenario.modes[0], backend=backend, device=device,
+                             with_faults=False)
+    return _reference(spec.reference())
+
+
+def run_case(case: Case) -> CaseResult:
+    """Run the subject, judge it against the (cached) reference run. Never raises for a run's failure."""
+    reference = scenario_reference(case.scenario, backend=case.backend, device=case.device)
+    return CaseResult(case=case, verdict=judge(execute(case.run_spec()), reference))

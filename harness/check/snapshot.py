@@ -3,12 +3,22 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
 from ..serving.pool import HybridSWAKVPool
-from ..serving.scheduler import ScheduledStep
 from ..serving.timeline import LiveToken, TokenKey
+
+
+class ScheduledStepLike(Protocol):
+    """The parts of the scheduler's ``ScheduledStep`` a snapshot records (no import of the scheduler)."""
+
+    index: int
+    forwards: tuple[tuple[TokenKey, ...], ...]
+
+    @property
+    def kind(self) -> str: ...
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -35,7 +45,7 @@ def _stack(buffers: list[torch.Tensor], like: torch.Tensor) -> torch.Tensor:
 
 
 def take_snapshot(
-    pool: HybridSWAKVPool, step: ScheduledStep, live: list[LiveToken], hidden: list[torch.Tensor]
+    pool: HybridSWAKVPool, step: ScheduledStepLike, live: list[LiveToken], hidden: list[torch.Tensor]
 ) -> KVSnapshot:
     like = (pool.full_k_buffer or pool.swa_k_buffer)[0]
     return KVSnapshot(

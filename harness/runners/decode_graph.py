@@ -16,51 +16,41 @@ The behaviours real bugs came from are switches (``faults``), correct by default
 
 from __future__ import annotations
 
-from typing import Collection
+from collections.abc import Collection
 
 import torch
 
-from ..backends.torch_native import TorchNativeBackend
-from ..graphs import GraphEngine
+from ..graphs.engine import GraphEngine
+from ..runspec import CapturePolicy
 from ..serving.batch import ForwardBatch, ForwardMode
-from ..serving.model import SyntheticModel
-from ..serving.pool import HybridSWAKVPool, ReqToTokenPool
-from ._graph_runner import GraphRunner
-
-DECODE_RUNNER_FAULTS = frozenset({"no_zero_swa_pad", "no_preset_swa_loc", "pad_seq_len_zero", "pad_slot_minus_one"})
-CAPTURE_POLICIES = ("startup", "on_demand")
+from ..serving.faults import Component
+from .base import GraphRunner, Runner, RunnerContext, fill_static
 
 
 class DecodeGraphRunner(GraphRunner):
-    mode = "full"
-    known_faults = DECODE_RUNNER_FAULTS
+    component = Component.DECODE_GRAPH_RUNNER
 
     def __init__(
         self,
+        ctx: RunnerContext,
         *,
-        model: SyntheticModel,
-        backend: TorchNativeBackend,
-        pool: HybridSWAKVPool,
-        req_to_token_pool: ReqToTokenPool,
+        eager: Runner,
         engine: GraphEngine,
         buckets: tuple[int, ...],
-        capture: str = "startup",
+        capture: CapturePolicy = CapturePolicy.STARTUP,
         faults: Collection[str] = (),
     ) -> None:
-        if capture not in CAPTURE_POLICIES:
-            raise ValueError(f"capture must be one of {CAPTURE_POLICIES}, got {capture!r}")
-        super().__init__(model=model, backend=backend, pool=pool, req_to_token_pool=req_to_token_pool,
-                         engine=engine, buckets=buckets, faults=faults)
+        super().__init__(ctx, eager=eager, engine=engine, buckets=buckets, faults=faults)
         max_bs = self.buckets[-1]
-        dev = pool.device
+        dev = self.pool.device
         self.input_ids = torch.zeros(max_bs, dtype=torch.int64, device=dev)
         self.positions = torch.zeros(max_bs, dtype=torch.int64, device=dev)
         self.req_pool_indices = torch.zeros(max_bs, dtype=torch.int64, device=dev)
         self.seq_lens = torch.ones(max_bs, dtype=torch.int64, device=dev)
         self.out_cache_loc = torch.zeros(max_bs, dtype=torch.int64, device=dev)
         self.out_cache_loc_swa = torch.zeros(max_bs, dtype=torch.int32, device=dev)
-        backend.init_cuda_graph_state(max_bs)
-        if capture == "startup":
+        self.backend.init_cuda_graph_state(max_bs)
+        if CapturePolicy(capture) is CapturePolicy.STARTUP:
             # largest first, as serving engines do, so smaller graphs reuse the big one's pool memory
             for bs in reversed(self.buckets):
                 self._capture(bs)
@@ -144,22 +134,17 @@ class DecodeGraphRunner(GraphRunner):
         return self._replay(bucket, bs)
 
     def _fill(self, batch: ForwardBatch, bucket: int) -> None:
-        bs = batch.batch_size
         pad_seq_len = 0 if "pad_seq_len_zero" in self.faults else 1
         pad_slot = -1 if "pad_slot_minus_one" in self.faults else 0
-        self.input_ids[bs:bucket].zero_()
-        self.positions[bs:bucket].zero_()
-        self.req_pool_indices[bs:bucket].zero_()
-        self.seq_lens[bs:bucket].fill_(pad_seq_len)
-        self.out_cache_loc[bs:bucket].fill_(pad_slot)
-        if "no_zero_swa_pad" not in self.faults:
-            self.out_cache_loc_swa[bs:bucket].fill_(pad_slot)
-        self.input_ids[:bs].copy_(batch.input_ids)
-        self.positions[:bs].copy_(batch.positions)
-        self.req_pool_indices[:bs].copy_(batch.req_pool_indices)
-        self.seq_lens[:bs].copy_(batch.seq_lens)
-        self.out_cache_loc[:bs].copy_(batch.out_cache_loc)
+        fill_static(self.input_ids, batch.input_ids, bucket, 0)
+        fill_static(self.positions, batch.positions, bucket, 0)
+        fill_static(self.req_pool_indices, batch.req_pool_indices, bucket, 0)
+        fill_static(self.seq_lens, batch.seq_lens, bucket, pad_seq_len)
+        fill_static(self.out_cache_loc, batch.out_cache_loc, bucket, pad_slot)
         swa = batch.out_cache_loc_swa
         if swa is None:  # a draft step dropped it: the runner translates, as SGLang's does
             swa = self.pool.translate_loc_from_full_to_swa(batch.out_cache_loc)
-        self.out_cache_loc_swa[:bs].copy_(swa)
+        if "no_zero_swa_pad" in self.faults:
+            self.out_cache_loc_swa[: swa.shape[0]].copy_(swa)  # SGLang PR 24743: the padded tail keeps old slots
+        else:
+            fill_static(self.out_cache_loc_swa, swa, bucket, pad_slot)

@@ -4,19 +4,15 @@ from __future__ import annotations
 
 import torch
 
-from ..backends.torch_native import TorchNativeBackend
 from ..serving.batch import ForwardBatch
-from ..serving.model import SyntheticModel
-from ..serving.pool import HybridSWAKVPool
+from .base import RunnerContext
 
 
 class EagerRunner:
-    mode = "eager"
-
-    def __init__(self, *, model: SyntheticModel, backend: TorchNativeBackend, pool: HybridSWAKVPool) -> None:
-        self.model = model
-        self.backend = backend
-        self.pool = pool
+    def __init__(self, ctx: RunnerContext) -> None:
+        self.model = ctx.model
+        self.backend = ctx.backend
+        self.pool = ctx.pool
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         """Hidden states [num_tokens, hidden] of one eager forward."""

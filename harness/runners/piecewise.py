@@ -13,43 +13,35 @@ the runner invalidating it once per forward (the ``skip_memo_invalidate`` fault 
 from __future__ import annotations
 
 import dataclasses
-from typing import Collection
+from collections.abc import Collection
 
 import torch
 
-from ..backends.torch_native import TorchNativeBackend
-from ..graphs import GraphEngine, eager_island
+from ..graphs.engine import GraphEngine, eager_island
 from ..serving.batch import ForwardBatch, ForwardMode, make_forward_batch
-from ..serving.model import SyntheticModel
-from ..serving.pool import HybridSWAKVPool, ReqToTokenPool
-from ._graph_runner import GraphRunner
-
-PIECEWISE_RUNNER_FAULTS = frozenset({"skip_memo_invalidate"})
+from ..serving.faults import Component
+from .base import GraphRunner, Runner, RunnerContext, fill_static
 
 
 class PiecewisePrefillRunner(GraphRunner):
-    mode = "piecewise"
-    known_faults = PIECEWISE_RUNNER_FAULTS
+    component = Component.PIECEWISE_RUNNER
 
     def __init__(
         self,
+        ctx: RunnerContext,
         *,
-        model: SyntheticModel,
-        backend: TorchNativeBackend,
-        pool: HybridSWAKVPool,
-        req_to_token_pool: ReqToTokenPool,
+        eager: Runner,
         engine: GraphEngine,
         buckets: tuple[int, ...],
         faults: Collection[str] = (),
     ) -> None:
-        super().__init__(model=model, backend=backend, pool=pool, req_to_token_pool=req_to_token_pool,
-                         engine=engine, buckets=buckets, faults=faults)
-        n, dev = self.buckets[-1], pool.device
+        super().__init__(ctx, eager=eager, engine=engine, buckets=buckets, faults=faults)
+        n, dev = self.buckets[-1], self.pool.device
         self.input_ids = torch.zeros(n, dtype=torch.int64, device=dev)
         self.positions = torch.zeros(n, dtype=torch.int64, device=dev)
         self.out_cache_loc = torch.zeros(n, dtype=torch.int64, device=dev)
         self.out_cache_loc_swa = torch.zeros(n, dtype=torch.int32, device=dev)
-        self._hidden_width = model.spec.num_heads * model.spec.head_dim
+        self._hidden_width = self.model.spec.num_heads * self.model.spec.head_dim
         self._batch: ForwardBatch | None = None
         self._num_real = 0
         for bucket in reversed(self.buckets):
@@ -133,16 +125,12 @@ class PiecewisePrefillRunner(GraphRunner):
         if bucket is None:
             self.log.eager_fallbacks += 1
             return self.eager.forward(batch)
-        if n < bucket:
-            for buf in (self.input_ids, self.positions, self.out_cache_loc, self.out_cache_loc_swa):
-                buf[n:bucket].zero_()
-        self.input_ids[:n].copy_(batch.input_ids)
-        self.positions[:n].copy_(batch.positions)
-        self.out_cache_loc[:n].copy_(batch.out_cache_loc)
         swa = batch.out_cache_loc_swa
         if swa is None:
             swa = self.pool.translate_loc_from_full_to_swa(batch.out_cache_loc)
-        self.out_cache_loc_swa[:n].copy_(swa)
+        for static, real in ((self.input_ids, batch.input_ids), (self.positions, batch.positions),
+                             (self.out_cache_loc, batch.out_cache_loc), (self.out_cache_loc_swa, swa)):
+            fill_static(static, real, bucket, 0)
         self._batch, self._num_real = self._narrow(batch, n), n
         if "skip_memo_invalidate" not in self.faults:
             self.pool.invalidate_translate_cache()

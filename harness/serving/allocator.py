@@ -19,12 +19,11 @@ class SWATokenToKVPoolAllocator:
         again, so a stale read shows up as poison instead of as plausible old data."""
         self.pool = pool
         self.poison_freed = poison_freed
-        self._full = FreeList(pool.full_size, "full KV pool")
-        self._swa = FreeList(pool.swa_size, "SWA KV pool")
+        self._full = FreeList(pool.full_size, "full KV pool", "full_size")
+        self._swa = FreeList(pool.swa_size, "SWA KV pool", "swa_size")
 
     def available_size(self) -> tuple[int, int]:
         return len(self._full), len(self._swa)
-
 
     def alloc(self, n: int) -> torch.Tensor:
         """Full-pool slots for ``n`` new tokens; their SWA slots are recorded in the mapping."""
@@ -32,8 +31,7 @@ class SWATokenToKVPoolAllocator:
             return torch.empty(0, dtype=torch.int64, device=self.pool.device)
         if n > len(self._swa):
             raise PoolExhausted(
-                f"SWA KV pool: need {n} slots, {len(self._swa)} free of {self.pool.swa_size - 1}; "
-                "raise the SWA pool size in the scenario"
+                "swa_size", f"SWA KV pool: need {n} slots, {len(self._swa)} free of {self.pool.swa_size - 1}"
             )
         full = self._full.take(n)
         swa = self._swa.take(n)

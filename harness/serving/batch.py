@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -51,8 +52,6 @@ class ForwardBatch:
     """DRAFT only: [draft_steps, batch_size] full slots, one row per draft step"""
     draft_input_ids: torch.Tensor | None = None
     """DRAFT only: [draft_steps, batch_size] tokens fed at each draft step"""
-    keep_stale_swa_on_reassign: bool = False
-    """reproduces SGLang's speculative worker, which kept the old out_cache_loc_swa (a fault)"""
 
     @property
     def num_tokens(self) -> int:
@@ -73,19 +72,21 @@ class ForwardBatch:
         consumers fall back to translating (SGLang PR 24138).
         """
         self.out_cache_loc = loc
-        if not self.keep_stale_swa_on_reassign:
-            self.out_cache_loc_swa = None
+        self.out_cache_loc_swa = None
 
-    def enter_draft_step(self, step: int) -> None:
-        """Turn this DRAFT batch into its ``step``-th decode forward (0-based)."""
-        assert self.draft_out_cache_loc is not None and self.draft_input_ids is not None
-        if step > 0:
-            # decode-shaped forward: every request grows by one token per draft step
-            self.positions = self.positions + 1
-            self.seq_lens = self.seq_lens + 1
-            self.extend_prefix_lens = self.extend_prefix_lens + 1
-        self.input_ids = self.draft_input_ids[step]
-        self.reassign_out_cache_loc(self.draft_out_cache_loc[step])
+
+class BackendMetadata(Protocol):
+    """What a design may read of the backend's per-forward metadata."""
+
+    out_cache_loc_swa: torch.Tensor | None
+
+
+class SWALocDesign(Protocol):
+    """A rule for where an SWA layer writes its K/V: the seam every design in ``designs.py`` fills."""
+
+    def __call__(
+        self, forward_batch: ForwardBatch, pool: HybridSWAKVPool, metadata: BackendMetadata, layer_id: int
+    ) -> torch.Tensor: ...
 
 
 def make_forward_batch(
@@ -101,7 +102,6 @@ def make_forward_batch(
     pool: HybridSWAKVPool,
     draft_out_cache_loc: torch.Tensor | None = None,
     draft_input_ids: torch.Tensor | None = None,
-    keep_stale_swa_on_reassign: bool = False,
 ) -> ForwardBatch:
     """Build a batch; ``out_cache_loc_swa`` is translated once here, as SGLang does at batch creation."""
     device = out_cache_loc.device
@@ -123,5 +123,4 @@ def make_forward_batch(
         token_to_kv_pool=pool,
         draft_out_cache_loc=draft_out_cache_loc,
         draft_input_ids=draft_input_ids,
-        keep_stale_swa_on_reassign=keep_stale_swa_on_reassign,
     )

@@ -1,7 +1,8 @@
 """The competing rules for where a sliding-window layer writes its K/V (DESIGN.md section 2).
 
-A design is a function ``(forward_batch, pool, metadata) -> swa write locations``. The backend calls it
-from ``_get_layer_cache_loc`` for SWA layers only; full layers always write at ``out_cache_loc``.
+A design is a function ``(forward_batch, pool, metadata, layer_id) -> swa write locations`` (the
+``SWALocDesign`` protocol of ``batch.py``). The backend calls it from ``_get_layer_cache_loc`` for SWA
+layers only; full layers always write at ``out_cache_loc``.
 ``metadata`` is the backend's per-forward metadata; its ``out_cache_loc_swa`` is filled by the backend
 once per forward (the ``metadata`` design reads it).
 
@@ -12,49 +13,48 @@ A third-party design is a function with the same signature named by import path,
 from __future__ import annotations
 
 import importlib
-from typing import Protocol
 
 import torch
 
-from .batch import ForwardBatch
+from .batch import BackendMetadata, ForwardBatch, SWALocDesign
 from .pool import HybridSWAKVPool
 
 
-class BackendMetadata(Protocol):
-    out_cache_loc_swa: torch.Tensor | None
-
-
-class SWALocDesign(Protocol):
-    def __call__(
-        self, forward_batch: ForwardBatch, pool: HybridSWAKVPool, metadata: BackendMetadata
-    ) -> torch.Tensor: ...
-
-
-def translate(forward_batch: ForwardBatch, pool: HybridSWAKVPool, metadata: BackendMetadata) -> torch.Tensor:
+def translate(
+    forward_batch: ForwardBatch, pool: HybridSWAKVPool, metadata: BackendMetadata, layer_id: int
+) -> torch.Tensor:
     """Re-translate ``out_cache_loc`` in every layer (SGLang PR 19107; again after PR 25824)."""
     return pool.translate_loc_from_full_to_swa(forward_batch.out_cache_loc)
 
 
-def stale_state(forward_batch: ForwardBatch, pool: HybridSWAKVPool, metadata: BackendMetadata) -> torch.Tensor:
+def stale_state(
+    forward_batch: ForwardBatch, pool: HybridSWAKVPool, metadata: BackendMetadata, layer_id: int
+) -> torch.Tensor:
     """Read the pool's ``swa_loc`` attribute: first draft of SGLang PR 24138, rejected in review."""
     if pool.swa_loc is None:
         raise RuntimeError("pool.swa_loc is None: no batch has set it yet")
     return pool.swa_loc
 
 
-def forward_batch(forward_batch: ForwardBatch, pool: HybridSWAKVPool, metadata: BackendMetadata) -> torch.Tensor:
+def forward_batch(
+    forward_batch: ForwardBatch, pool: HybridSWAKVPool, metadata: BackendMetadata, layer_id: int
+) -> torch.Tensor:
     """The batch's precomputed ``out_cache_loc_swa``, translating only without it (PR 24138 as merged)."""
     if forward_batch.out_cache_loc_swa is not None:
         return forward_batch.out_cache_loc_swa
     return pool.translate_loc_from_full_to_swa(forward_batch.out_cache_loc)
 
 
-def memoized(forward_batch: ForwardBatch, pool: HybridSWAKVPool, metadata: BackendMetadata) -> torch.Tensor:
+def memoized(
+    forward_batch: ForwardBatch, pool: HybridSWAKVPool, metadata: BackendMetadata, layer_id: int
+) -> torch.Tensor:
     """The pool caches the translation by (data_ptr, numel), invalidated once per forward (PR 25824)."""
     return pool.translate_memoized(forward_batch.out_cache_loc)
 
 
-def metadata(forward_batch: ForwardBatch, pool: HybridSWAKVPool, metadata: BackendMetadata) -> torch.Tensor:
+def metadata(
+    forward_batch: ForwardBatch, pool: HybridSWAKVPool, metadata: BackendMetadata, layer_id: int
+) -> torch.Tensor:
     """The backend's own per-forward copy; graphs refill a persistent buffer (PR 27617, upstream today)."""
     if metadata.out_cache_loc_swa is None:
         raise RuntimeError("backend metadata has no out_cache_loc_swa: init_forward_metadata did not run")
@@ -68,8 +68,6 @@ DESIGNS: dict[str, SWALocDesign] = {
     "memoized": memoized,
     "metadata": metadata,
 }
-
-REFERENCE_DESIGN = "forward_batch"
 
 
 def resolve_design(name: str) -> SWALocDesign:

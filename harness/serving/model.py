@@ -11,6 +11,7 @@ every later layer writes, as in a real model.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -64,23 +65,43 @@ class ModelSpec:
         return self.window if self.layer_pattern[layer_id] == "swa" else None
 
     def problems(self) -> list[str]:
-        """Every inconsistency in the spec, as ``field: what is wrong``."""
+        """Every rule the spec breaks, as ``field: what is wrong``."""
         out = []
-        if not self.layer_pattern:
-            out.append("layer_pattern: expected at least one layer")
+        if not 1 <= len(self.layer_pattern) <= _MAX_LAYERS:
+            out.append(f"layer_pattern: expected 1 to {_MAX_LAYERS} layers, got {len(self.layer_pattern)}")
         bad = sorted({k for k in self.layer_pattern if k not in ("swa", "full")})
         if bad:
             out.append(f"layer_pattern: expected entries 'swa' or 'full', got {bad}")
-        for name in ("window", "hidden_size", "num_heads", "num_kv_heads", "head_dim", "intermediate_size"):
-            if getattr(self, name) < 1:
-                out.append(f"{name}: expected a positive integer, got {getattr(self, name)}")
-        if self.num_kv_heads >= 1 and self.num_heads % self.num_kv_heads:
+        for name, hi in _BOUNDS.items():
+            value = getattr(self, name)
+            if not 1 <= value <= hi:
+                out.append(f"{name}: expected an integer from 1 to {hi}, got {value}")
+        if 1 <= self.num_kv_heads and self.num_heads % self.num_kv_heads:
             out.append(f"num_heads: expected a multiple of num_kv_heads ({self.num_kv_heads}), got {self.num_heads}")
         if self.head_dim % 2:
             out.append(f"head_dim: expected an even number for RoPE, got {self.head_dim}")
+        if not (math.isfinite(self.rope_theta) and self.rope_theta > 1.0):
+            out.append(f"rope_theta: expected a finite number > 1, got {self.rope_theta}")
         if self.dtype not in DTYPES:
             out.append(f"dtype: expected one of {sorted(DTYPES)}, got {self.dtype!r}")
+        if not 0 <= self.seed <= _SEED_MAX:
+            out.append(f"seed: expected an integer from 0 to {_SEED_MAX}, got {self.seed}")
         return out
+
+
+# Models are tiny by design (DESIGN.md section 7); a size past these is a typo, and honouring it would make
+# every run, the reference included, fail to allocate its weights.
+_MAX_LAYERS = 64
+_BOUNDS = {
+    "window": MAX_POSITIONS,
+    "hidden_size": 4096,
+    "num_heads": 128,
+    "num_kv_heads": 128,
+    "head_dim": 512,
+    "intermediate_size": 16384,
+    "vocab_size": 1 << 18,
+}
+_SEED_MAX = (1 << 63) - 1  # torch.Generator.manual_seed takes a signed 64-bit integer
 
 
 def _pattern(unit: tuple[str, ...], repeats: int) -> tuple[str, ...]:

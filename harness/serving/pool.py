@@ -54,6 +54,35 @@ class PoolSpec:
     max_running_requests: int = 16
     """rows of req_to_token, the dummy row 0 excluded"""
 
+    def problems(self) -> list[str]:
+        """Every rule the spec breaks, as ``field: what is wrong``."""
+        out = [
+            f"{name}: expected an integer from {lo} to {hi}, got {getattr(self, name)}"
+            for name, (lo, hi) in _POOL_BOUNDS.items()
+            if not lo <= getattr(self, name) <= hi
+        ]
+        if self.kv_dtype not in KV_DTYPES:
+            out.append(f"kv_dtype: expected one of {', '.join(map(repr, KV_DTYPES))}, got {self.kv_dtype!r}")
+        if not out and (self.max_running_requests + 1) * self.max_context_len > _TABLE_CELLS:
+            # req_to_token is allocated whole for every run (and the load-time dry run): bound its size
+            out.append(
+                f"max_running_requests: (max_running_requests + 1) x max_context_len must stay within "
+                f"{_TABLE_CELLS} req_to_token cells, got ({self.max_running_requests} + 1) x {self.max_context_len}"
+            )
+        return out
+
+
+# slot 0 of each pool is the dummy padded rows write to, so a usable pool has at least two slots; sizes past
+# these are typos for a harness whose models and pools are tiny, and would make every run allocate gigabytes
+POOL_SIZE_LIMIT = 1 << 20
+_POOL_BOUNDS = {
+    "full_size": (2, POOL_SIZE_LIMIT),
+    "swa_size": (2, POOL_SIZE_LIMIT),
+    "max_context_len": (1, POOL_SIZE_LIMIT),
+    "max_running_requests": (1, POOL_SIZE_LIMIT),
+}
+_TABLE_CELLS = 1 << 22
+
 
 def storage_dtype(kv_dtype: str) -> torch.dtype:
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "fp8_e4m3": torch.uint8}[kv_dtype]
@@ -208,26 +237,36 @@ class HybridSWAKVPool:
 
 
 class PoolExhausted(RuntimeError):
-    """The timeline needs more slots than the pool spec provides."""
+    """The timeline needs more of a pool than the pool spec provides.
+
+    ``field`` names the ``PoolSpec`` field to raise, so a caller can point at the scenario key without
+    reading the message.
+    """
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(field, message)
+        self.field = field
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
 
 
 class FreeList:
     """Sorted free slot ids; slot 0 is the reserved dummy and never free."""
 
-    def __init__(self, size: int, what: str) -> None:
+    def __init__(self, size: int, what: str, field: str) -> None:
         self._free = list(range(1, size))
         self._capacity = size - 1
         self._what = what
+        self._field = field
 
     def __len__(self) -> int:
         return len(self._free)
 
     def take(self, n: int) -> list[int]:
         if n > len(self._free):
-            raise PoolExhausted(
-                f"{self._what}: need {n} slots, {len(self._free)} free of {self._capacity}; "
-                "raise the pool size in the scenario"
-            )
+            raise PoolExhausted(self._field, f"{self._what}: need {n} slots, {len(self._free)} free of {self._capacity}")
         taken, self._free = self._free[:n], self._free[n:]
         return taken
 
@@ -246,7 +285,7 @@ class ReqToTokenPool:
             (max_running_requests + 1, max_context_len), dtype=torch.int32, device=device
         )
         self.max_context_len = max_context_len
-        self._rows = FreeList(max_running_requests + 1, "req_to_token rows")
+        self._rows = FreeList(max_running_requests + 1, "req_to_token rows", "max_running_requests")
 
     def alloc(self) -> int:
         return self._rows.take(1)[0]
@@ -259,6 +298,6 @@ class ReqToTokenPool:
         end = start + slots.numel()
         if end > self.max_context_len:
             raise PoolExhausted(
-                f"req_to_token: request needs {end} positions, max_context_len is {self.max_context_len}"
+                "max_context_len", f"req_to_token: request needs {end} positions, max_context_len is {self.max_context_len}"
             )
         self.req_to_token[row, start:end] = slots.to(torch.int32)

@@ -52,6 +52,17 @@ class _Req:
         return self.seq_len < self.spec.prompt_len
 
 
+class TimelineTooLong(RuntimeError):
+    """The timeline did not finish within ``max_steps`` steps."""
+
+    def __init__(self, max_steps: int) -> None:
+        super().__init__(max_steps)
+        self.max_steps = max_steps
+
+    def __str__(self) -> str:
+        return f"timeline did not finish within max_steps={self.max_steps}"
+
+
 class Scheduler:
     """Drive it with ``next_step()`` until it returns None, calling ``finish_step()`` after each forward."""
 
@@ -64,14 +75,12 @@ class Scheduler:
         req_to_token_pool: ReqToTokenPool,
         window: int,
         vocab_size: int,
-        keep_stale_swa_on_reassign: bool = False,
     ) -> None:
         self.timeline = timeline
         self.pool = pool
         self.allocator = allocator
         self.req_to_token_pool = req_to_token_pool
         self.window = window
-        self.keep_stale_swa_on_reassign = keep_stale_swa_on_reassign
         self.device = pool.device
         tokens = request_tokens(timeline, vocab_size)
         self._pending = [
@@ -97,7 +106,7 @@ class Scheduler:
             if not self._pending:
                 return None
             self._step += 1
-        raise RuntimeError(f"timeline did not finish within max_steps={self.timeline.max_steps}")
+        raise TimelineTooLong(self.timeline.max_steps)
 
     def live_tokens(self) -> list[LiveToken]:
         """Every token of every running request, with its slots, as of now."""
@@ -225,6 +234,5 @@ class Scheduler:
             pool=self.pool,
             draft_out_cache_loc=torch.stack(loc_rows) if draft else None,
             draft_input_ids=ids.to(self.device) if draft else None,
-            keep_stale_swa_on_reassign=self.keep_stale_swa_on_reassign,
         )
         return ScheduledStep(index=self._step, batch=batch, forwards=tuple(forwards))

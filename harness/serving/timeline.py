@@ -10,6 +10,12 @@ from dataclasses import dataclass
 
 import torch
 
+# Counts past this are typos for a harness whose timelines are tiny; honouring them would make the load-time
+# dry run spin through millions of empty steps.
+_LIMIT = 1 << 20
+SEED_MAX = (1 << 63) - 1
+"""seeds go to torch.Generator.manual_seed, which takes a signed 64-bit integer"""
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RequestSpec:
@@ -22,6 +28,21 @@ class RequestSpec:
     abort: int | None = None
     """step at which the request is aborted (before that step's batch is built)"""
 
+    def problems(self) -> list[str]:
+        out = []
+        if not self.rid.strip() or not self.rid.isprintable():
+            out.append(f"rid: expected a non-empty printable string, got {self.rid!r}")
+        for name, lo in (("arrive", 0), ("prompt_len", 1), ("output_len", 0)):
+            value = getattr(self, name)
+            if not lo <= value <= _LIMIT:
+                out.append(f"{name}: expected an integer from {lo} to {_LIMIT}, got {value}")
+        if self.abort is not None:
+            if not 0 <= self.abort <= _LIMIT:
+                out.append(f"abort: expected an integer from 0 to {_LIMIT}, got {self.abort}")
+            elif self.abort <= self.arrive:
+                out.append(f"abort: must come after arrive (got {self.abort} <= {self.arrive})")
+        return out
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TimelineSpec:
@@ -32,6 +53,32 @@ class TimelineSpec:
     """>0: decode runs as speculative drafts of this many forwards per step"""
     seed: int = 0
     max_steps: int = 512
+
+    def problems(self) -> list[str]:
+        """Every rule the timeline breaks, as ``key.path: what is wrong`` relative to the timeline."""
+        out = []
+        if not 0 <= self.seed <= SEED_MAX:
+            out.append(f"seed: expected an integer from 0 to {SEED_MAX}, got {self.seed}")
+        if self.chunk_size is not None and not 1 <= self.chunk_size <= _LIMIT:
+            out.append(f"chunk_size: expected an integer from 1 to {_LIMIT}, got {self.chunk_size}")
+        if not 0 <= self.draft_steps <= _LIMIT:
+            out.append(f"draft_steps: expected an integer from 0 to {_LIMIT}, got {self.draft_steps}")
+        if not 1 <= self.max_steps <= _LIMIT:
+            out.append(f"max_steps: expected an integer from 1 to {_LIMIT}, got {self.max_steps}")
+        if not self.requests:
+            out.append("requests: expected at least one request")
+        first_by_rid: dict[str, int] = {}
+        for i, req in enumerate(self.requests):
+            at = f"requests[{i}]"
+            out.extend(f"{at}.{p}" for p in req.problems())
+            if req.arrive >= self.max_steps and 1 <= self.max_steps:
+                # the scheduler would spin to max_steps and give up without ever admitting the request
+                out.append(f"{at}.arrive: must come before timeline.max_steps (got {req.arrive} >= {self.max_steps})")
+            if req.rid in first_by_rid:
+                out.append(f"{at}.rid: duplicate rid {req.rid!r}; requests[{first_by_rid[req.rid]}] has it")
+            else:
+                first_by_rid[req.rid] = i
+        return out
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,8 +6,8 @@ import dataclasses
 
 import torch
 
-from harness.check.run import GraphSpec, RunSpec, build_session
-from harness.runners import run_batch
+from harness.check.run import build_session
+from harness.runspec import GraphSpec, RunSpec
 from harness.serving.model import model_spec
 from harness.serving.pool import PoolSpec
 from harness.serving.workloads import heterogeneous_decode, heterogeneous_prefill  # noqa: F401  (the flows import them from here)
@@ -40,7 +40,7 @@ def drive(spec: RunSpec, *, poison_outputs: bool = False):
         nan_before_replay(session.runner)
     hidden, pools = [], []
     while (step := session.scheduler.next_step()) is not None:
-        hidden.append(torch.cat(run_batch(session.runner, step.batch)))
+        hidden.append(torch.cat(session.run_batch(step.batch)))
         pools.append([b.clone() for b in session.pool.buffers()])
         session.scheduler.finish_step()
     return hidden, pools, session.runner

@@ -39,7 +39,6 @@ def test_nan_outputs_before_replay_would_show_if_replay_skipped_a_row():
     # The NaN fill is a real check: a graph that skips writing its output leaves NaN in the hidden states.
     spec = spec_for("gpt-oss-mini", heterogeneous_decode, "full")
     from harness.check.run import build_session
-    from harness.runners import run_batch
 
     session = build_session(spec)
     runner = session.runner
@@ -49,7 +48,7 @@ def test_nan_outputs_before_replay_would_show_if_replay_skipped_a_row():
         out.fill_(float("nan"))
     step = session.scheduler.next_step()
     while step.batch.forward_mode.value == "extend":
-        run_batch(runner, step.batch)
+        session.run_batch(step.batch)
         session.scheduler.finish_step()
         step = session.scheduler.next_step()
-    assert bool(run_batch(runner, step.batch)[0].isnan().all())
+    assert bool(session.run_batch(step.batch)[0].isnan().all())

@@ -6,7 +6,8 @@ import random
 
 import pytest
 
-from harness.check.run import GraphSpec, RunSpec, execute
+from harness.check.run import execute
+from harness.runspec import GraphSpec, RunSpec
 from harness.check.verdict import judge
 from harness.serving.model import PRESETS, model_spec
 from harness.serving.pool import PoolSpec

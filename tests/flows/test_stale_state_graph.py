@@ -1,7 +1,8 @@
 """stale_state under decode graphs: without the capture-time preset (before SGLang PR 23552) the graph
 bakes in whichever tensor pool.swa_loc held when it was captured, and the input audit names it."""
 
-from harness.check.run import GraphSpec, RunSpec, execute
+from harness.check.run import execute
+from harness.runspec import GraphSpec, RunSpec
 from harness.check.verdict import judge
 from harness.serving.model import model_spec
 from harness.serving.pool import PoolSpec
@@ -32,11 +33,11 @@ def test_stale_state_diverges_when_capture_does_not_preset_swa_loc():
     spec = _spec("stale_state", ["no_preset_swa_loc"])
     reference = execute(spec.reference())
     verdict = judge(execute(spec), reference)
-    assert verdict.outcome == "diverge", verdict.summary()
+    assert verdict.outcome == "diverge", verdict
     assert verdict.first.pool == "swa"
-    notes = "\n".join(verdict.notes)
-    assert "unregistered graph input pool.swa_loc" in notes
-    assert "stale input pool.swa_loc" in notes
+    findings = {(f.kind, f.path) for f in verdict.observations.findings}
+    assert ("unregistered", "pool.swa_loc") in findings
+    assert ("stale", "pool.swa_loc") in findings
 
 
 def test_same_flow_matches_with_the_preset_and_for_forward_batch():
@@ -44,4 +45,4 @@ def test_same_flow_matches_with_the_preset_and_for_forward_batch():
     assert judge(execute(_spec("stale_state")), reference).outcome == "match"
     faulted = judge(execute(_spec("forward_batch", ["no_preset_swa_loc"])), reference)
     assert faulted.outcome == "match"
-    assert "stale input pool.swa_loc" not in "\n".join(faulted.notes)
+    assert ("stale", "pool.swa_loc") not in {(f.kind, f.path) for f in faulted.observations.findings}

@@ -63,7 +63,7 @@ def test_json_writes_one_record_per_run_with_verdict_divergence_and_error(cli_di
     write_scenario(cli_dir, "tiny_stale_error")
     code, out, _ = run_cli(capsys, "run", "scenarios", "--jobs", "1", "--json", "out/results.json")
     assert code == 0
-    records = json.loads((cli_dir / "out" / "results.json").read_text())
+    records = json.loads((cli_dir / "out" / "results.json").read_text())["records"]
     assert f"JSON: {cli_dir / 'out' / 'results.json'}" in out
     assert len(records) == 4
     for rec in records:
@@ -95,7 +95,7 @@ def test_design_and_mode_options_filter_the_runs(cli_dir, capsys, write_scenario
     assert code == 0
     assert sorted(rows(out)) == ["tiny_match[stale_state-eager-torch_native]",
                                  "tiny_stale_error[stale_state-eager-torch_native]"]
-    assert {(r["design"], r["mode"]) for r in json.loads(Path("r.json").read_text())} == {("stale_state", "eager")}
+    assert {(r["design"], r["mode"]) for r in json.loads(Path("r.json").read_text())["records"]} == {("stale_state", "eager")}
 
     code, out, _ = run_cli(capsys, "run", "--jobs", "1", "--design", "translate", "--design", "forward_batch",
                            "--mode", "full")
@@ -153,7 +153,7 @@ def test_report_writes_its_json_to_reports_results_json_by_default(cli_dir, caps
     write_scenario(cli_dir, "tiny_stale_error")
     code, _, _ = run_cli(capsys, "report", "--jobs", "1", "--design", "stale_state")
     assert code == 0
-    records = json.loads((cli_dir / "reports" / "results.json").read_text())
+    records = json.loads((cli_dir / "reports" / "results.json").read_text())["records"]
     assert [(r["scenario"], r["design"], r["verdict"]) for r in records] == [
         ("tiny_stale_error", "stale_state", "error")
     ]
@@ -167,5 +167,5 @@ def test_python_m_harness_run_exit_status_and_json_from_a_subprocess(cli_dir, wr
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "1 as expected, 1 unexpected" in proc.stdout
     assert "tiny_wrong_window[forward_batch-eager-torch_native]: diverge (UNEXPECTED)" in proc.stderr
-    verdicts = {(tuple(r["faults"]), r["expected"], r["verdict"]) for r in json.loads((cli_dir / "r.json").read_text())}
+    verdicts = {(tuple(r["faults"]), r["expected"], r["verdict"]) for r in json.loads((cli_dir / "r.json").read_text())["records"]}
     assert verdicts == {(("window_from_wrong_layer",), "match", "diverge"), ((), "match", "match")}

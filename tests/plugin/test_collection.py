@@ -119,7 +119,7 @@ def test_items_whose_observed_verdict_is_the_expected_one_pass(harness_pytester,
     reprec.assertoutcome(passed=7, failed=0)
     passed = _reports(reprec, "passed")
     props = dict(passed["tiny_match[translate-full-torch_native]"].user_properties)
-    assert props == {"expected": "match", "verdict": "match"}
+    assert (props["expected"], props["verdict"]) == ("match", "match")
 
 
 def test_expecting_diverge_for_a_design_that_matches_fails_as_unexpected_pass(harness_pytester, add_scenario):
@@ -171,8 +171,9 @@ def test_without_faults_adds_a_nofault_item_that_runs_without_the_faults(harness
     reprec = harness_pytester.inline_run(*QUIET)
     reprec.assertoutcome(passed=3)
     passed = _reports(reprec, "passed")
-    assert dict(passed[faulty.name].user_properties) == {"expected": "diverge", "verdict": "diverge"}
-    assert dict(passed[clean.name].user_properties) == {"expected": "match", "verdict": "match"}
+    faulty_props, clean_props = dict(passed[faulty.name].user_properties), dict(passed[clean.name].user_properties)
+    assert (faulty_props["expected"], faulty_props["verdict"]) == ("diverge", "diverge")
+    assert (clean_props["expected"], clean_props["verdict"]) == ("match", "match")
 
 
 def test_an_error_verdict_expected_as_error_passes(harness_pytester, add_scenario):
@@ -180,7 +181,7 @@ def test_an_error_verdict_expected_as_error_passes(harness_pytester, add_scenari
     reprec = harness_pytester.inline_run(*QUIET)
     reprec.assertoutcome(passed=3)
     props = dict(_reports(reprec, "passed")["tiny_stale_error[stale_state-eager-torch_native]"].user_properties)
-    assert props == {"expected": "error", "verdict": "error"}
+    assert (props["expected"], props["verdict"]) == ("error", "error")
 
 
 def test_an_error_verdict_where_match_is_expected_fails_with_the_exception(harness_pytester, add_scenario):
@@ -209,7 +210,7 @@ def test_an_invalid_file_fails_as_one_load_item_while_a_good_file_passes(harness
     result.assert_outcomes(failed=1, passed=3)
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     _match_lines(result, [
-        f"{bad}: pool.swa_size: expected an integer from 2 to *, got integer 1",
+        f"{bad}: pool.swa_size: expected an integer from 2 to *, got 1",
         "FAILED scenarios/broken.toml::broken[load]*",
     ])
 

@@ -5,7 +5,8 @@ Nothing here asserts on speed: performance is measured by ``make bench``, never 
 
 from pathlib import Path
 
-from harness.bench import BEGIN, END, BenchRow, measure, render_markdown, write_section
+from harness.bench import measure
+from harness.report.bench import BEGIN, END, BenchRow, render_markdown, write_section
 
 
 def test_measure_produces_timed_rows_for_decode_padded_and_prefill():

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from harness.backends import TorchNativeBackend
+from harness.backends.registry import backend_class
 from harness.serving.allocator import SWATokenToKVPoolAllocator
 from harness.serving.batch import ForwardMode, make_forward_batch
 from harness.serving.designs import DESIGNS, resolve_design
@@ -35,8 +35,8 @@ def test_forward_batch_returns_precomputed_locations_even_when_translation_chang
     _, pool, _, alloc, batch = setup
     precomputed = batch.out_cache_loc_swa
     alloc.free_swa(batch.out_cache_loc)  # a fresh translation would now give zeros
-    assert DESIGNS["forward_batch"](batch, pool, _Md()) is precomputed
-    assert DESIGNS["translate"](batch, pool, _Md()).tolist() == [0, 0, 0]
+    assert DESIGNS["forward_batch"](batch, pool, _Md(), 0) is precomputed
+    assert DESIGNS["translate"](batch, pool, _Md(), 0).tolist() == [0, 0, 0]
 
 
 def test_forward_batch_translates_without_precomputed_locations(setup):
@@ -44,39 +44,39 @@ def test_forward_batch_translates_without_precomputed_locations(setup):
     expected = pool.translate_loc_from_full_to_swa(batch.out_cache_loc)
     batch.reassign_out_cache_loc(batch.out_cache_loc)
     assert batch.out_cache_loc_swa is None
-    assert torch.equal(DESIGNS["forward_batch"](batch, pool, _Md()), expected)
+    assert torch.equal(DESIGNS["forward_batch"](batch, pool, _Md(), 0), expected)
 
 
 @pytest.mark.parametrize("design", ["translate", "forward_batch"])
 def test_garbage_swa_loc_never_influences(design, setup):
     _, pool, _, _, batch = setup
-    expected = DESIGNS[design](batch, pool, _Md()).clone()
+    expected = DESIGNS[design](batch, pool, _Md(), 0).clone()
     pool.set_swa_loc(torch.tensor([9, 9, 9, 9, 9], dtype=torch.int32))
-    assert torch.equal(DESIGNS[design](batch, pool, _Md()), expected)
+    assert torch.equal(DESIGNS[design](batch, pool, _Md(), 0), expected)
 
 
 def test_stale_state_reads_whatever_swa_loc_holds(setup):
     _, pool, _, _, batch = setup
     garbage = torch.tensor([9, 9], dtype=torch.int32)
     pool.set_swa_loc(garbage)
-    assert DESIGNS["stale_state"](batch, pool, _Md()) is garbage
+    assert DESIGNS["stale_state"](batch, pool, _Md(), 0) is garbage
 
 
 @pytest.mark.parametrize("design", list(DESIGNS))
 def test_full_layers_write_at_out_cache_loc_untouched(design, setup):
     spec, pool, r2t, _, batch = setup
-    backend = TorchNativeBackend(model_spec=spec, pool=pool, req_to_token=r2t.req_to_token, design=DESIGNS[design])
+    backend = backend_class("torch_native")(model_spec=spec, pool=pool, req_to_token=r2t.req_to_token, design=DESIGNS[design])
     backend.init_forward_metadata(batch)
     pool.set_swa_loc(batch.out_cache_loc_swa)
     full_layer = spec.layer_is_swa.index(False)
-    assert backend._get_layer_cache_loc(full_layer, batch) is batch.out_cache_loc
+    assert backend.impl._get_layer_cache_loc(full_layer, batch, backend.forward_metadata) is batch.out_cache_loc
 
 
 def test_metadata_design_reads_backend_copy(setup):
     spec, pool, r2t, _, batch = setup
-    backend = TorchNativeBackend(model_spec=spec, pool=pool, req_to_token=r2t.req_to_token, design=DESIGNS["metadata"])
+    backend = backend_class("torch_native")(model_spec=spec, pool=pool, req_to_token=r2t.req_to_token, design=DESIGNS["metadata"])
     backend.init_forward_metadata(batch)
-    got = backend._get_layer_cache_loc(0, batch)
+    got = backend.impl._get_layer_cache_loc(0, batch, backend.forward_metadata)
     assert got is backend.forward_metadata.out_cache_loc_swa
     assert torch.equal(got, batch.out_cache_loc_swa)
 

@@ -4,7 +4,8 @@
 import pytest
 
 from harness.check.oracle import certify, dense_oracle
-from harness.check.run import RunSpec, execute
+from harness.check.run import execute
+from harness.runspec import RunSpec
 from harness.serving.model import PRESETS, SyntheticModel, model_spec
 from harness.serving.pool import PoolSpec
 from harness.serving.timeline import RequestSpec, TimelineSpec

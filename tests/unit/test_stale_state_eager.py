@@ -2,7 +2,8 @@
 out_cache_loc_swa, the eager step therefore leaves pool.swa_loc as the previous batch set it."""
 
 
-from harness.check.run import RunSpec, execute
+from harness.check.run import execute
+from harness.runspec import RunSpec
 from harness.check.verdict import judge
 from harness.serving.model import model_spec
 from harness.serving.pool import PoolSpec

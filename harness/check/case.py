@@ -1,0 +1,122 @@
+"""The scenario matrix's cells: one (scenario, design, mode, backend) run and what it should give.
+
+Shared by the pytest items and ``python -m harness run`` so both select, name and judge cases alike.
+A backend's declaration decides the device a case runs on and whether it can run at all: a pair the
+backend does not support becomes a case with a reason, skipped rather than run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from ..backends.registry import backend_class
+from ..runspec import Device, Engine, Outcome, RunSpec
+from ..scenario.spec import ScenarioSpec
+from .verdict import Verdict
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Case:
+    scenario: ScenarioSpec
+    design: str
+    mode: str
+    backend: str
+    engine: str = Engine.TAPE
+    device: str = Device.CPU
+    with_faults: bool = True
+    """False: the scenario's faults switched off, judged against the ``without_faults`` expectation"""
+    unsupported: str | None = None
+    """why the backend cannot run this case (it is skipped); None when it can"""
+
+    @property
+    def name(self) -> str:
+        """``scenario[design-mode-backend]``, the pytest item name; ``-nofault`` marks a clean rerun."""
+        suffix = "" if self.with_faults or not self.scenario.faults else "-nofault"
+        return f"{self.scenario.name}[{self.design}-{self.mode}-{self.backend}{suffix}]"
+
+    @property
+    def expected(self) -> Outcome:
+        exp = self.scenario.expectation(self.design).expected(mode=self.mode, backend=self.backend,
+                                                               with_faults=self.with_faults)
+        assert exp is not None, "cases() makes clean reruns only where a without_faults expectation exists"
+        return exp
+
+    @property
+    def why(self) -> str:
+        return self.scenario.expectation(self.design).why_for(self.backend)
+
+    @property
+    def faults(self) -> frozenset[str]:
+        return frozenset(self.scenario.faults) if self.with_faults else frozenset()
+
+    def run_spec(self) -> RunSpec:
+        return self.scenario.run_spec(
+            design=self.design, mode=self.mode, backend=self.backend, engine=self.engine, device=self.device,
+            with_faults=self.with_faults,
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CaseResult:
+    case: Case
+    verdict: Verdict
+
+    @property
+    def ok(self) -> bool:
+        return self.verdict.outcome == self.case.expected
+
+
+def case_device(backend: str, device: str) -> tuple[str, str | None]:
+    """The device a backend's cases run on (its only one when it cannot run on ``device``) and, when the
+    backend cannot be found at all, why."""
+    try:
+        devices = backend_class(backend).devices
+    except KeyError as exc:
+        return device, str(exc.args[0])
+    return (device if device in devices else sorted(devices)[0]), None
+
+
+def cases(
+    scenario: ScenarioSpec,
+    *,
+    designs: Iterable[str] | None = None,
+    modes: Iterable[str] | None = None,
+    backends: Iterable[str] | None = None,
+    engine: str | None = None,
+    device: str = Device.CPU,
+) -> list[Case]:
+    """Every case of one scenario that the filters keep, clean reruns of fault scenarios included.
+
+    ``engine`` None picks each case's default: ``cuda`` for a case on a CUDA device, else ``tape``.
+    """
+    keep_designs = set(designs) if designs else None
+    keep_modes = set(modes) if modes else None
+    keep_backends = set(backends) if backends else None
+    out = []
+    for backend in scenario.backends:
+        if keep_backends is not None and backend not in keep_backends:
+            continue
+        run_device, missing = case_device(backend, device)
+        run_engine = engine or (Engine.CUDA if run_device == Device.CUDA else Engine.TAPE)
+        for design in scenario.designs:
+            if keep_designs is not None and design not in keep_designs:
+                continue
+            exp = scenario.expectation(design)
+            for mode in scenario.modes:
+                if keep_modes is not None and mode not in keep_modes:
+                    continue
+                reason = missing or _unsupported(backend, mode, run_device, scenario.kv_write)
+                common = dict(scenario=scenario, design=design, mode=mode, backend=backend, engine=run_engine,
+                              device=run_device, unsupported=reason)
+                out.append(Case(**common))
+                if scenario.faults and exp.expected(mode=mode, backend=backend, with_faults=False) is not None:
+                    out.append(Case(**common, with_faults=False))
+    return out
+
+
+def _unsupported(backend: str, mode: str, device: str, kv_write: str) -> str | None:
+    try:
+        return backend_class(backend).unsupported(mode=mode, device=device, kv_write=kv_write)
+    except KeyError as exc:
+        return str(exc.args[0])

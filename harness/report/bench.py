@@ -1,0 +1,92 @@
+"""Renderings of ``make bench`` results: the terminal table and the section of BENCHMARKS.md."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from .files import write_atomic
+from .text import table
+
+BEGIN = "<!-- bench:begin -->"
+END = "<!-- bench:end -->"
+
+_INTRO = """# Benchmarks
+
+`python -m harness bench` (or `make bench`) times, for every model preset and graph bucket, one forward
+through a graph runner (decode graphs: static-buffer fill, backend replay-metadata hook and replay;
+piecewise prefill graphs: fill, metadata and replay with attention as an eager island) against
+`EagerRunner.forward` on an identical batch over the same model, backend and KV pool. Each time is the
+median of `--repeats` timed calls after a short warm-up.
+
+These numbers are measurements of one machine, not test assertions: a row whose replay is slower than
+eager is flagged `no` in the `ok` column and the command still succeeds. The section below is rewritten
+on every run.
+"""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BenchRow:
+    preset: str
+    kind: str
+    """"decode" (full decode graph) or "prefill" (piecewise prefill graph)"""
+    bucket: int
+    """captured bucket: batch size for decode, token count for prefill"""
+    real: int
+    """real rows (decode) or tokens (prefill) in the batch; below ``bucket`` when padded"""
+    engine: str
+    device: str
+    eager_ms: float
+    replay_ms: float
+
+    @property
+    def ratio(self) -> float:
+        return self.replay_ms / self.eager_ms
+
+    @property
+    def ok(self) -> bool:
+        """Replay is at least as fast as the eager forward it replaces."""
+        return self.ratio <= 1.0
+
+
+
+_HEADER = ("preset", "kind", "bucket", "real", "engine", "eager ms", "replay ms", "replay/eager", "ok")
+
+
+def _cells(row: BenchRow) -> tuple[str, ...]:
+    return (row.preset, row.kind, str(row.bucket), str(row.real), f"{row.engine}/{row.device}",
+            f"{row.eager_ms:.3f}", f"{row.replay_ms:.3f}", f"{row.ratio:.2f}", "yes" if row.ok else "no")
+
+
+def render_markdown(rows: Sequence[BenchRow], info: dict[str, str]) -> str:
+    lines = ["## Latest run", ""]
+    lines += [f"- {key}: {value}" for key, value in info.items()]
+    slow = sum(not r.ok for r in rows)
+    lines += ["", f"{len(rows)} rows, {slow} with replay slower than eager (`ok` = no).", ""]
+    lines.append("| " + " | ".join(_HEADER) + " |")
+    lines.append("|" + "|".join("---:" if h.endswith(("ms", "eager", "bucket", "real")) else "---" for h in _HEADER) + "|")
+    lines += ["| " + " | ".join(_cells(r)) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def write_section(path: Path, section: str) -> None:
+    """Put ``section`` between the bench markers of ``path``, leaving the rest of the file as it is."""
+    block = f"{BEGIN}\n{section.rstrip()}\n{END}\n"
+    text = path.read_text() if path.exists() else _INTRO
+    start = text.find(BEGIN)
+    end = text.find(END, start + len(BEGIN)) if start >= 0 else -1
+    if start >= 0 and end >= 0:
+        tail = text[end + len(END):]
+        text = text[:start] + block + (tail[1:] if tail.startswith("\n") else tail)
+    else:
+        text = text.rstrip("\n") + "\n\n" + block
+    write_atomic(path, text)
+
+
+def render_terminal(rows: Sequence[BenchRow], info: dict[str, str]) -> str:
+    lines = [f"{key}: {value}" for key, value in info.items()]
+    lines += ["", table(_HEADER, [_cells(r) for r in rows]), ""]
+    slow = sum(not r.ok for r in rows)
+    lines.append(f"{len(rows)} rows, {slow} with replay slower than eager (measured, not asserted)")
+    return "\n".join(lines)

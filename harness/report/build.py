@@ -1,0 +1,68 @@
+"""Case results to view models: the one place that reads the checking layer's objects."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+from ..check.case import Case, CaseResult
+from ..check.diff import KVMismatch
+from ..runners.observations import GraphObservations
+from .views import CaseView, ErrorView, FindingView, GraphView, MismatchView
+
+
+def case_view(result: CaseResult | None, *, case: Case | None = None, duration_s: float = 0.0) -> CaseView:
+    """The view of a finished case, or of a skipped one (``result`` None, ``case`` given)."""
+    case = result.case if result is not None else case
+    assert case is not None
+    verdict = result.verdict if result is not None else None
+    diff = verdict.diff if verdict is not None else None
+    details = tuple(_mismatch(m) for m in diff.mismatches) if diff else ()
+    error = verdict.error if verdict is not None else None
+    scenario = case.scenario
+    pytest_cmd, cli_cmd = reproduce(case)
+    return CaseView(
+        name=case.name, scenario=scenario.name, path=_display_path(scenario.path), description=scenario.description,
+        tags=scenario.tags, design=case.design, mode=str(case.mode), backend=case.backend, engine=str(case.engine),
+        device=str(case.device), faults=tuple(sorted(case.faults)), expected=str(case.expected),
+        verdict=str(verdict.outcome) if verdict is not None else "skipped", why=case.why,
+        skip_reason=case.unsupported if verdict is None else None,
+        mismatches=diff.total if diff else 0, mismatched_slots=diff.mismatched_slots if diff else 0,
+        classes=tuple(diff.classes) if diff else (), dummy_writes=diff.dummy_writes if diff else 0,
+        steps_compared=diff.steps_compared if diff else 0, first=details[0] if details else None, details=details,
+        error=ErrorView(type=error.type, message=error.message, step=error.step) if error else None,
+        graph=_graph(verdict.observations) if verdict is not None else None,
+        reproduce_pytest=pytest_cmd, reproduce_cli=cli_cmd, duration_s=round(duration_s, 3),
+    )
+
+
+def reproduce(case: Case) -> tuple[str, str]:
+    """Shell command lines that rerun one case, quoted so that any scenario path pastes safely."""
+    path = _display_path(case.scenario.path)
+    pytest_cmd = shlex.join(["pytest", f"{path}::{case.name}"])
+    cli_cmd = shlex.join(["python", "-m", "harness", "run", path, "--design", case.design, "--mode", str(case.mode),
+                          "--backend", case.backend, "--engine", str(case.engine)])
+    return pytest_cmd, cli_cmd
+
+
+def _mismatch(m: KVMismatch) -> MismatchView:
+    return MismatchView(step=m.step, pool=m.pool, layer=m.layer, slot=m.slot, owner=f"{m.rid}@{m.pos}", what=m.what,
+                        classification=m.classification, detail=m.detail)
+
+
+def _graph(obs: GraphObservations | None) -> GraphView | None:
+    if obs is None:
+        return None
+    return GraphView(
+        captures=obs.captures, replays=obs.replays, padded_replays=obs.padded_replays,
+        eager_fallbacks=obs.eager_fallbacks,
+        findings=tuple(FindingView(kind=str(f.kind), graph=f.graph, path=f.path, dtype=f.dtype, shape=tuple(f.shape),
+                                   replays=f.replays, captured=f.captured, now=f.now) for f in obs.findings),
+    )
+
+
+def _display_path(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)

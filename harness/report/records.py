@@ -1,0 +1,55 @@
+"""``results.json``: one record per case (``CaseView.to_record``) inside a versioned document.
+
+Document fields: ``version`` (of this schema), ``complete`` (false when the run was interrupted),
+``environment`` (harness, torch and flashinfer versions, Python), ``duration_s`` and ``records``. Records
+hold no timestamps and no memory addresses, so two runs of the same inputs give equal records.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+from collections.abc import Sequence
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from .files import write_atomic
+from .views import RECORD_VERSION, CaseView
+
+
+def environment() -> dict[str, str]:
+    def version(dist: str) -> str:
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            return "not installed"
+
+    return {"harness": version("swa-graph-harness"), "torch": version("torch"),
+            "flashinfer": version("flashinfer-python"), "python": platform.python_version()}
+
+
+def results_document(views: Sequence[CaseView], *, complete: bool = True, duration_s: float | None = None) -> dict[str, Any]:
+    return {
+        "version": RECORD_VERSION,
+        "complete": complete,
+        "environment": environment(),
+        "duration_s": None if duration_s is None else round(duration_s, 1),
+        "records": [v.to_record() for v in views],
+    }
+
+
+def write_results(path: Path, views: Sequence[CaseView], *, complete: bool = True,
+                  duration_s: float | None = None) -> None:
+    write_atomic(path, json.dumps(results_document(views, complete=complete, duration_s=duration_s), indent=1) + "\n")
+
+
+def read_results(path: Path) -> tuple[list[CaseView], dict[str, Any]]:
+    """The views of a results file and its document fields; ValueError naming the file when it is not one."""
+    try:
+        doc = json.loads(Path(path).read_text(encoding="utf-8"))
+        if not isinstance(doc, dict) or doc.get("version") != RECORD_VERSION:
+            raise ValueError(f"expected a results document of version {RECORD_VERSION}")
+        return [CaseView.from_record(r) for r in doc["records"]], doc
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"{path}: not a harness results file: {exc}") from None

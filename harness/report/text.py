@@ -1,0 +1,122 @@
+"""Terminal renderings: the failure block, the run table, one-line summaries.
+
+Everything that reaches a terminal passes through ``printable``: scenario names, request ids, messages
+and ``why`` texts come from files and exceptions, and a control character in them (a colour or title
+escape, BEL, a newline forging a pytest ``PASSED`` line) must be shown, not obeyed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .views import CaseView, FindingView, GraphView, MismatchView
+
+
+def printable(text: object, *, keep_newlines: bool = False) -> str:
+    """``text`` with every non-printable character escaped (``\\x1b``, ``\\n``, ``\\u2028``)."""
+    out = []
+    for ch in str(text):
+        if ch.isprintable() or (keep_newlines and ch == "\n"):
+            out.append(ch)
+        else:
+            out.append(ch.encode("unicode_escape").decode("ascii"))
+    return "".join(out)
+
+
+def where(m: MismatchView) -> str:
+    if m.pool == "hidden":
+        return f"step {m.step}, hidden state of {printable(m.owner)}"
+    return f"step {m.step}, {m.pool} pool, layer {m.layer}, slot {m.slot} (owner {printable(m.owner)})"
+
+
+def summary(view: CaseView) -> str:
+    """The observed verdict in one line."""
+    if view.skip_reason is not None:
+        return f"skipped: {printable(view.skip_reason)}"
+    if view.error is not None:
+        at = f" at step {view.error.step}" if view.error.step is not None else ""
+        return f"error{at}: {printable(view.error.type)}: {printable(view.error.message)}"
+    if view.verdict == "diverge" and view.first is not None:
+        f = view.first
+        return (f"diverge: first at {where(f)}: {f.classification} ({printable(f.detail)}); "
+                f"{view.mismatches} mismatches over {view.mismatched_slots} slots")
+    return view.verdict
+
+
+def first_divergence(view: CaseView, width: int = 90) -> str:
+    """The table's last column: the first divergence, or the error."""
+    if view.error is not None:
+        return printable(f"{view.error.type}: {view.error.message}")[:width]
+    if view.skip_reason is not None:
+        return printable(view.skip_reason)[:width]
+    if view.first is not None:
+        return f"{where(view.first)}: {view.first.classification}"
+    return ""
+
+
+def graph_lines(graph: GraphView) -> list[str]:
+    out = [f"{graph.captures} graphs captured, {graph.replays} replays ({graph.padded_replays} padded), "
+           f"{graph.eager_fallbacks} eager fallbacks"]
+    out.extend(finding_line(f) for f in graph.findings)
+    return out
+
+
+def finding_line(f: FindingView) -> str:
+    path = printable(f.path) if f.path else "<no attribute path>"
+    label = printable(f.graph)
+    if f.kind == "unregistered":
+        return f"{label}: unregistered graph input {path} {f.dtype}{list(f.shape)}"
+    if f.kind == "rebound":
+        return (f"{label}: {path} rebound at {f.replays} replay(s); the graph reads the registered buffer captured "
+                f"from it, correct only while that buffer is refreshed in place")
+    return (f"{label}: stale input {path} at {f.replays} replay(s): the graph still reads the tensor captured from "
+            f"it ({printable(f.captured)}), nothing refreshes it; it now holds {printable(f.now)}")
+
+
+def failure_block(view: CaseView) -> str:
+    """The block a failing case prints: expected vs observed, where it first diverged, how to reproduce."""
+    head = f"{printable(view.name)}: expected {view.expected}, observed {view.verdict}"
+    if view.unexpected_pass:
+        head = (f"UNEXPECTED PASS {head}. The known bug no longer reproduces: if a fix landed, update the "
+                f"expectation and its why in the scenario file")
+    lines = [head, f"  why expected: {printable(view.why)}"]
+    if view.faults:
+        lines.append(f"  faults: {', '.join(view.faults)}")
+    lines.append(f"  observed: {summary(view)}")
+    if view.mismatches:
+        classes = ", ".join(f"{name} {n}" for name, n in view.classes)
+        lines.append(f"  {view.mismatches} mismatches over {view.mismatched_slots} slots ({classes}); "
+                     f"dummy-slot writes: {view.dummy_writes}")
+        for m in view.details[1:4]:
+            lines.append(f"    also: {where(m)}: {m.classification} ({printable(m.detail)})")
+    if view.graph is not None:
+        lines.extend(f"  graph: {line}" for line in graph_lines(view.graph))
+    lines.append(f"  reproduce: {view.reproduce_pytest}   or   {view.reproduce_cli}")
+    return "\n".join(lines)
+
+
+def table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    """Left-aligned columns; the last column is not padded."""
+    rows = [[printable(c) for c in row] for row in [header, *rows]]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header) - 1)]
+    return "\n".join("  ".join([c.ljust(w) for c, w in zip(r, widths)] + [r[-1]]).rstrip() for r in rows)
+
+
+def run_table(views: Sequence[CaseView]) -> str:
+    rows = [(v.name, v.expected, v.verdict, "" if v.ok else "UNEXPECTED", first_divergence(v)) for v in views]
+    return table(("run", "expected", "observed", "", "first divergence / error"), rows)
+
+
+def totals_line(views: Sequence[CaseView], load_errors: int = 0) -> str:
+    skipped = sum(v.skip_reason is not None for v in views)
+    bad = sum(not v.ok for v in views)
+    ran = len(views) - skipped
+    line = f"{ran - bad} as expected, {bad} unexpected"
+    if skipped:
+        line += f", {skipped} skipped (backend cannot run them)"
+    return line + f", {load_errors} scenario files failed to load"
+
+
+def progress_line(done: int, total: int, view: CaseView) -> str:
+    mark = "skipped" if view.skip_reason is not None else ("ok" if view.ok else "UNEXPECTED")
+    return f"[{done}/{total}] {printable(view.name)}: {view.verdict} ({mark})"

@@ -1,0 +1,132 @@
+"""What every runner shares: the serving pieces it drives, the one method a run calls, and for the graph
+runners their buckets, captured graphs, static-buffer fill and log."""
+
+from __future__ import annotations
+
+import bisect
+from collections import Counter
+from collections.abc import Collection
+from dataclasses import dataclass
+from typing import ClassVar, Protocol
+
+import torch
+
+from ..backends.base import AttentionBackend
+from ..graphs.engine import CapturedGraph, GraphEngine, StaleInput
+from ..serving.batch import ForwardBatch
+from ..serving.faults import Component, faults_acting_on
+from ..serving.model import SyntheticModel
+from ..serving.pool import HybridSWAKVPool, ReqToTokenPool
+from .observations import AuditFinding, FindingKind, GraphObservations
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunnerContext:
+    """The model, attention backend and pools one run's runners drive."""
+
+    model: SyntheticModel
+    backend: AttentionBackend
+    pool: HybridSWAKVPool
+    req_to_token_pool: ReqToTokenPool
+
+
+class Runner(Protocol):
+    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        """Final hidden states [num_tokens, hidden] of one forward of ``batch``."""
+        ...
+
+
+class GraphLog:
+    """Counts captures and replays, and keeps the input audit's findings as data."""
+
+    def __init__(self) -> None:
+        self._unregistered: list[AuditFinding] = []
+        self._stale: Counter[tuple[str, str, bool]] = Counter()
+        self._first_seen: dict[tuple[str, str, bool], tuple[StaleInput, str, tuple[int, ...]]] = {}
+        self.captures = 0
+        self.replays = 0
+        self.padded_replays = 0
+        self.eager_fallbacks = 0
+
+    def captured(self, graph: CapturedGraph) -> None:
+        self.captures += 1
+        for item in graph.audit.unregistered:
+            self._unregistered.append(AuditFinding(kind=FindingKind.UNREGISTERED, graph=graph.label, path=item.path,
+                                                   dtype=item.dtype, shape=item.shape))
+
+    def replayed(self, graph: CapturedGraph, stale: tuple[StaleInput, ...], *, padded: bool) -> None:
+        self.replays += 1
+        self.padded_replays += padded
+        if not stale:
+            return
+        inputs = {i.path: i for i in graph.audit.inputs if i.path}
+        for item in stale:
+            seen = inputs.get(item.path)
+            key = (graph.label, item.path, bool(seen is not None and seen.registered))
+            self._stale[key] += 1
+            if key not in self._first_seen:
+                self._first_seen[key] = (item, seen.dtype if seen else "", seen.shape if seen else ())
+
+    def observations(self) -> GraphObservations:
+        findings = list(self._unregistered)
+        # Unregistered-and-stale first: those are the graph reading data that nothing refreshes.
+        for (label, path, registered), n in sorted(self._stale.items(), key=lambda kv: kv[0][2]):
+            first, dtype, shape = self._first_seen[(label, path, registered)]
+            findings.append(AuditFinding(
+                kind=FindingKind.REBOUND if registered else FindingKind.STALE, graph=label, path=path, dtype=dtype,
+                shape=shape, replays=n, captured=first.captured, now=first.now,
+            ))
+        return GraphObservations(captures=self.captures, replays=self.replays, padded_replays=self.padded_replays,
+                                 eager_fallbacks=self.eager_fallbacks, findings=tuple(findings))
+
+
+def fill_static(static: torch.Tensor, real: torch.Tensor, bucket: int, pad: int) -> None:
+    """Copy a batch's ``real`` rows into the head of a static buffer and ``pad`` the rest of the bucket."""
+    n = real.shape[0]
+    if n < bucket:
+        static[n:bucket].fill_(pad)
+    static[:n].copy_(real)
+
+
+class GraphRunner:
+    """Bucketed graphs over one model, backend and pool; batches that fit no bucket run eagerly."""
+
+    component: ClassVar[Component]
+
+    def __init__(
+        self,
+        ctx: RunnerContext,
+        *,
+        eager: Runner,
+        engine: GraphEngine,
+        buckets: tuple[int, ...],
+        faults: Collection[str] = (),
+    ) -> None:
+        self.model = ctx.model
+        self.backend = ctx.backend
+        self.pool = ctx.pool
+        self.req_to_token_pool = ctx.req_to_token_pool
+        self.engine = engine
+        self.eager = eager
+        self.buckets = tuple(sorted(set(buckets)))
+        self.faults = frozenset(faults) & faults_acting_on(self.component)
+        self.log = GraphLog()
+        self.graphs: dict[int, CapturedGraph] = {}
+        self.outputs: dict[int, torch.Tensor] = {}
+
+    def observations(self) -> GraphObservations:
+        return self.log.observations()
+
+    def bucket_for(self, size: int) -> int | None:
+        """The smallest bucket that holds ``size`` rows or tokens; None when none does."""
+        index = bisect.bisect_left(self.buckets, size)
+        return self.buckets[index] if index < len(self.buckets) else None
+
+    def _keep(self, bucket: int, graph: CapturedGraph, output: torch.Tensor) -> None:
+        self.graphs[bucket] = graph
+        self.outputs[bucket] = output  # the tensor of the captured run; every replay writes into it
+        self.log.captured(graph)
+
+    def _replay(self, bucket: int, real: int) -> torch.Tensor:
+        self.log.replayed(self.graphs[bucket], self.graphs[bucket].replay(), padded=bucket > real)
+        return self.outputs[bucket][:real].clone()

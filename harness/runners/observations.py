@@ -1,0 +1,48 @@
+"""What a graph runner saw during a run, as data: counts and the input audit's findings.
+
+The runner records; the report layer words it. Nothing here holds a tensor, so a run's observations
+travel to pytest-xdist's controller and into JSON unchanged.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class FindingKind(enum.StrEnum):
+    UNREGISTERED = "unregistered"
+    """the graph reads a tensor that no registered static buffer, weight or pool accounts for"""
+    STALE = "stale"
+    """at replay an attribute holds another tensor than the one the graph captured, and nothing refreshes
+    the captured one: the graph reads old data"""
+    REBOUND = "rebound"
+    """an attribute was rebound, but the captured tensor is a registered buffer refreshed in place before
+    every replay: benign"""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AuditFinding:
+    kind: FindingKind
+    graph: str
+    """the captured graph's label, e.g. ``decode bs=4``"""
+    path: str | None
+    """the attribute path that held the tensor (``pool.swa_loc``), None when no root reaches it"""
+    dtype: str
+    shape: tuple[int, ...]
+    replays: int = 0
+    """replays at which a stale or rebound input was seen (0 for unregistered inputs, found at capture)"""
+    captured: str = ""
+    """the tensor the graph captured, described"""
+    now: str = ""
+    """what the attribute held at the first stale replay"""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GraphObservations:
+    captures: int = 0
+    replays: int = 0
+    padded_replays: int = 0
+    eager_fallbacks: int = 0
+    """batches no bucket fitted, run eagerly"""
+    findings: tuple[AuditFinding, ...] = ()

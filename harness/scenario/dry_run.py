@@ -1,0 +1,40 @@
+"""Schedule a scenario's whole timeline with the real allocators, to find pools too small for it.
+
+Slot assignment depends on the timeline alone (tokens are teacher-forced), so no model or backend is
+needed, and the pool is built without layers: the dry run exercises slot bookkeeping only. It recognises
+what went wrong by exception type, never by message.
+"""
+
+from __future__ import annotations
+
+from ..runspec import Problem
+from ..serving.allocator import SWATokenToKVPoolAllocator
+from ..serving.pool import HybridSWAKVPool, PoolExhausted, ReqToTokenPool
+from ..serving.scheduler import Scheduler, TimelineTooLong
+from .spec import ScenarioSpec
+
+
+def dry_run(spec: ScenarioSpec) -> list[Problem]:
+    """The problem that stops the timeline, if any; run it only on a spec whose ``problems()`` are empty."""
+    pool = HybridSWAKVPool(spec=spec.pool, layer_is_swa=(), num_kv_heads=1, head_dim=1)
+    req_to_token_pool = ReqToTokenPool(
+        max_running_requests=spec.pool.max_running_requests, max_context_len=spec.pool.max_context_len
+    )
+    sched = Scheduler(
+        spec.timeline,
+        pool=pool,
+        allocator=SWATokenToKVPoolAllocator(pool),
+        req_to_token_pool=req_to_token_pool,
+        window=spec.model.window,
+        vocab_size=spec.model.vocab_size,
+    )
+    try:
+        while sched.next_step() is not None:
+            sched.finish_step()
+    except PoolExhausted as exc:
+        return [Problem(f"pool.{exc.field}", f"too small for the timeline: {exc.message} (at step {sched.step_index})")]
+    except TimelineTooLong as exc:
+        return [Problem("timeline.max_steps", f"too small: {exc}")]
+    except Exception as exc:  # noqa: BLE001 - whatever the file causes is reported, never a traceback
+        return [Problem("timeline", f"the dry run failed at step {sched.step_index}: {type(exc).__name__}: {exc}")]
+    return []

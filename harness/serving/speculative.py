@@ -1,0 +1,47 @@
+"""The speculative worker: runs a draft batch as its ``draft_steps`` decode-shaped forwards.
+
+Each draft step points the batch at new write locations (``out_cache_loc`` reassigned from the batch's
+``draft_out_cache_loc``). The precomputed ``out_cache_loc_swa`` belongs to the old locations, so the
+worker drops it and consumers translate instead (SGLang PR 24138); SGLang's speculative worker once kept
+it, which the ``stale_swa_after_reassign`` fault re-creates.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection
+
+import torch
+
+from .batch import ForwardBatch, ForwardMode
+from .faults import Component, faults_acting_on
+
+
+class SpeculativeWorker:
+    component = Component.SPECULATIVE_WORKER
+    known_faults = faults_acting_on(Component.SPECULATIVE_WORKER)
+
+    def __init__(self, faults: Collection[str] = ()) -> None:
+        self.faults = frozenset(faults) & self.known_faults
+
+    def run(self, forward: Callable[[ForwardBatch], torch.Tensor], batch: ForwardBatch) -> list[torch.Tensor]:
+        """Hidden states of every forward the batch takes: one, or one per speculative draft step."""
+        if batch.forward_mode is not ForwardMode.DRAFT:
+            return [forward(batch)]
+        outs = []
+        for step in range(batch.draft_steps):
+            self._enter_draft_step(batch, step)
+            outs.append(forward(batch))
+        return outs
+
+    def _enter_draft_step(self, batch: ForwardBatch, step: int) -> None:
+        assert batch.draft_out_cache_loc is not None and batch.draft_input_ids is not None
+        if step > 0:
+            # decode-shaped forward: every request grows by one token per draft step
+            batch.positions = batch.positions + 1
+            batch.seq_lens = batch.seq_lens + 1
+            batch.extend_prefix_lens = batch.extend_prefix_lens + 1
+        batch.input_ids = batch.draft_input_ids[step]
+        if "stale_swa_after_reassign" in self.faults:
+            batch.out_cache_loc = batch.draft_out_cache_loc[step]  # the old out_cache_loc_swa stays
+        else:
+            batch.reassign_out_cache_loc(batch.draft_out_cache_loc[step])
