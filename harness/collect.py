@@ -97,7 +97,7 @@ class ScenarioItem(pytest.Item):
         return super().repr_failure(excinfo, style)
 
     def reportinfo(self):
-        return self.path, None, self.name
+        return self.path, 0, self.name  # pytest places marker skips at (path, line): an int is required
 
 
 class OracleItem(pytest.Item):
@@ -127,7 +127,7 @@ class OracleItem(pytest.Item):
         return super().repr_failure(excinfo, style)
 
     def reportinfo(self):
-        return self.path, None, self.name
+        return self.path, 0, self.name  # pytest places marker skips at (path, line): an int is required
 
 
 class BadScenarioItem(pytest.Item):
@@ -144,7 +144,7 @@ class BadScenarioItem(pytest.Item):
         return printable(str(self.error), keep_newlines=True)
 
     def reportinfo(self):
-        return self.path, None, self.name
+        return self.path, 0, self.name  # pytest places marker skips at (path, line): an int is required
 
 
 def is_scenario_file(path: Path, rootpath: Path) -> bool:

@@ -7,8 +7,8 @@ import random
 import pytest
 
 from harness.check.run import execute
-from harness.runspec import GraphSpec, RunSpec
 from harness.check.verdict import judge
+from harness.runspec import GraphSpec, RunSpec
 from harness.serving.model import PRESETS, model_spec
 from harness.serving.pool import PoolSpec
 from harness.serving.timeline import RequestSpec, TimelineSpec

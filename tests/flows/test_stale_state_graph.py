@@ -2,8 +2,8 @@
 bakes in whichever tensor pool.swa_loc held when it was captured, and the input audit names it."""
 
 from harness.check.run import execute
-from harness.runspec import GraphSpec, RunSpec
 from harness.check.verdict import judge
+from harness.runspec import GraphSpec, RunSpec
 from harness.serving.model import model_spec
 from harness.serving.pool import PoolSpec
 from harness.serving.timeline import RequestSpec, TimelineSpec

@@ -3,8 +3,8 @@ out_cache_loc_swa, the eager step therefore leaves pool.swa_loc as the previous 
 
 
 from harness.check.run import execute
-from harness.runspec import RunSpec
 from harness.check.verdict import judge
+from harness.runspec import RunSpec
 from harness.serving.model import model_spec
 from harness.serving.pool import PoolSpec
 from harness.serving.timeline import RequestSpec, TimelineSpec

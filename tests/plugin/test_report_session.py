@@ -1,0 +1,35 @@
+"""The report session gathers every scenario item's result, across pytest-xdist workers, without loss."""
+
+from __future__ import annotations
+
+import json
+
+
+def _names(doc: dict) -> list[str]:
+    return [r["name"] for r in doc["records"]]
+
+
+def test_xdist_workers_results_merge_into_one_json_without_loss(harness_pytester, add_scenario):
+    for name in ("tiny_match", "tiny_wrong_window", "tiny_stale_error"):
+        add_scenario(name)
+    serial = harness_pytester.runpytest_inprocess("-q", "--harness-json", "serial.json")
+    parallel = harness_pytester.runpytest_subprocess("-q", "-n", "2", "--harness-json", "parallel.json")
+    assert serial.ret == parallel.ret == 0
+    one = json.loads((harness_pytester.path / "serial.json").read_text())
+    two = json.loads((harness_pytester.path / "parallel.json").read_text())
+    # every scenario item arrives once, in the same order (13 items: 3 oracle items carry no case)
+    assert len(_names(one)) == len(set(_names(one))) == 10
+    assert _names(one) == _names(two)
+    strip = lambda doc: [{k: v for k, v in r.items() if k != "duration_s"} for r in doc["records"]]  # noqa: E731
+    assert strip(one) == strip(two)
+    assert one["complete"] is True and one["version"] == 1
+    parallel.stdout.fnmatch_lines(["*SWA harness verdicts*", "*10 as expected, 0 unexpected*", "KV results: *parallel.json"])
+
+
+def test_a_failing_item_still_reaches_the_session(harness_pytester, add_scenario):
+    add_scenario("tiny_wrong_window", replace={'verdict = "diverge"': 'verdict = "match"'})
+    result = harness_pytester.runpytest_inprocess("-q", "--harness-json", "r.json")
+    result.assert_outcomes(passed=2, failed=1)
+    doc = json.loads((harness_pytester.path / "r.json").read_text())
+    bad = [r for r in doc["records"] if not r["ok"]]
+    assert [(r["expected"], r["verdict"]) for r in bad] == [("match", "diverge")]

@@ -1,0 +1,52 @@
+"""One fault catalog: every component takes its switches from it, and a fault that cannot act is refused."""
+
+from pathlib import Path
+
+import pytest
+
+from harness.backends.registry import BACKENDS, backend_class
+from harness.runners.decode_graph import DecodeGraphRunner
+from harness.runners.piecewise import PiecewisePrefillRunner
+from harness.scenario import ScenarioError, load_scenario
+from harness.serving.faults import FAULTS, Component, faults_acting_on
+from harness.serving.speculative import SpeculativeWorker
+
+COMPONENTS = {
+    Component.DECODE_GRAPH_RUNNER: DecodeGraphRunner,
+    Component.PIECEWISE_RUNNER: PiecewisePrefillRunner,
+    Component.ATTENTION_BACKEND: backend_class("torch_native"),
+    Component.SPECULATIVE_WORKER: SpeculativeWorker,
+}
+
+
+def test_every_catalog_fault_is_known_by_exactly_one_component():
+    owners = {name: [c for c in COMPONENTS if name in faults_acting_on(c)] for name in FAULTS}
+    assert all(len(found) == 1 for found in owners.values()), owners
+    assert set().union(*(faults_acting_on(c) for c in Component)) == set(FAULTS)
+
+
+def test_each_component_class_takes_its_switches_from_the_catalog():
+    for component, cls in COMPONENTS.items():
+        assert cls.component is component
+    assert SpeculativeWorker.known_faults == faults_acting_on(Component.SPECULATIVE_WORKER)
+    for name in BACKENDS:
+        assert backend_class(name).known_faults <= faults_acting_on(Component.ATTENTION_BACKEND)
+
+
+def test_a_worker_ignores_faults_that_are_not_its_own():
+    assert SpeculativeWorker({"no_zero_swa_pad", "stale_swa_after_reassign"}).faults == {"stale_swa_after_reassign"}
+
+
+def test_a_fault_that_cannot_act_in_any_mode_is_a_load_error(tmp_path: Path):
+    path = tmp_path / "s.toml"
+    path.write_text(
+        'description = "d"\n[model]\npreset = "gpt-oss-mini"\n[pool]\nfull_size = 64\nswa_size = 32\n'
+        '[graphs]\nmodes = ["eager", "piecewise"]\n[timeline]\n[[timeline.requests]]\nprompt_len = 4\n'
+        '[run]\ndesigns = ["translate"]\nfaults = ["skip_memo_invalidate", "no_zero_swa_pad"]\n'
+        '[expect.translate]\nverdict = "match"\nwhy = "w"\n'
+    )
+    with pytest.raises(ScenarioError) as err:
+        load_scenario(path)
+    assert err.value.problems == (
+        f"{path}: run.faults[1]: no_zero_swa_pad acts only in full mode; graphs.modes has eager, piecewise",
+    )

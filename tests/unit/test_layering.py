@@ -1,0 +1,56 @@
+"""The package layout shows the architecture: what is under test and the generic graph machinery never
+import each other, nothing imports back up, and the scenario schema knows nothing of the checking."""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2] / "harness"
+
+# package -> packages it must never import
+FORBIDDEN = {
+    "serving": {"graphs", "backends", "runners", "check", "scenario", "report", "runspec"},
+    "graphs": {"serving", "backends", "runners", "check", "scenario", "report", "runspec"},
+    "runspec": {"graphs", "backends", "runners", "check", "scenario", "report"},
+    "backends": {"graphs", "runners", "check", "scenario", "report"},
+    "runners": {"check", "scenario", "report"},
+    "scenario": {"check", "report", "runners", "graphs", "backends.torch_native"},
+    "check": {"report", "collect", "plugin", "cli", "bench"},
+    "report": {"collect", "plugin", "cli", "bench"},
+}
+
+
+def _imports(path: Path) -> set[str]:
+    module = ".".join(path.relative_to(ROOT.parent).with_suffix("").parts)
+    package = module.rsplit(".", 1)[0] if path.name != "__init__.py" else module.removesuffix(".__init__")
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            found.add(target)
+            found.update(f"{target}.{a.name}" for a in node.names)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+    return {t.removeprefix("harness.") for t in found if t.startswith("harness.")}
+
+
+@pytest.mark.parametrize("package", sorted(FORBIDDEN))
+def test_package_never_imports_upwards(package):
+    files = [ROOT / f"{package}.py"] if (ROOT / f"{package}.py").exists() else sorted((ROOT / package).rglob("*.py"))
+    for path in files:
+        for target in _imports(path):
+            for banned in FORBIDDEN[package]:
+                assert not (target == banned or target.startswith(banned + ".")), (
+                    f"{path.relative_to(ROOT.parent)} imports harness.{target}")
+
+
+def test_the_concrete_backend_is_named_only_in_its_module_and_the_registry():
+    for path in ROOT.rglob("*.py"):
+        if path.parent.name == "backends" and path.name in ("torch_native.py", "registry.py"):
+            continue
+        assert "TorchNativeBackend" not in path.read_text(), path
