@@ -14,21 +14,23 @@ from harness.runspec import Device, KVWrite, Mode
 # A second backend as a user would add one: one module, three parts reused or subclassed from the contract.
 TOY_BACKENDS = textwrap.dedent('''
     from harness.backends.base import GraphSupport
-    from harness.backends.torch_native import TorchNativeBackend
+    from harness.backends.registry import backend_class
     from harness.runspec import Device
 
+    TorchNative = backend_class("torch_native")
 
-    class PiecewiseOnly(TorchNativeBackend):
+
+    class PiecewiseOnly(TorchNative):
         name = "piecewise_only"
         graph_support = GraphSupport.PIECEWISE_ONLY
 
 
-    class CudaOnly(TorchNativeBackend):
+    class CudaOnly(TorchNative):
         name = "cuda_only"
         devices = frozenset({Device.CUDA})
 
 
-    class NoFaults(TorchNativeBackend):
+    class NoFaults(TorchNative):
         name = "no_faults"
         known_faults = frozenset()
 ''')
