@@ -147,11 +147,42 @@ def serving_problems(
         if needed > pool.max_context_len:
             out.append(Problem(f"timeline.requests[{i}]",
                                f"needs {needed} positions, pool.max_context_len is {pool.max_context_len}"))
+    out.extend(_memory_problems(model, pool))
     if (p := choice_problem(kv_write_key, kv_write, KVWrite)) is not None:
         out.append(p)
     elif kv_write == KVWrite.FUSED_FP8 and pool.kv_dtype != "fp8_e4m3":
         out.append(Problem(kv_write_key, f"'fused_fp8' needs pool.kv_dtype = 'fp8_e4m3', got {pool.kv_dtype!r}"))
     return out
+
+
+# Every run, the reference and the load-time dry run included, allocates the model and both pools whole;
+# past this a combination of fields that are each within bounds is a typo that would exhaust the machine.
+RUN_MEMORY_LIMIT = 1 << 30
+_ELEMENT_BYTES = {"float32": 4, "bfloat16": 2, "fp8_e4m3": 1}
+
+
+def _memory_problems(model: ModelSpec, pool: PoolSpec) -> list[Problem]:
+    if model.problems() or pool.problems():
+        return []  # sizes out of their own bounds are reported as such
+    h, q, kv = model.hidden_size, model.num_heads * model.head_dim, model.num_kv_heads * model.head_dim
+    per_layer = h * q * 2 + h * kv * 2 + h * model.intermediate_size * 2 + h * 2
+    weights = (model.vocab_size * h + model.num_layers * per_layer + h) * _ELEMENT_BYTES.get(model.dtype, 4)
+    n_swa = sum(model.layer_is_swa)
+    slots = pool.full_size * (model.num_layers - n_swa) + pool.swa_size * n_swa
+    kv_bytes = slots * kv * 2 * _ELEMENT_BYTES.get(pool.kv_dtype, 4)
+    out = []
+    limit = f"more than the {RUN_MEMORY_LIMIT >> 20} MiB a run may use"
+    if weights > RUN_MEMORY_LIMIT:
+        out.append(Problem("model", f"the weights need {weights >> 20} MiB, {limit}; shrink hidden_size, "
+                                    "intermediate_size, vocab_size or the layers"))
+    if kv_bytes > RUN_MEMORY_LIMIT:
+        out.append(Problem("pool", f"the KV buffers need {kv_bytes >> 20} MiB, {limit}; shrink full_size or swa_size"))
+    return out
+
+
+TIMEOUT_DEFAULT_S = 60.0
+"""a run's time limit when the scenario does not set ``run.timeout_s``"""
+TIMEOUT_MAX_S = 3600.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

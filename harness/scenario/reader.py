@@ -17,7 +17,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from ..runspec import CapturePolicy, GraphSpec, KVWrite, Mode, Outcome, nested
+from ..runspec import TIMEOUT_DEFAULT_S, CapturePolicy, GraphSpec, KVWrite, Mode, Outcome, nested
 from ..serving.designs import DESIGNS
 from ..serving.model import PRESETS, ModelSpec, model_spec
 from ..serving.pool import PoolSpec
@@ -82,7 +82,7 @@ def read_document(r: Reader, data: dict, path: Path) -> ScenarioSpec | None:
     pool = _read_pool(r, r.table(data, "", "pool", required=True))
     graphs, modes = _read_graphs(r, r.table(data, "", "graphs", required=False) or {})
     timeline = _read_timeline(r, r.table(data, "", "timeline", required=True))
-    designs, backends, kv_write, faults = _read_run(r, r.table(data, "", "run", required=False) or {})
+    designs, backends, kv_write, faults, timeout_s = _read_run(r, r.table(data, "", "run", required=False) or {})
     expectations = _read_expectations(r, r.table(data, "", "expect", required=False) or {})
     parts = dict(
         description=description, tags=tags, model=model, pool=pool, timeline=timeline, graphs=graphs, modes=modes,
@@ -99,7 +99,7 @@ def read_document(r: Reader, data: dict, path: Path) -> ScenarioSpec | None:
         return None
     parts.update(description=(description or "").strip(), tags=tags or (), designs=designs or tuple(DESIGNS),
                  backends=backends or ("torch_native",), kv_write=kv_write or KVWrite.PLAIN, faults=faults or ())
-    return ScenarioSpec(name=path.stem, path=path, **parts)
+    return ScenarioSpec(name=path.stem, path=path, timeout_s=timeout_s, **parts)
 
 
 def _as_enum(enum_type: type[enum.StrEnum], value: str) -> Any:
@@ -224,16 +224,18 @@ def _read_request(r: Reader, item: dict, at: str, index: int) -> RequestSpec | N
                        **values)
 
 
-_RUN_KEYS = ("designs", "backends", "kv_write", "faults")
+_RUN_KEYS = ("designs", "backends", "kv_write", "faults", "timeout_s")
 
 
-def _read_run(r: Reader, table: dict) -> tuple[Any, Any, Any, Any]:
+def _read_run(r: Reader, table: dict) -> tuple[Any, Any, Any, Any, float]:
     r.known_keys(table, "run", _RUN_KEYS)
     designs = r.array(table, "run", "designs", string(nonempty=True), tuple(DESIGNS))
     backends = r.array(table, "run", "backends", string(nonempty=True), ("torch_native",))
     kv_write = r.value(table, "run", "kv_write", string(), KVWrite.PLAIN)
     faults = r.array(table, "run", "faults", string(nonempty=True), ())
-    return designs, backends, None if kv_write is None else _as_enum(KVWrite, kv_write), faults
+    timeout_s = r.value(table, "run", "timeout_s", number(), TIMEOUT_DEFAULT_S)
+    return (designs, backends, None if kv_write is None else _as_enum(KVWrite, kv_write), faults,
+            TIMEOUT_DEFAULT_S if timeout_s is None else float(timeout_s))
 
 
 _VERDICT_KEYS = ("verdict", *Mode, "without_faults", "why")

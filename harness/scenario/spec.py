@@ -18,6 +18,8 @@ from ..runspec import (
     Mode,
     Outcome,
     Problem,
+    TIMEOUT_DEFAULT_S,
+    TIMEOUT_MAX_S,
     RunSpec,
     choice_problem,
     serving_problems,
@@ -115,6 +117,8 @@ class ScenarioSpec:
     """in file order, so a problem can name ``run.faults[i]``"""
     expectations: tuple[Expectation, ...]
     """one per design, in the order of ``designs``"""
+    timeout_s: float = TIMEOUT_DEFAULT_S
+    """each run's time limit; past it the run is an ``error`` verdict and the others go on"""
 
     def expectation(self, design: str) -> Expectation:
         for exp in self.expectations:
@@ -134,11 +138,10 @@ class ScenarioSpec:
     ) -> RunSpec:
         """The subject run of one (design, mode, backend) cell; ``with_faults=False`` gives its fault-free twin.
 
-        The design and mode must be among the scenario's, since only those have an expectation to check.
-        The backend is not restricted: running another backend over the same scenario is a valid cross-check.
+        The mode must be among the scenario's (its buckets and faults are chosen for those). The design and
+        backend are not restricted: trying another design or backend over a scenario is a valid cross-check,
+        judged against the expectation the caller supplies.
         """
-        if design not in self.designs:
-            raise ValueError(f"scenario {self.name!r} does not run design {design!r}; it runs {self.designs}")
         if mode not in self.modes:
             raise ValueError(f"scenario {self.name!r} does not run mode {mode!r}; it runs {self.modes}")
         return RunSpec(
@@ -167,6 +170,9 @@ class ScenarioSpec:
         out.extend(_list_problems("run.backends", self.backends, _backend_problem))
         out.extend(_list_problems("run.faults", self.faults, self._fault_problem, nonempty=False))
         out.extend(self._expectation_problems())
+        if not 0 < self.timeout_s <= TIMEOUT_MAX_S:
+            out.append(Problem("run.timeout_s", f"expected a number from 0 (excluded) to {TIMEOUT_MAX_S:g} seconds, "
+                                                f"got {self.timeout_s}"))
         return out
 
     def _fault_problem(self, key: str, name: str) -> Problem | None:

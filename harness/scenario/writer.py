@@ -11,7 +11,7 @@ import dataclasses
 import json
 import math
 
-from ..runspec import GraphSpec, KVWrite, Mode
+from ..runspec import TIMEOUT_DEFAULT_S, GraphSpec, KVWrite, Mode
 from ..serving.designs import DESIGNS
 from ..serving.model import PRESETS
 from ..serving.pool import PoolSpec
@@ -79,6 +79,8 @@ def scenario_toml(spec: ScenarioSpec) -> str:
         run.append(("kv_write", spec.kv_write))
     if spec.faults:
         run.append(("faults", spec.faults))
+    if spec.timeout_s != TIMEOUT_DEFAULT_S:
+        run.append(("timeout_s", spec.timeout_s))
     if run:
         lines += _table("run", run)
     for exp in spec.expectations:
