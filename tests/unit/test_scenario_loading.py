@@ -130,8 +130,8 @@ def test_full_file_loads_overrides_and_builds_run_specs(tmp_path):
     assert bare.faults == frozenset() and (bare.engine, bare.device) == ("cuda", "cuda")
     with pytest.raises(ValueError, match="does not run mode 'piecewise'"):
         spec.run_spec(design="translate", mode="piecewise", backend="torch_native")
-    with pytest.raises(ValueError, match="does not run design 'memoized'"):
-        spec.run_spec(design="memoized", mode="eager", backend="torch_native")
+    # another design over the same scenario is a cross-check the caller judges (python -m harness run --design)
+    assert spec.run_spec(design="memoized", mode="eager", backend="torch_native").design == "memoized"
     with pytest.raises(KeyError, match="memoized"):
         spec.expectation("memoized")
 
