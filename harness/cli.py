@@ -6,95 +6,95 @@ import argparse
 import os
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Sequence
 
 import torch
 
 from .check.case import Case, cases
-from .check.run import limit_threads, run_case
+from .check.run import limit_threads, run_cases
 from .report.build import case_view
+from .report.files import unwritable
 from .report.matrix import matrix_text
 from .report.records import write_results
 from .report.text import printable, progress_line, run_table, table, totals_line
 from .report.views import CaseView
-from .runspec import Mode
-from .scenario.loader import SCENARIO_ROOT_DEFAULT, load_all
-from .scenario.spec import ScenarioSpec
+from .runspec import TIMEOUT_MAX_S, Mode, Outcome
+from .scenario.loader import SCENARIO_ROOT_DEFAULT, ScenarioError, load_all
+from .scenario.spec import ScenarioSpec, is_import_path
 from .serving.designs import DESIGNS
 from .serving.faults import FAULTS
 
 
-def _select(args: argparse.Namespace) -> tuple[list[ScenarioSpec], list[str]]:
+def _select(args: argparse.Namespace) -> tuple[list[ScenarioSpec], list[ScenarioError]]:
     specs, errors = load_all(args.paths or [SCENARIO_ROOT_DEFAULT])
     if args.fault:
         specs = [s for s in specs if set(s.faults) & set(args.fault)]
-    return specs, [str(e) for e in errors]
+    return specs, errors
 
 
 def _cases(args: argparse.Namespace, specs: list[ScenarioSpec]) -> list[Case]:
+    extra = [d for d in args.design or () if is_import_path(d)]
     out = []
     for spec in specs:
         out.extend(cases(spec, designs=args.design, modes=args.mode, backends=args.backend, engine=args.engine,
-                         device=args.device))
+                         device=args.device, extra_designs=extra, expect=args.expect, timeout_s=args.timeout))
     return out
 
 
-def _run_group(batch: list[Case]) -> list[CaseView]:
-    # one worker takes all cases of a scenario, so the reference run is computed once there
-    limit_threads()
-    views = []
-    for case in batch:
-        if case.unsupported is not None:
-            views.append(case_view(None, case=case))
-            continue
-        start = time.perf_counter()
-        result = run_case(case)
-        views.append(case_view(result, duration_s=time.perf_counter() - start))
-    return views
+def _why_nothing(args: argparse.Namespace, specs: list[ScenarioSpec]) -> str:
+    """Which filter emptied the selection, in the words of the option that did it."""
+    where = " ".join(map(str, args.paths)) if args.paths else f"{SCENARIO_ROOT_DEFAULT}/"
+    if not specs:
+        if args.fault:
+            return f"no scenario under {where} injects {' or '.join(args.fault)}"
+        return f"no scenario files under {where}"
+    for option, values, have in (
+        ("--design", args.design, {d for s in specs for d in s.designs}),
+        ("--mode", args.mode, {m for s in specs for m in s.modes}),
+        ("--backend", args.backend, {b for s in specs for b in s.backends}),
+    ):
+        if values and not set(values) & have and not (option == "--design" and any(map(is_import_path, values))):
+            return f"{option} {' '.join(values)}: no selected scenario runs it; they run {', '.join(sorted(have))}"
+    return "the filters together select no run: no scenario runs that combination of design, mode and backend"
 
 
-def _run_all(all_cases: list[Case], jobs: int) -> list[CaseView]:
-    groups: dict[tuple[Path, str], list[Case]] = {}
-    for case in all_cases:
-        groups.setdefault((case.scenario.path, case.backend), []).append(case)
-    views: list[CaseView] = []
-    done, total, start = 0, len(all_cases), time.perf_counter()
+def _run_all(all_cases: list[Case], jobs: int, views: list[CaseView]) -> None:
+    """Run every case, appending views as they finish (so an interrupt keeps what finished)."""
+    done_count, total, start = 0, len(all_cases), time.perf_counter()
     tty = sys.stderr.isatty()
 
-    def progress(batch: list[CaseView]) -> None:
-        nonlocal done
-        for v in batch:
-            done += 1
-            line = progress_line(done, total, v)
-            if tty:
-                sys.stderr.write("\r\033[K" + line[:150])
-            elif not v.ok or done == total or done % 25 == 0:
-                sys.stderr.write(line + "\n")
+    def add(view: CaseView) -> None:
+        nonlocal done_count
+        done_count += 1
+        views.append(view)
+        line = progress_line(done_count, total, view)
+        if tty:
+            sys.stderr.write("\r\033[K" + line[:150])
+        elif not view.ok or done_count == total or done_count % 25 == 0:
+            sys.stderr.write(line + "\n")
         sys.stderr.flush()
 
-    if jobs <= 1 or len(groups) == 1:
-        for batch in groups.values():
-            out = _run_group(batch)
-            progress(out)
-            views.extend(out)
-    else:
-        with ProcessPoolExecutor(max_workers=jobs) as pool:
-            for out in pool.map(_run_group, groups.values()):
-                progress(out)
-                views.extend(out)
+    runnable = [c for c in all_cases if c.unsupported is None]
+    for case in all_cases:
+        if case.unsupported is not None:
+            add(case_view(None, case=case))
+    started = {id(c): time.perf_counter() for c in runnable}
+    run_cases(runnable, jobs=jobs,
+              done=lambda i, result: add(case_view(result, duration_s=time.perf_counter() - started[id(runnable[i])])))
     if tty:
         sys.stderr.write("\r\033[K")
     sys.stderr.write(f"{total} runs in {time.perf_counter() - start:.1f}s\n")
     order = {c.name: i for i, c in enumerate(all_cases)}
-    return sorted(views, key=lambda v: order.get(v.name, 0))
+    views.sort(key=lambda v: order.get(v.name, 0))
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    if args.json and (problem := unwritable(Path(args.json))):
+        print(f"--json {printable(args.json)}: {problem}", file=sys.stderr)
+        return 2
     specs, load_errors = _select(args)
-    for err in load_errors:
-        print(printable(err, keep_newlines=True), file=sys.stderr)
+    _print_problems(load_errors)
     needs_cuda = args.device == "cuda" or args.engine == "cuda"
     if needs_cuda and not torch.cuda.is_available():
         print("--engine cuda and --device cuda need a CUDA device; this machine has none "
@@ -102,18 +102,30 @@ def _cmd_run(args: argparse.Namespace) -> int:
         return 2
     all_cases = _cases(args, specs)
     if not all_cases:
-        print("no runs selected", file=sys.stderr)
+        print(f"no runs selected: {_why_nothing(args, specs)}", file=sys.stderr)
         return 2 if not load_errors else 1
     start = time.perf_counter()
-    views = _run_all(all_cases, args.jobs)
-    print(run_table(views))
-    print()
-    print(matrix_text(views))
+    views: list[CaseView] = []
+    try:
+        _run_all(all_cases, args.jobs, views)
+    except KeyboardInterrupt:
+        sys.stderr.write(f"\ninterrupted: {len(views)} of {len(all_cases)} runs finished\n")
+        _finish(args, views, load_errors, start, complete=False)
+        return 130
+    return _finish(args, views, load_errors, start, complete=True)
+
+
+def _finish(args: argparse.Namespace, views: list[CaseView], load_errors: list[ScenarioError], start: float, *,
+            complete: bool) -> int:
+    if views:
+        print(run_table(views))
+        print()
+        print(matrix_text(views))
     print(f"\n{totals_line(views, len(load_errors))}")
-    if args.json:
-        write_results(Path(args.json), views, duration_s=time.perf_counter() - start)
-        print(f"JSON: {Path(args.json).resolve()}")
-    return 0 if all(v.ok for v in views) and not load_errors else 1
+    if args.json and (views or not complete):
+        write_results(Path(args.json), views, complete=complete, duration_s=time.perf_counter() - start)
+        print(f"JSON: {Path(args.json).resolve()}" + ("" if complete else " (incomplete)"))
+    return 0 if complete and all(v.ok for v in views) and not load_errors else 1
 
 
 def _cmd_list(args: argparse.Namespace) -> int:
@@ -123,23 +135,55 @@ def _cmd_list(args: argparse.Namespace) -> int:
         for s in specs
     ]
     print(table(("scenario", "tags", "modes", "designs", "faults"), rows))
-    for err in load_errors:
-        print(printable(err, keep_newlines=True), file=sys.stderr)
+    _print_problems(load_errors)
     return 1 if load_errors else 0
+
+
+def _print_problems(errors: list[ScenarioError]) -> None:
+    # one escaped line per problem: a newline inside a file name must not start a line of its own
+    for err in errors:
+        for line in err.problems:
+            print(printable(line), file=sys.stderr)
 
 
 def _add_matrix_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("paths", nargs="*", help=f"scenario files or folders (default: {SCENARIO_ROOT_DEFAULT}/)")
-    p.add_argument("--design", action="append", help=f"only this design (repeatable): {', '.join(DESIGNS)} "
-                   "or an import path the scenario names")
+    p.add_argument("--design", action="append",
+                   help=f"only this design (repeatable): {', '.join(DESIGNS)}; an import path "
+                        "'package.module:function' that a scenario does not list is added to its runs")
+    p.add_argument("--expect", choices=tuple(Outcome),
+                   help="the verdict expected of designs added by import path (default: no expectation)")
+    p.add_argument("--timeout", type=_positive_float, metavar="SECONDS",
+                   help="each run's time limit (default: the scenario's run.timeout_s)")
     p.add_argument("--mode", action="append", choices=tuple(Mode), help="only this mode (repeatable)")
     p.add_argument("--backend", action="append", help="only this backend (repeatable)")
     p.add_argument("--fault", action="append", choices=sorted(FAULTS),
                    help="only scenarios that inject this fault (repeatable)")
     p.add_argument("--engine", choices=("tape", "cuda"), help="graph engine (default: tape on cpu, cuda on cuda)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="worker processes (default: all cores)")
+    p.add_argument("--jobs", type=_positive_int, default=os.cpu_count() or 1,
+                   help="runs at a time, each in its own process (default: all cores)")
     p.add_argument("--json", metavar="FILE", help="write one JSON record per run")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not 0 < value <= TIMEOUT_MAX_S:
+        raise argparse.ArgumentTypeError(f"expected seconds from 0 (excluded) to {TIMEOUT_MAX_S:g}, got {text}")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:

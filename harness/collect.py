@@ -17,7 +17,7 @@ import pytest
 
 from .check.case import Case, cases
 from .check.oracle import certify, dense_oracle
-from .check.run import run_case, scenario_reference
+from .check.run import run_case_isolated, scenario_reference
 from .report.build import case_view
 from .report.session import RECORD_PROPERTY
 from .report.text import failure_block, printable
@@ -39,10 +39,12 @@ class ReferenceNotCertified(Exception):
     pass
 
 
-def harness_options(config: pytest.Config) -> tuple[str, str | None]:
-    """(device, engine) the scenario items run with; engine None picks each case's default."""
+def harness_options(config: pytest.Config) -> tuple[str, str | None, float | None]:
+    """(device, engine, timeout) the scenario items run with; engine None picks each case's default, timeout
+    None keeps each scenario's own."""
     options = config.option
-    return getattr(options, "harness_device", "cpu") or "cpu", getattr(options, "harness_engine", None)
+    return (getattr(options, "harness_device", "cpu") or "cpu", getattr(options, "harness_engine", None),
+            getattr(options, "harness_timeout", None))
 
 
 class ScenarioFile(pytest.File):
@@ -52,13 +54,14 @@ class ScenarioFile(pytest.File):
         except ScenarioError as err:
             yield BadScenarioItem.from_parent(self, name=f"{printable(self.path.stem)}[load]", error=err)
             return
-        device, engine = harness_options(self.config)
+        device, engine, timeout_s = harness_options(self.config)
         seen_backends: set[str] = set()
-        for case in cases(scenario, engine=engine, device=device):
+        for case in cases(scenario, engine=engine, device=device, timeout_s=timeout_s):
             if case.backend not in seen_backends:
                 seen_backends.add(case.backend)
                 oracle = OracleItem.from_parent(self, name=f"{scenario.name}[oracle-{case.backend}]",
-                                                scenario=scenario, backend=case.backend, device=case.device)
+                                                scenario=scenario, backend=case.backend, device=case.device,
+                                                timeout_s=case.timeout_s)
                 _mark(oracle, case)
                 yield oracle
             item = ScenarioItem.from_parent(self, name=case.name, case=case)
@@ -82,7 +85,8 @@ class ScenarioItem(pytest.Item):
 
     def runtest(self) -> None:
         start = time.perf_counter()
-        result = run_case(self.case)
+        # in a child process under the case's time limit: a design that exits, aborts or hangs is an error
+        result = run_case_isolated(self.case)
         view = case_view(result, duration_s=time.perf_counter() - start)
         self.user_properties.append(("expected", view.expected))
         self.user_properties.append(("verdict", view.verdict))
@@ -103,14 +107,16 @@ class ScenarioItem(pytest.Item):
 class OracleItem(pytest.Item):
     """The scenario's reference run agrees with the float64 dense oracle on every live slot and hidden state."""
 
-    def __init__(self, *, scenario: ScenarioSpec, backend: str, device: str, **kwargs) -> None:
+    def __init__(self, *, scenario: ScenarioSpec, backend: str, device: str, timeout_s: float, **kwargs) -> None:
         super().__init__(**kwargs)
         self.scenario = scenario
         self.backend = backend
         self.device = device
+        self.timeout_s = timeout_s
 
     def runtest(self) -> None:
-        reference = scenario_reference(self.scenario, backend=self.backend, device=self.device)
+        reference = scenario_reference(self.scenario, backend=self.backend, device=self.device, isolate=True,
+                                       timeout_s=self.timeout_s)
         spec = reference.spec
         if reference.error is not None:
             raise ReferenceNotCertified(f"reference run failed at step {reference.error.step}: "
@@ -141,10 +147,23 @@ class BadScenarioItem(pytest.Item):
         raise self.error
 
     def repr_failure(self, excinfo, style=None):
-        return printable(str(self.error), keep_newlines=True)
+        # one escaped line per problem: a newline inside a file name must not start a line of its own
+        return "\n".join(printable(p) for p in self.error.problems)
 
     def reportinfo(self):
         return self.path, 0, self.name  # pytest places marker skips at (path, line): an int is required
+
+
+def scenario_file(parent: pytest.Collector, path: Path) -> ScenarioFile:
+    """The collector of one scenario file; a path with control characters gets an escaped node id, since
+    pytest prints node ids verbatim (a newline in a file name could forge result lines)."""
+    try:
+        rel = path.relative_to(parent.config.rootpath).as_posix()
+    except ValueError:
+        rel = path.as_posix()
+    if rel.isprintable():
+        return ScenarioFile.from_parent(parent, path=path)
+    return ScenarioFile.from_parent(parent, path=path, nodeid=printable(rel))
 
 
 def is_scenario_file(path: Path, rootpath: Path) -> bool:

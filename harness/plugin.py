@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from .check.run import limit_threads
-from .collect import ScenarioFile, is_scenario_file
+from .collect import is_scenario_file, scenario_file
 from .report.session import RECORD_PROPERTY, ReportSession
 
 
@@ -19,6 +19,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="device scenario runs use (cuda items are marked gpu)")
     group.addoption("--harness-engine", choices=("tape", "cuda"), default=None,
                     help="graph engine for scenario runs (default: tape on cpu, cuda on cuda)")
+    group.addoption("--harness-timeout", type=float, metavar="SECONDS", default=None,
+                    help="each scenario run's time limit (default: the scenario's run.timeout_s)")
     group.addoption("--harness-json", metavar="FILE", default=None,
                     help="write one JSON record per scenario run (every xdist worker's) to FILE")
 
@@ -35,7 +37,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
     if is_scenario_file(file_path, parent.config.rootpath):
-        return ScenarioFile.from_parent(parent, path=file_path)
+        return scenario_file(parent, file_path)
     return None
 
 

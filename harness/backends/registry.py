@@ -20,8 +20,10 @@ def backend_class(name: str) -> type[AttentionBackend]:
         raise KeyError(f"unknown backend {name!r}; known: {', '.join(BACKENDS)}, or 'package.module:Class'")
     try:
         cls = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise KeyError(f"backend {name!r} cannot be imported: {exc}") from None
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - a module that exits or raises at import is a bad name, not a crash
+        raise KeyError(f"backend {name!r} cannot be imported: {type(exc).__name__}: {exc}") from None
     if not (isinstance(cls, type) and issubclass(cls, AttentionBackend)):
         raise KeyError(f"backend {name!r} is not an AttentionBackend subclass")
     return cls

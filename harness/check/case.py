@@ -11,7 +11,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from ..backends.registry import backend_class
-from ..runspec import Device, Engine, Outcome, RunSpec
+from ..runspec import TIMEOUT_DEFAULT_S, Device, Engine, RunSpec
+
+NO_EXPECTATION = "no expectation"
+"""the expected verdict of a run nobody stated one for: whatever it gives is unexpected"""
 from ..scenario.spec import ScenarioSpec
 from .verdict import Verdict
 
@@ -28,6 +31,10 @@ class Case:
     """False: the scenario's faults switched off, judged against the ``without_faults`` expectation"""
     unsupported: str | None = None
     """why the backend cannot run this case (it is skipped); None when it can"""
+    timeout_s: float = TIMEOUT_DEFAULT_S
+    """the run's time limit (the scenario's ``run.timeout_s`` unless overridden)"""
+    expected_override: str | None = None
+    """the expected verdict of a design the scenario does not list (``harness run --design ... --expect``)"""
 
     @property
     def name(self) -> str:
@@ -36,7 +43,14 @@ class Case:
         return f"{self.scenario.name}[{self.design}-{self.mode}-{self.backend}{suffix}]"
 
     @property
-    def expected(self) -> Outcome:
+    def listed(self) -> bool:
+        """The scenario lists this design, so it states the expected verdict and why."""
+        return self.design in self.scenario.designs
+
+    @property
+    def expected(self) -> str:
+        if not self.listed:
+            return self.expected_override or NO_EXPECTATION
         exp = self.scenario.expectation(self.design).expected(mode=self.mode, backend=self.backend,
                                                                with_faults=self.with_faults)
         assert exp is not None, "cases() makes clean reruns only where a without_faults expectation exists"
@@ -44,6 +58,8 @@ class Case:
 
     @property
     def why(self) -> str:
+        if not self.listed:
+            return "a design the scenario does not list, added on the command line"
         return self.scenario.expectation(self.design).why_for(self.backend)
 
     @property
@@ -85,10 +101,15 @@ def cases(
     backends: Iterable[str] | None = None,
     engine: str | None = None,
     device: str = Device.CPU,
+    extra_designs: Iterable[str] = (),
+    expect: str | None = None,
+    timeout_s: float | None = None,
 ) -> list[Case]:
     """Every case of one scenario that the filters keep, clean reruns of fault scenarios included.
 
     ``engine`` None picks each case's default: ``cuda`` for a case on a CUDA device, else ``tape``.
+    ``extra_designs`` the scenario does not list run too, expected to give ``expect`` (no expectation when
+    None); ``timeout_s`` overrides the scenario's time limit.
     """
     keep_designs = set(designs) if designs else None
     keep_modes = set(modes) if modes else None
@@ -99,17 +120,22 @@ def cases(
             continue
         run_device, missing = case_device(backend, device)
         run_engine = engine or (Engine.CUDA if run_device == Device.CUDA else Engine.TAPE)
-        for design in scenario.designs:
-            if keep_designs is not None and design not in keep_designs:
+        extras = [d for d in extra_designs if d not in scenario.designs]
+        for design in (*scenario.designs, *extras):
+            if keep_designs is not None and design not in keep_designs and design not in extras:
                 continue
-            exp = scenario.expectation(design)
             for mode in scenario.modes:
                 if keep_modes is not None and mode not in keep_modes:
                     continue
                 reason = missing or _unsupported(backend, mode, run_device, scenario.kv_write)
                 common = dict(scenario=scenario, design=design, mode=mode, backend=backend, engine=run_engine,
-                              device=run_device, unsupported=reason)
+                              device=run_device, unsupported=reason,
+                              timeout_s=timeout_s if timeout_s is not None else scenario.timeout_s)
+                if design in extras:
+                    out.append(Case(**common, expected_override=expect))
+                    continue
                 out.append(Case(**common))
+                exp = scenario.expectation(design)
                 if scenario.faults and exp.expected(mode=mode, backend=backend, with_faults=False) is not None:
                     out.append(Case(**common, with_faults=False))
     return out

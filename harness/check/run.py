@@ -3,8 +3,9 @@ and one case: its subject run judged against its scenario's (cached) reference r
 
 from __future__ import annotations
 
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 
 import torch
 
@@ -15,7 +16,7 @@ from ..runners.base import Runner, RunnerContext
 from ..runners.decode_graph import DecodeGraphRunner
 from ..runners.eager import EagerRunner
 from ..runners.piecewise import PiecewisePrefillRunner
-from ..runspec import Mode, RunSpec
+from ..runspec import Mode, Outcome, RunSpec
 from ..scenario.spec import ScenarioSpec
 from ..serving.allocator import SWATokenToKVPoolAllocator
 from ..serving.designs import resolve_design
@@ -26,7 +27,8 @@ from ..serving.speculative import SpeculativeWorker
 from .case import Case, CaseResult
 from .result import RunError, RunResult
 from .snapshot import KVSnapshot, take_snapshot
-from .verdict import judge
+from .verdict import Verdict, judge
+from .workers import WorkerDied, run_isolated, run_one_isolated
 
 
 @dataclass(slots=True)
@@ -113,7 +115,9 @@ def execute(spec: RunSpec) -> RunResult:
             hidden = session.run_batch(step.batch)
             snapshots.append(take_snapshot(session.pool, step, session.scheduler.live_tokens(), hidden))
             session.scheduler.finish_step()
-    except Exception as exc:  # noqa: BLE001 - any failure of the subject is a verdict, not a crash
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - any failure of the subject (sys.exit too) is a verdict
         return RunResult(
             spec=spec,
             snapshots=tuple(snapshots),
@@ -136,20 +140,84 @@ def limit_threads() -> None:
     torch.set_num_threads(1)
 
 
-@lru_cache(maxsize=32)
-def _reference(reference_spec) -> RunResult:
-    # one reference run per (scenario, backend, device) in a process; xdist workers each keep their own
-    return execute(reference_spec)
+_REFERENCES: OrderedDict[RunSpec, RunResult] = OrderedDict()
+_REFERENCES_KEPT = 32
 
 
-def scenario_reference(scenario: ScenarioSpec, *, backend: str, device: str = "cpu") -> RunResult:
-    """The reference run of a scenario, whichever designs and modes it lists."""
+def scenario_reference(scenario: ScenarioSpec, *, backend: str, device: str = "cpu",
+                       isolate: bool = False, timeout_s: float | None = None) -> RunResult:
+    """The reference run of a scenario, whichever designs and modes it lists, cached per process.
+
+    With ``isolate`` it runs in a child process (a third-party backend may crash or hang too) and comes back
+    to the cache here, so that case runs forked afterwards inherit it.
+    """
     spec = scenario.run_spec(design=scenario.designs[0], mode=scenario.modes[0], backend=backend, device=device,
-                             with_faults=False)
-    return _reference(spec.reference())
+                             with_faults=False).reference()
+    if spec not in _REFERENCES:
+        if isolate and _forkable(spec.device):
+            outcome = run_one_isolated(execute, spec, timeout_s=timeout_s or scenario.timeout_s)
+            _REFERENCES[spec] = _died_run(spec, outcome) if isinstance(outcome, WorkerDied) else outcome
+        else:
+            _REFERENCES[spec] = execute(spec)
+        while len(_REFERENCES) > _REFERENCES_KEPT:
+            _REFERENCES.popitem(last=False)
+    return _REFERENCES[spec]
 
 
 def run_case(case: Case) -> CaseResult:
     """Run the subject, judge it against the (cached) reference run. Never raises for a run's failure."""
     reference = scenario_reference(case.scenario, backend=case.backend, device=case.device)
     return CaseResult(case=case, verdict=judge(execute(case.run_spec()), reference))
+
+
+def run_case_isolated(case: Case) -> CaseResult:
+    """``run_case`` in a child process with the case's time limit: a crash or a hang is an ``error``."""
+    return run_cases([case], jobs=1)[0]
+
+
+def run_cases(cases: Sequence[Case], *, jobs: int, done: Callable[[int, CaseResult], None] | None = None
+              ) -> list[CaseResult]:
+    """Every case, each in its own child process (``jobs`` at a time) under its time limit.
+
+    References are computed (isolated too) in this process just before the first case that needs one
+    forks, so each is computed once. Cases on CUDA run here, in order: a CUDA context cannot be forked.
+    """
+    forked = [c for c in cases if _forkable(c.device)]
+    position = {id(c): i for i, c in enumerate(cases)}
+    results: dict[int, CaseResult] = {}
+
+    def finished(index: int, outcome: CaseResult | WorkerDied) -> None:
+        case = forked[index]
+        result = _died_case(case, outcome) if isinstance(outcome, WorkerDied) else outcome
+        results[id(case)] = result
+        if done is not None:
+            done(position[id(case)], result)
+
+    def reference_first(case: Case) -> None:
+        scenario_reference(case.scenario, backend=case.backend, device=case.device, isolate=True,
+                           timeout_s=case.timeout_s)
+
+    run_isolated(run_case, forked, jobs=jobs, timeout_s=lambda c: c.timeout_s, done=finished,
+                 before_start=reference_first)
+    for index, case in enumerate(cases):
+        if id(case) not in results:
+            results[id(case)] = run_case(case)
+            if done is not None:
+                done(index, results[id(case)])
+    return [results[id(c)] for c in cases]
+
+
+def _forkable(device: str) -> bool:
+    return device == "cpu"
+
+
+def _died_error(died: WorkerDied) -> RunError:
+    return RunError(type="Timeout" if died.timed_out else "WorkerDied", message=died.reason, step=None)
+
+
+def _died_run(spec: RunSpec, died: WorkerDied) -> RunResult:
+    return RunResult(spec=spec, snapshots=(), error=_died_error(died))
+
+
+def _died_case(case: Case, died: WorkerDied) -> CaseResult:
+    return CaseResult(case=case, verdict=Verdict(outcome=Outcome.ERROR, diff=None, error=_died_error(died)))

@@ -28,3 +28,20 @@ def write_atomic(path: Path, text: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def unwritable(path: Path) -> str | None:
+    """Why a report file cannot be written at ``path`` (checked before a run, so no result is lost after
+    it); None when it can."""
+    if path.is_dir():
+        return "is a directory; name a file"
+    folder = path.parent
+    while not folder.exists():
+        folder = folder.parent
+    if not folder.is_dir():
+        return f"{folder} is not a directory"
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return f"cannot write in {folder}"
+    if path.exists() and not os.access(path, os.W_OK):
+        return "exists and is not writable"
+    return None

@@ -15,7 +15,6 @@ from pathlib import Path
 
 from ..backends.registry import BACKENDS, backend_class
 from ..runspec import Problem
-from ..serving.designs import DESIGNS, resolve_design
 from ..serving.faults import FAULTS, Component
 from .dry_run import dry_run
 from .reader import parse, read_document
@@ -50,16 +49,9 @@ def check_scenario(spec: ScenarioSpec, *, dry: bool = True) -> list[Problem]:
 
 
 def _registry_problems(spec: ScenarioSpec) -> list[Problem]:
+    # A design or backend named by import path is imported when a run needs it, never to load or list a
+    # file (the trust model: see the README); only the built-in registries are consulted here.
     out = []
-    for i, name in enumerate(spec.designs):
-        if name in DESIGNS or not is_import_path(name):
-            continue
-        try:
-            resolve_design(name)
-        except KeyError as exc:
-            out.append(Problem(f"run.designs[{i}]", str(exc.args[0]) if exc.args else repr(name)))
-        except Exception as exc:  # noqa: BLE001 - a third-party module failing at import is the file's problem
-            out.append(Problem(f"run.designs[{i}]", f"design {name!r} cannot be imported: {type(exc).__name__}: {exc}"))
     backend_faults = [(i, f) for i, f in enumerate(spec.faults)
                       if f in FAULTS and FAULTS[f].acts_on is Component.ATTENTION_BACKEND]
     for i, name in enumerate(spec.backends):

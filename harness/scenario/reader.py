@@ -17,7 +17,15 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from ..runspec import TIMEOUT_DEFAULT_S, CapturePolicy, GraphSpec, KVWrite, Mode, Outcome, nested
+from ..runspec import (
+    TIMEOUT_DEFAULT_S,
+    CapturePolicy,
+    GraphSpec,
+    KVWrite,
+    Mode,
+    Outcome,
+    nested,
+)
 from ..serving.designs import DESIGNS
 from ..serving.model import PRESETS, ModelSpec, model_spec
 from ..serving.pool import PoolSpec

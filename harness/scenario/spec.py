@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..runspec import (
+    TIMEOUT_DEFAULT_S,
+    TIMEOUT_MAX_S,
     Device,
     Engine,
     GraphSpec,
@@ -18,8 +20,6 @@ from ..runspec import (
     Mode,
     Outcome,
     Problem,
-    TIMEOUT_DEFAULT_S,
-    TIMEOUT_MAX_S,
     RunSpec,
     choice_problem,
     serving_problems,

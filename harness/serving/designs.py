@@ -81,8 +81,10 @@ def resolve_design(name: str) -> SWALocDesign:
     module_name, _, attr = name.partition(":")
     try:
         fn = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise KeyError(f"design {name!r} cannot be imported: {exc}") from None
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - a module that exits or raises at import is the design's fault
+        raise KeyError(f"design {name!r} cannot be imported: {type(exc).__name__}: {exc}") from None
     if not callable(fn):
         raise KeyError(f"design {name!r} is not callable")
     return fn

@@ -69,3 +69,10 @@ def add_scenario(harness_pytester: pytest.Pytester) -> AddScenario:
 def write_scenario() -> Callable[..., Path]:
     """``write_scenario(root, name, sample=None, *, replace=None, text=None)`` writes root/scenarios/name.toml."""
     return _write_scenario
+
+
+@pytest.fixture
+def cli_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, one_torch_thread: None) -> Path:
+    """A working directory for the CLI; ``scenarios/`` there is its default scenario root."""
+    monkeypatch.chdir(tmp_path)
+    return tmp_path

@@ -8,20 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from harness.cli import main
 
 JSON_KEYS = {"scenario", "design", "mode", "backend", "engine", "faults", "expected", "verdict",
              "first_divergent_step", "mismatched_slots", "error"}
 WRONG_WINDOW_EXPECTING_MATCH = {'verdict = "diverge"': 'verdict = "match"'}
-
-
-@pytest.fixture
-def cli_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, one_torch_thread: None) -> Path:
-    """A working directory for the CLI; ``scenarios/`` there is its default scenario root."""
-    monkeypatch.chdir(tmp_path)
-    return tmp_path
 
 
 def run_cli(capsys, *args: str) -> tuple[int, str, str]:

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import pickle
+import sys
 from pathlib import Path
 
 import pytest
 
+from harness.check.case import cases
+from harness.check.run import run_case
 from harness.runspec import GraphSpec, Mode, RunSpec
 from harness.scenario import (
     Expectation,
@@ -279,17 +282,18 @@ def test_unknown_registry_names(tmp_path):
     assert "got 'no_such_fault'" in text
 
 
-def test_design_import_path_that_fails(tmp_path):
+def test_a_design_import_path_is_not_imported_at_load_and_fails_as_an_error_verdict(tmp_path):
     path = write(
         tmp_path,
         run='[run]\ndesigns = ["no_such_pkg_xyz.mod:fn", "harness.serving.designs:nope"]\n',
-        expect='[expect."no_such_pkg_xyz.mod:fn"]\nverdict = "match"\nwhy = "w"\n'
-        '[expect."harness.serving.designs:nope"]\nverdict = "match"\nwhy = "w"\n',
+        expect='[expect."no_such_pkg_xyz.mod:fn"]\nverdict = "error"\nwhy = "w"\n'
+        '[expect."harness.serving.designs:nope"]\nverdict = "error"\nwhy = "w"\n',
     )
-    found = problems_of(path)
-    assert len(found) == 2, found
-    assert found[0].startswith(f"{path}: run.designs[0]: design 'no_such_pkg_xyz.mod:fn' cannot be imported")
-    assert found[1].startswith(f"{path}: run.designs[1]: design 'harness.serving.designs:nope' cannot be imported")
+    spec = load_scenario(path)  # the trust model: third-party code is imported when a run needs it
+    assert "no_such_pkg_xyz" not in sys.modules
+    result = run_case(next(c for c in cases(spec) if c.design == "no_such_pkg_xyz.mod:fn"))
+    assert result.verdict.outcome == "error" and result.ok
+    assert "design 'no_such_pkg_xyz.mod:fn' cannot be imported" in result.verdict.error.message
 
 
 def test_fused_fp8_needs_an_fp8_pool(tmp_path):
