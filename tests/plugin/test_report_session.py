@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 import json
+import shutil
+from pathlib import Path
+
+from .test_isolation import check_misbehaving
+
+SAMPLES = Path(__file__).parent / "samples"
 
 
 def _names(doc: dict) -> list[str]:
@@ -10,20 +16,24 @@ def _names(doc: dict) -> list[str]:
 
 
 def test_xdist_workers_results_merge_into_one_json_without_loss(harness_pytester, add_scenario):
-    for name in ("tiny_match", "tiny_wrong_window", "tiny_stale_error"):
+    # one xdist run (workers start slowly: each imports torch) checks two claims: results merge without
+    # loss, and misbehaving designs end as error verdicts under xdist as under the CLI
+    for name in ("tiny_match", "tiny_wrong_window", "tiny_stale_error", "tiny_misbehaving"):
         add_scenario(name)
+    shutil.copy(SAMPLES / "misbehaving_designs.py", harness_pytester.path)
     serial = harness_pytester.runpytest_inprocess("-q", "--harness-json", "serial.json")
     parallel = harness_pytester.runpytest_subprocess("-q", "-n", "2", "--harness-json", "parallel.json")
     assert serial.ret == parallel.ret == 0
     one = json.loads((harness_pytester.path / "serial.json").read_text())
     two = json.loads((harness_pytester.path / "parallel.json").read_text())
-    # every scenario item arrives once, in the same order (13 items: 3 oracle items carry no case)
-    assert len(_names(one)) == len(set(_names(one))) == 10
+    check_misbehaving([r for r in two["records"] if r["scenario"] == "tiny_misbehaving"])
+    # every scenario item arrives once, in the same order (19 items: 4 oracle items carry no case)
+    assert len(_names(one)) == len(set(_names(one))) == 15
     assert _names(one) == _names(two)
     strip = lambda doc: [{k: v for k, v in r.items() if k != "duration_s"} for r in doc["records"]]  # noqa: E731
     assert strip(one) == strip(two)
     assert one["complete"] is True and one["version"] == 1
-    parallel.stdout.fnmatch_lines(["*SWA harness verdicts*", "*10 as expected, 0 unexpected*", "KV results: *parallel.json"])
+    parallel.stdout.fnmatch_lines(["*SWA harness verdicts*", "*15 as expected, 0 unexpected*", "KV results: *parallel.json"])
 
 
 def test_a_failing_item_still_reaches_the_session(harness_pytester, add_scenario):
