@@ -74,6 +74,16 @@ def _registry_problems(spec: ScenarioSpec) -> list[Problem]:
 def load_scenario(path: str | Path) -> ScenarioSpec:
     """Parse and validate one scenario file; raises ScenarioError listing every problem found."""
     path = Path(path)
+    try:
+        return _load(path)
+    except ScenarioError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - one file must never stop the others, even through a bug of ours
+        raise ScenarioError(path, [f"{path}: cannot be loaded (a harness bug, please report it): "
+                                   f"{type(exc).__name__}: {exc}"]) from exc
+
+
+def _load(path: Path) -> ScenarioSpec:
     reader = Reader(path)
     data = parse(reader, path)
     spec = read_document(reader, data, path) if data is not None else None

@@ -41,3 +41,16 @@ def test_no_bad_file_stops_the_others_from_loading(tmp_path: Path):
     specs, errors = load_all([CORPUS, good])
     assert [s.name for s in specs] == ["swa_prefill_window_edge"]
     assert len(errors) == len(FILES)
+
+
+def test_an_unexpected_exception_while_loading_is_one_line_for_that_file(monkeypatch, tmp_path: Path):
+    import harness.scenario.loader as loader
+
+    def broken(spec, *, dry=True):
+        raise IndexError("a bug")
+
+    monkeypatch.setattr(loader, "check_scenario", broken)
+    good = Path(__file__).resolve().parents[2] / "scenarios" / "swa_prefill_window_edge.toml"
+    specs, errors = load_all([good])
+    assert specs == [] and [e.problems for e in errors] == [
+        (f"{good}: cannot be loaded (a harness bug, please report it): IndexError: a bug",)]
