@@ -137,3 +137,38 @@ def test_the_cli_escapes_hostile_names_too(hostile, capsys, monkeypatch):
     assert code == 1
     assert "\x1b" not in out + err and "\x07" not in out + err
     assert "evil\\nPASSED forged\\x1b[2J.toml: name: expected a printable file name" in err
+
+
+CORPUS = Path(__file__).resolve().parents[1] / "corpus" / "bad"
+
+
+def _corpus_fragments() -> dict[str, str]:
+    out = {}
+    for path in sorted(CORPUS.glob("*.toml")):
+        first = path.read_bytes().decode("utf-8", "replace").lstrip("\ufeff").splitlines()[0]
+        out[path.stem] = first.removeprefix("# expect: ")
+    return out
+
+
+def test_the_bad_file_corpus_gives_one_line_each_under_the_cli_and_pytest(harness_pytester, capsys, monkeypatch):
+    fragments = _corpus_fragments()
+    folder = harness_pytester.path / "scenarios"
+    folder.mkdir()
+    for path in CORPUS.glob("*.toml"):
+        (folder / path.name).write_bytes(path.read_bytes())
+    (folder / "tiny_match.toml").write_text((SAMPLES / "tiny_match.toml").read_text())
+    monkeypatch.chdir(harness_pytester.path)
+
+    code, out, err = run_cli(capsys, "run", "--jobs", "1", "--mode", "eager", "--design", "translate")
+    lines = err.splitlines()
+    for stem, fragment in fragments.items():
+        mine = [line for line in lines if line.startswith(f"scenarios/{stem}.toml: ")]
+        assert len(mine) == 1 and fragment in mine[0], (stem, mine)
+    assert code == 1 and "tiny_match[translate-eager-torch_native]" in out  # the good file still ran
+
+    result = harness_pytester.runpytest_inprocess("-q", "-k", "load or tiny_match")
+    outcomes = result.parseoutcomes()
+    assert outcomes["failed"] == len(fragments) and outcomes["passed"] >= 1
+    text = result.stdout.str()
+    for stem, fragment in fragments.items():
+        assert f"{fragment}" in text, stem
