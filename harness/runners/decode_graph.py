@@ -94,7 +94,14 @@ class DecodeGraphRunner(GraphRunner):
         model, backend = self.model, self.backend
         produced: list[torch.Tensor] = []
 
+        pool = self.pool
+        invalidate = "skip_memo_invalidate_at_capture" not in self.faults
+
         def forward() -> torch.Tensor:
+            if invalidate:
+                # SGLang PR 25824's runner: a memo left by a warm-up run (keyed on the static buffer's
+                # address, which capture reuses) would be frozen into the graph as a constant translation
+                pool.invalidate_translate_cache()
             out = model.forward(
                 batch.input_ids, batch.positions, lambda layer_id, q, k, v: backend.forward(q, k, v, layer_id, batch)
             )
@@ -108,6 +115,7 @@ class DecodeGraphRunner(GraphRunner):
             static_inputs=[
                 *self.static_buffers(),
                 *self.model.parameters(),
+                *self.model.buffers(),
                 *self.pool.buffers(),
                 *self.backend.graph_static_tensors(),
                 self.req_to_token_pool.req_to_token,
@@ -144,6 +152,10 @@ class DecodeGraphRunner(GraphRunner):
         swa = batch.out_cache_loc_swa
         if swa is None:  # a draft step dropped it: the runner translates, as SGLang's does
             swa = self.pool.translate_loc_from_full_to_swa(batch.out_cache_loc)
+        if "rebind_static_swa_loc" in self.faults:
+            # a runner that builds a new static buffer for every replay: the graph still reads the one it
+            # captured, which nothing refreshes any more (the input audit names it)
+            self.out_cache_loc_swa = torch.zeros_like(self.out_cache_loc_swa)
         if "no_zero_swa_pad" in self.faults:
             self.out_cache_loc_swa[: swa.shape[0]].copy_(swa)  # SGLang PR 24743: the padded tail keeps old slots
         else:

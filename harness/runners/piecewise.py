@@ -111,7 +111,7 @@ class PiecewisePrefillRunner(GraphRunner):
             # not the runner: its _batch is per-replay Python state that the island reads, never the graph
             roots={"pool": self.pool, "backend": self.backend, "model": self.model},
             static_inputs=[self.input_ids, self.positions, self.out_cache_loc, self.out_cache_loc_swa,
-                           *self.model.parameters(), *self.pool.buffers()],
+                           *self.model.parameters(), *self.model.buffers(), *self.pool.buffers()],
             islands=True,
         )
         self._keep(bucket, graph, produced[-1])

@@ -66,6 +66,10 @@ FAULTS: dict[str, Fault] = {
               modes=("eager", "full", "piecewise"),
               summary="a draft step reassigns out_cache_loc but keeps the old out_cache_loc_swa",
               reference="SGLang speculative worker; PR 24138"),
+        Fault(name="rebind_static_swa_loc", acts_on=Component.DECODE_GRAPH_RUNNER, modes=("full",),
+              summary="the decode runner binds a new static out_cache_loc_swa at every replay instead of copying "
+                      "into the captured one, which then holds whatever it held at the last copy",
+              reference="SGLang PR 26019 review (the same shape for the runner's own buffer)"),
         Fault(name="skip_memo_invalidate", acts_on=Component.PIECEWISE_RUNNER, modes=("piecewise",),
               summary="the per-forward invalidation of the memoized translation is skipped while static "
                       "buffers keep the same data_ptr and numel for different batches",

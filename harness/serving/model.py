@@ -245,6 +245,10 @@ class SyntheticModel:
             out.extend(layer.tensors())
         return out
 
+    def buffers(self) -> list[torch.Tensor]:
+        """Constant tensors that are not weights (the RoPE cos/sin cache): graph inputs like the weights."""
+        return [self.rope_cos, self.rope_sin]
+
     def kv_scales(self) -> list[tuple[float, float]]:
         """Per-layer FP8 k/v scales, deterministic in the seed (real checkpoints ship per-layer scales)."""
         gen = torch.Generator().manual_seed(self.spec.seed + 7919)
