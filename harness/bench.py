@@ -106,8 +106,9 @@ def _timed(fn: Callable[[], object], sync: Callable[[], None]) -> float:
 
 def _compare(
     graph: Runner, eager: EagerRunner, batch: ForwardBatch, *, repeats: int, warmup: int, device: str
-) -> tuple[float, float]:
-    """Median eager and graph milliseconds; calls alternate so drift (clock, cache) hits both alike."""
+) -> tuple[float, float, list[float]]:
+    """Median eager and graph milliseconds and the per-pair ratios; calls alternate so drift (clock,
+    cache, a neighbour's load) hits both alike."""
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     for _ in range(warmup):
         eager.forward(batch)
@@ -116,7 +117,19 @@ def _compare(
     for _ in range(max(1, repeats)):
         eager_ms.append(_timed(lambda: eager.forward(batch), sync))
         graph_ms.append(_timed(lambda: graph.forward(batch), sync))
-    return statistics.median(eager_ms), statistics.median(graph_ms)
+    return statistics.median(eager_ms), statistics.median(graph_ms), [g / e for g, e in zip(graph_ms, eager_ms)]
+
+
+def _capture_ms(graph: Runner, bucket: int, *, repeats: int, device: str) -> float:
+    """Median time to capture the bucket's graph again (warm-up included), as a runner does at start-up."""
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    capture = graph._capture  # noqa: SLF001 - the bench times the runner's own capture path
+    return statistics.median(_timed(lambda: capture(bucket), sync) for _ in range(max(1, repeats)))
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
 
 
 def _targets() -> list[tuple[str, str]]:
@@ -132,7 +145,7 @@ def measure(
     presets: Sequence[str] | None = None,
     decode_buckets: Sequence[int] = DECODE_BUCKETS,
     prefill_buckets: Sequence[int] = PREFILL_BUCKETS,
-    repeats: int = 20,
+    repeats: int = 60,
     warmup: int = _WARMUP,
     padded: bool = True,
     targets: Sequence[tuple[str, str]] | None = None,
@@ -153,9 +166,13 @@ def measure(
                     graph, eager, batch = _decode_case(preset, bucket, real, engine, device)
                 else:
                     graph, eager, batch = _prefill_case(preset, bucket, engine, device)
-                eager_ms, replay_ms = _compare(graph, eager, batch, repeats=repeats, warmup=warmup, device=device)
+                capture_ms = _capture_ms(graph, bucket, repeats=3, device=device)
+                eager_ms, replay_ms, ratios = _compare(graph, eager, batch, repeats=repeats, warmup=warmup,
+                                                       device=device)
                 row = BenchRow(preset=preset, kind=kind, bucket=bucket, real=real, engine=engine, device=device,
-                               eager_ms=eager_ms, replay_ms=replay_ms)
+                               eager_ms=eager_ms, replay_ms=replay_ms, ratio=statistics.median(ratios),
+                               ratio_p10=_percentile(ratios, 0.1), ratio_p90=_percentile(ratios, 0.9),
+                               capture_ms=capture_ms)
                 rows.append(row)
                 if progress is not None:
                     progress(row)
@@ -182,7 +199,7 @@ def _machine_info(targets: Sequence[tuple[str, str]], repeats: int) -> dict[str,
         "torch": torch.__version__,
         "torch threads": str(torch.get_num_threads()),
         # other processes on a small machine skew wall-clock times (and oversubscribe torch's threads)
-        "load average at start": " / ".join(f"{x:.2f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "n/a",
+        "load average at start": _load_average(),
         "engine/device": ", ".join(f"{e}/{d}" for e, d in targets),
         "repeats": f"{repeats} (median), {_WARMUP} warm-up calls",
     }
@@ -191,7 +208,11 @@ def _machine_info(targets: Sequence[tuple[str, str]], repeats: int) -> dict[str,
     return info
 
 
-def run_bench(*, repeats: int = 20, out: Path = Path("BENCHMARKS.md")) -> int:
+def _load_average() -> str:
+    return " / ".join(f"{x:.2f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "n/a"
+
+
+def run_bench(*, repeats: int = 60, out: Path = Path("BENCHMARKS.md")) -> int:
     """Measure every preset and bucket, print the table, rewrite the section of ``out``; always 0."""
     targets = _targets()
     info = _machine_info(targets, repeats)
@@ -202,6 +223,7 @@ def run_bench(*, repeats: int = 20, out: Path = Path("BENCHMARKS.md")) -> int:
         sys.stderr.flush()
 
     rows = measure(repeats=repeats, targets=targets, progress=progress)
+    info["load average at end"] = _load_average()
     print(render_terminal(rows, info))
     write_section(out, render_markdown(rows, info))
     print(f"Markdown: {out.resolve()}")
@@ -211,7 +233,7 @@ def run_bench(*, repeats: int = 20, out: Path = Path("BENCHMARKS.md")) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m harness.bench",
                                      description="graph replay time against eager time per preset and bucket")
-    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--repeats", type=int, default=60, help="interleaved eager/replay pairs per row")
     parser.add_argument("--out", default="BENCHMARKS.md", help="markdown file the table is written into")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)

@@ -15,13 +15,13 @@ def test_measure_produces_timed_rows_for_decode_padded_and_prefill():
     assert [(r.kind, r.bucket, r.real) for r in rows] == [("decode", 2, 2), ("decode", 2, 1), ("prefill", 16, 16)]
     for row in rows:
         assert row.preset == "all-swa" and row.engine == "tape" and row.device == "cpu"
-        assert row.eager_ms > 0 and row.replay_ms > 0
-        assert row.ratio == row.replay_ms / row.eager_ms
+        assert row.eager_ms > 0 and row.replay_ms > 0 and row.capture_ms > 0
+        assert row.ratio_p10 <= row.ratio <= row.ratio_p90
 
 
-def _row(replay_ms: float) -> BenchRow:
+def _row(ratio: float) -> BenchRow:
     return BenchRow(preset="p", kind="decode", bucket=1, real=1, engine="tape", device="cpu", eager_ms=1.0,
-                    replay_ms=replay_ms)
+                    replay_ms=ratio, ratio=ratio, ratio_p10=ratio, ratio_p90=ratio, capture_ms=3.0)
 
 
 def test_section_is_created_then_replaced_idempotently(tmp_path: Path):
