@@ -1,9 +1,10 @@
-"""Command line: ``python -m harness {run,list,report}`` (the benchmark is ``python -m harness.bench``)."""
+"""Command line: ``python -m harness {run,list,report,compare}`` (the benchmark is ``python -m harness.bench``)."""
 
 from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -15,6 +16,8 @@ import torch
 from .check.case import Case, cases
 from .check.run import limit_threads, run_case
 from .report.build import case_view
+from .report.compare import run_compare
+from .report.html import now_label, write_report
 from .report.matrix import matrix_text
 from .report.records import write_results
 from .report.text import printable, progress_line, run_table, table, totals_line
@@ -113,7 +116,16 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.json:
         write_results(Path(args.json), views, duration_s=time.perf_counter() - start)
         print(f"JSON: {Path(args.json).resolve()}")
+    if args.report_dir:
+        index = write_report(Path(args.report_dir), views, duration_s=time.perf_counter() - start,
+                             command=args.command_line, generated=now_label(), load_errors=load_errors)
+        print(f"KV report: {index.resolve().as_uri()}")
     return 0 if all(v.ok for v in views) and not load_errors else 1
+
+
+def _cmd_compare(args: argparse.Namespace) -> int:
+    report_dir = Path(args.report_dir) if args.report_dir else None
+    return run_compare(Path(args.base), Path(args.head), report_dir=report_dir, out=sys.stdout, err=sys.stderr)
 
 
 def _cmd_list(args: argparse.Namespace) -> int:
@@ -140,6 +152,8 @@ def _add_matrix_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="worker processes (default: all cores)")
     p.add_argument("--json", metavar="FILE", help="write one JSON record per run")
+    p.add_argument("--report-dir", metavar="DIR",
+                   help="write the HTML report there: index.html, a page per scenario, results.json and .csv")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -151,9 +165,17 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run the scenario matrix and compare verdicts with expectations")
     _add_matrix_options(run)
     run.set_defaults(func=_cmd_run)
-    report = sub.add_parser("report", help="the main job: the whole matrix on the CPU default, results in reports/")
+    report = sub.add_parser("report", help="the main job: the whole matrix on the CPU default, HTML report in reports/")
     _add_matrix_options(report)
-    report.set_defaults(func=_cmd_run, json_default="reports/results.json")
+    report.set_defaults(func=_cmd_run, report_dir_default="reports")
+    compare = sub.add_parser("compare", help="what changed between two results.json files; exits 1 when a run "
+                             "changed for the worse (gave its expected verdict in BASE, not in HEAD; or is new and "
+                             "does not)")
+    compare.add_argument("base", metavar="BASE.json")
+    compare.add_argument("head", metavar="HEAD.json")
+    compare.add_argument("--report-dir", metavar="DIR",
+                         help="write compare.html there, beside HEAD's report pages")
+    compare.set_defaults(func=_cmd_compare)
     lst = sub.add_parser("list", help="list scenarios with tags, modes, designs and faults")
     lst.add_argument("paths", nargs="*")
     lst.set_defaults(func=_cmd_list)
@@ -163,8 +185,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     limit_threads()
-    if getattr(args, "json_default", None) and not args.json:
-        args.json = args.json_default
+    if getattr(args, "report_dir_default", None) and not args.report_dir:
+        args.report_dir = args.report_dir_default
+    args.command_line = shlex.join(["python", "-m", "harness", *(sys.argv[1:] if argv is None else argv)])
     return args.func(args)
 
 
