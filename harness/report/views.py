@@ -114,6 +114,7 @@ class StepView:
     """(rid, tokens written this step), batch order"""
     forwards: tuple[ForwardView, ...]
     written: tuple[TokenSlotsView, ...]
+    """the slots of the tokens the step wrote; ``[rid, pos, full_slot, swa_slot]`` in the JSON record"""
     evicted: tuple[tuple[str, int], ...]
     """(rid, pos) of tokens whose SWA slots were freed after the step"""
     finished: tuple[str, ...]
@@ -182,6 +183,9 @@ class CaseView:
         record["version"] = RECORD_VERSION
         record["ok"] = self.ok
         record["first_divergent_step"] = self.first.step if self.first else None
+        for step in record["steps"]:
+            # every token of a run appears once here: [rid, pos, full_slot, swa_slot] keeps results.json small
+            step["written"] = [[t["rid"], t["pos"], t["full_slot"], t["swa_slot"]] for t in step["written"]]
         return record
 
     @classmethod
@@ -213,7 +217,8 @@ def _step(record: dict[str, Any]) -> StepView:
         index=record["index"], kind=record["kind"], batch_size=record["batch_size"],
         tokens=tuple((str(rid), int(n)) for rid, n in record["tokens"]),
         forwards=tuple(ForwardView(**f) for f in record["forwards"]),
-        written=tuple(TokenSlotsView(**t) for t in record["written"]),
+        written=tuple(TokenSlotsView(rid=str(rid), pos=int(pos), full_slot=int(full), swa_slot=int(swa))
+                      for rid, pos, full, swa in record["written"]),
         evicted=tuple((str(rid), int(pos)) for rid, pos in record["evicted"]),
         finished=tuple(record["finished"]), aborted=tuple(record["aborted"]),
     )

@@ -44,8 +44,7 @@ def hostile(view: CaseView, *, design: str | None = None) -> CaseView:
         step["tokens"] = [[ren(r), n] for r, n in step["tokens"]]
         step["evicted"] = [[ren(r), p] for r, p in step["evicted"]]
         step["finished"] = [ren(r) for r in step["finished"]]
-        for t in step["written"]:
-            t["rid"] = ren(t["rid"])
+        step["written"] = [[ren(rid), *rest] for rid, *rest in step["written"]]
     return CaseView.from_record(rec)
 
 
