@@ -289,7 +289,11 @@ def slotmap_figure(pool: str, states: Sequence[SlotState], step: int, per_row: i
         ink = "#ffffff" if _dark(fill) else INK
         out.append(_text(x + 5, y + 12, str(s.slot), anchor="start", size=8.5, fill=ink if ink != INK else MUTED))
         label = "dummy" if s.status == "dummy" else (_fit(s.owner, 8) if s.owner else "")
+        holder = next((b.holder for b in s.bad if b.holder), None)
         if label:
-            out.append(_text(x + cw / 2, y + 27, label, size=10.5, weight="bold" if bad else "normal", fill=ink))
+            out.append(_text(x + cw / 2, y + (23 if holder else 27), label, size=10.5,
+                             weight="bold" if bad else "normal", fill=ink))
+        if holder:  # the observed writer, when the diff named it
+            out.append(_text(x + cw / 2, y + 32.5, _fit(f"has {holder}", 11), size=8, fill=ink))
     return Figure(width=left * 2 + cw * min(per_row, max(len(states), 1)), height=top * 2 + rh * rows,
                   shapes=tuple(out), name="slotmap", label=f"{pool_label(pool)} pool slots at step {step}")

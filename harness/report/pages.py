@@ -12,15 +12,17 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from ..runspec import Mode
+from ..serving.designs import DESIGNS
 from .figures import Figure, heatmap_figure, slotmap_figure, timeline_figure
 from .slots import first_divergence_sentence, pool_label, pools_of, slot_map
 from .text import finding_line
 from .views import CaseView, FindingView, GraphView, StepView
 
 VERDICTS = ("match", "diverge", "error", "skipped")
-MODE_ORDER = ("eager", "full", "piecewise")
-DESIGN_ORDER = ("translate", "stale_state", "forward_batch", "memoized", "metadata")
-MODE_LABELS = {"eager": "eager", "full": "full decode graphs", "piecewise": "piecewise prefill graphs"}
+MODE_ORDER = tuple(Mode)
+DESIGN_ORDER = tuple(DESIGNS)
+"""the built-in designs in the README's order; a third-party design follows them"""
 
 
 def family(name: str) -> str:

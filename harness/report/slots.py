@@ -40,6 +40,8 @@ class SlotBad:
     classification: str
     observed: str
     """what the slot holds instead of its owner's K/V, in words"""
+    holder: str | None
+    """``rid@pos`` whose K/V it holds, when the diff named it: the observed writer"""
     found_in: int | None
 
 
@@ -161,7 +163,7 @@ def slot_map(view: CaseView, pool: str, step: int) -> list[SlotState]:
         out.append(SlotState(
             slot=slot, status=status, owner=owner, previous=previous.get(slot),
             bad=tuple(SlotBad(layer=m.layer, classification=m.classification, observed=observed(m),
-                              found_in=m.found_in) for m in mismatches),
+                              holder=m.holder, found_in=m.found_in) for m in mismatches),
             receives_misplaced=slot in receivers,
         ))
     return out
