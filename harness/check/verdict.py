@@ -68,7 +68,8 @@ def judge(subject: RunResult, reference: RunResult) -> Verdict:
         rtol=rtol, limit=1 << 62,
     )
     diff = dataclasses.replace(whole, mismatches=whole.mismatches[:DETAIL_LIMIT])
-    common = dict(diff=diff, observations=subject.observations, steps=subject.steps, counts=_counts(whole.mismatches))
+    common = {"diff": diff, "observations": subject.observations, "steps": subject.steps,
+              "counts": _counts(whole.mismatches)}
     if subject.error is not None:
         return Verdict(outcome=Outcome.ERROR, error=subject.error, **common)
     outcome = Outcome.DIVERGE if diff.total else Outcome.MATCH

@@ -27,10 +27,11 @@ from markupsafe import Markup
 
 from .files import write_atomic
 from .matrix import results_csv
-from .pages import IndexPage, ScenarioPage, index_page, run_anchors, scenario_page
+from .pages import IndexPage, index_page
 from .paths import page_names
 from .records import environment as current_environment
 from .records import results_document
+from .scenario_page import ScenarioPage, run_anchors, scenario_page
 from .text import printable
 from .views import CaseView
 

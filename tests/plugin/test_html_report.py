@@ -11,6 +11,7 @@ import pytest
 
 from harness.cli import main
 
+
 def test_a_run_stopped_early_says_its_report_is_incomplete(harness_pytester, add_scenario):
     add_scenario("tiny_wrong_window", replace={'verdict = "diverge"': 'verdict = "match"'})
     add_scenario("tiny_stale_error")

@@ -39,8 +39,11 @@ def hostile(view: CaseView, *, design: str | None = None) -> CaseView:
     if rec["graph"]:
         for f in rec["graph"]["findings"]:
             f["path"] = f["graph"] = f["captured"] = f["now"] = EVIL
+
+    def ren(r: str) -> str:
+        return EVIL_RID if r == rid else r
+
     for step in rec["steps"]:
-        ren = lambda r: EVIL_RID if r == rid else r  # noqa: E731
         step["tokens"] = [[ren(r), n] for r, n in step["tokens"]]
         step["evicted"] = [[ren(r), p] for r, p in step["evicted"]]
         step["finished"] = [ren(r) for r in step["finished"]]

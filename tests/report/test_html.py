@@ -13,14 +13,20 @@ from pathlib import Path
 
 import pytest
 
-from harness.report.html import json_for_script, render_index, render_scenario, write_report
-from harness.report.pages import index_page, run_anchors, scenario_page
+from harness.report.html import (
+    json_for_script,
+    render_index,
+    render_scenario,
+    write_report,
+)
+from harness.report.pages import index_page
 from harness.report.paths import page_names, safe_stem
 from harness.report.records import read_results
+from harness.report.scenario_page import run_anchors, scenario_page
 from harness.report.slots import first_divergence_sentence, slot_map
 from harness.report.views import CaseView, MismatchView
 
-from ._hostile import EVIL, EVIL_NAME, EVIL_RID, elements, hostile
+from ._hostile import EVIL, EVIL_RID, elements, hostile
 from ._samples import pick, with_expected
 
 PAD = "tiny_pad_tail[forward_batch-full-torch_native]"
@@ -172,7 +178,7 @@ def test_timeline_records_buckets_padding_evictions_and_finishes(sample_views):
 def test_rendering_is_a_pure_function_of_the_views(sample_views):
     anchors = run_anchors(sample_views)
     pages = {(v.scenario, v.path): f"scenarios/{v.scenario}.html" for v in sample_views}
-    make = lambda: render_index(index_page(sample_views, page_of=pages, anchors=anchors, environment=ENV))  # noqa: E731
+    make = lambda: render_index(index_page(sample_views, page_of=pages, anchors=anchors, environment=ENV))
     assert make() == make()
     group = [v for v in sample_views if v.scenario == "tiny_pad_tail"]
     one = render_scenario(scenario_page(group, index_href="../index.html", anchors=anchors))
@@ -240,7 +246,7 @@ def test_page_names_cannot_leave_the_report_folder(name, tmp_path):
 def test_distinct_scenarios_never_share_a_page():
     keys = [("a/b", "x.toml"), ("a_b", "y.toml"), ("A_B", "z.toml"), ("a_b", "w/y.toml")]
     names = page_names(keys)
-    assert len(set(n.lower() for n in names.values())) == len(keys)
+    assert len({n.lower() for n in names.values()}) == len(keys)
 
 
 def test_hostile_scenario_names_write_only_inside_the_report_folder(sample_views, tmp_path):
