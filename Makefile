@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_WORKERS ?= auto
 
-.PHONY: venv test test-gpu report bench clean
+.PHONY: venv test test-gpu report screenshots chromium bench clean
 
 venv: $(STAMP)
 
@@ -18,14 +18,33 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 	$(PY) -m pip install --quiet $(if $(CONSTRAINTS),-c $(CONSTRAINTS)) -e .
 	touch $(STAMP)
 
-test: $(STAMP)
+test: $(STAMP) chromium
 	$(PY) -m pytest -n $(PYTEST_WORKERS)
 
 test-gpu: $(STAMP)
 	$(PY) -m pytest -m gpu --harness-device=cuda
 
+# the HTML report, results.json and results.csv in reports/ (exits 1 when a verdict is unexpected; the report is
+# written all the same)
 report: $(STAMP)
 	$(PY) -m harness report
+
+# docs/report-index.png and docs/report-scenario.png for the README, from reports/ (written first if missing)
+screenshots: $(STAMP) chromium
+	test -f reports/index.html || $(PY) -m harness report || true
+	$(PY) -m harness.report.screenshots --report reports --out docs
+
+# The browser test opens the report in headless Chromium. Install it when it is missing and the machine
+# allows (Debian's package, as root); otherwise say so: the browser test then skips with that reason.
+chromium:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
+	command -v google-chrome >/dev/null 2>&1 || [ -n "$$CHROMIUM" ] || \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) || \
+		echo "could not install chromium: the browser test will skip"; \
+	else \
+		echo "chromium is not installed (apt-get install chromium, as root): the browser test will skip"; \
+	fi
 
 bench: $(STAMP)
 	$(PY) -m harness.bench

@@ -1,9 +1,10 @@
-"""Command line: ``python -m harness {run,list,report}`` (the benchmark is ``python -m harness.bench``)."""
+"""Command line: ``python -m harness {run,list,report,compare}`` (the benchmark is ``python -m harness.bench``)."""
 
 from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -14,7 +15,9 @@ import torch
 from .check.case import Case, cases
 from .check.run import limit_threads, run_cases
 from .report.build import case_view
+from .report.compare import run_compare
 from .report.files import unwritable
+from .report.html import now_label, write_report
 from .report.matrix import matrix_text
 from .report.records import write_results
 from .report.text import printable, progress_line, run_table, table, totals_line
@@ -125,7 +128,18 @@ def _finish(args: argparse.Namespace, views: list[CaseView], load_errors: list[S
     if args.json and (views or not complete):
         write_results(Path(args.json), views, complete=complete, duration_s=time.perf_counter() - start)
         print(f"JSON: {Path(args.json).resolve()}" + ("" if complete else " (incomplete)"))
+    if args.report_dir:
+        index = write_report(Path(args.report_dir), views, duration_s=time.perf_counter() - start,
+                             command=args.command_line, generated=now_label(),
+                             load_errors=[line for e in load_errors for line in e.problems],
+                             complete=complete)
+        print(f"KV report: {index.resolve().as_uri()}")
     return 0 if complete and all(v.ok for v in views) and not load_errors else 1
+
+
+def _cmd_compare(args: argparse.Namespace) -> int:
+    report_dir = Path(args.report_dir) if args.report_dir else None
+    return run_compare(Path(args.base), Path(args.head), report_dir=report_dir, out=sys.stdout, err=sys.stderr)
 
 
 def _cmd_list(args: argparse.Namespace) -> int:
@@ -164,6 +178,8 @@ def _add_matrix_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--jobs", type=_positive_int, default=os.cpu_count() or 1,
                    help="runs at a time, each in its own process (default: all cores)")
     p.add_argument("--json", metavar="FILE", help="write one JSON record per run")
+    p.add_argument("--report-dir", metavar="DIR",
+                   help="write the HTML report there: index.html, a page per scenario, results.json and .csv")
 
 
 def _positive_int(text: str) -> int:
@@ -195,9 +211,17 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run the scenario matrix and compare verdicts with expectations")
     _add_matrix_options(run)
     run.set_defaults(func=_cmd_run)
-    report = sub.add_parser("report", help="the main job: the whole matrix on the CPU default, results in reports/")
+    report = sub.add_parser("report", help="the main job: the whole matrix on the CPU default, HTML report in reports/")
     _add_matrix_options(report)
-    report.set_defaults(func=_cmd_run, json_default="reports/results.json")
+    report.set_defaults(func=_cmd_run, report_dir_default="reports")
+    compare = sub.add_parser("compare", help="what changed between two results.json files; exits 1 when a run "
+                             "changed for the worse (gave its expected verdict in BASE, not in HEAD; or is new and "
+                             "does not)")
+    compare.add_argument("base", metavar="BASE.json")
+    compare.add_argument("head", metavar="HEAD.json")
+    compare.add_argument("--report-dir", metavar="DIR",
+                         help="write compare.html there, beside HEAD's report pages")
+    compare.set_defaults(func=_cmd_compare)
     lst = sub.add_parser("list", help="list scenarios with tags, modes, designs and faults")
     lst.add_argument("paths", nargs="*")
     lst.set_defaults(func=_cmd_list)
@@ -207,8 +231,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     limit_threads()
-    if getattr(args, "json_default", None) and not args.json:
-        args.json = args.json_default
+    if getattr(args, "report_dir_default", None) and not args.report_dir:
+        args.report_dir = args.report_dir_default
+    args.command_line = shlex.join(["python", "-m", "harness", *(sys.argv[1:] if argv is None else argv)])
     return args.func(args)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="each scenario run's time limit (default: the scenario's run.timeout_s)")
     group.addoption("--harness-json", metavar="FILE", default=None,
                     help="write one JSON record per scenario run (every xdist worker's) to FILE")
+    group.addoption("--harness-report", metavar="DIR", default=None,
+                    help="write the HTML report (index.html, a page per scenario, results.json/.csv) to DIR")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -31,7 +34,10 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "slow: takes more than a few seconds")
     if not hasattr(config, "workerinput"):  # the xdist controller, or a plain run: where results gather
         json_path = config.getoption("harness_json", None)
-        hooks = _ReportHooks(ReportSession(json_path=Path(json_path) if json_path else None))
+        report_dir = config.getoption("harness_report", None)
+        hooks = _ReportHooks(ReportSession(json_path=Path(json_path) if json_path else None,
+                                           report_dir=Path(report_dir) if report_dir else None,
+                                           command=shlex.join(["pytest", *config.invocation_params.args])))
         config.pluginmanager.register(hooks, "harness-report-session")
 
 
@@ -64,8 +70,10 @@ class _ReportHooks:
             if name == RECORD_PROPERTY:
                 self.session.add_record(json.loads(value))
 
-    def pytest_sessionfinish(self) -> None:
-        self.session.finish()
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        # interrupted (Ctrl-C) or stopped early (-x, --maxfail): the results are not the whole selection
+        stopped = exitstatus == pytest.ExitCode.INTERRUPTED or session.shouldfail or session.shouldstop
+        self.session.finish(complete=not stopped)
 
     def pytest_terminal_summary(self, terminalreporter) -> None:
         lines = self.session.summary_lines()
@@ -76,3 +84,5 @@ class _ReportHooks:
             terminalreporter.write_line(line)
         if self.session.json_path is not None:
             terminalreporter.write_line(f"KV results: {self.session.json_path.resolve()}")
+        if self.session.report_line():
+            terminalreporter.write_line(self.session.report_line())

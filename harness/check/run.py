@@ -3,7 +3,7 @@ and one case: its subject run judged against its scenario's (cached) reference r
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -15,6 +15,7 @@ from ..graphs.registry import get_engine
 from ..runners.base import Runner, RunnerContext
 from ..runners.decode_graph import DecodeGraphRunner
 from ..runners.eager import EagerRunner
+from ..runners.observations import ForwardPath, ForwardRecord
 from ..runners.piecewise import PiecewisePrefillRunner
 from ..runspec import Mode, Outcome, RunSpec
 from ..scenario.spec import ScenarioSpec
@@ -22,10 +23,11 @@ from ..serving.allocator import SWATokenToKVPoolAllocator
 from ..serving.designs import resolve_design
 from ..serving.model import SyntheticModel
 from ..serving.pool import HybridSWAKVPool, ReqToTokenPool
-from ..serving.scheduler import Scheduler
+from ..serving.scheduler import ScheduledStep, Scheduler, StepEnd
 from ..serving.speculative import SpeculativeWorker
+from ..serving.timeline import LiveToken, TokenKey
 from .case import Case, CaseResult
-from .result import RunError, RunResult
+from .result import RunError, RunResult, StepRecord
 from .snapshot import KVSnapshot, take_snapshot
 from .verdict import Verdict, judge
 from .workers import WorkerDied, run_isolated, run_one_isolated
@@ -106,25 +108,68 @@ def make_runner(spec: RunSpec, ctx: RunnerContext, mode: Mode) -> Runner:
 def execute(spec: RunSpec) -> RunResult:
     """Run the timeline; an exception ends the run and is returned, never raised."""
     snapshots: list[KVSnapshot] = []
+    steps: list[StepRecord] = []
     step_index: int | None = None
     session: Session | None = None
+    running: tuple[ScheduledStep, int] | None = None
     try:
         session = build_session(spec)
         while (step := session.scheduler.next_step()) is not None:
             step_index = step.index
+            running = (step, _forwards_so_far(session))
             hidden = session.run_batch(step.batch)
-            snapshots.append(take_snapshot(session.pool, step, session.scheduler.live_tokens(), hidden))
-            session.scheduler.finish_step()
+            live = session.scheduler.live_tokens()
+            snapshots.append(take_snapshot(session.pool, step, live, hidden))
+            end = session.scheduler.finish_step()
+            steps.append(_step_record(step, live, _forwards(session, running[1], hidden), end))
+            running = None
     except KeyboardInterrupt:
         raise
     except BaseException as exc:  # noqa: BLE001 - any failure of the subject (sys.exit too) is a verdict
+        if session is not None and running is not None:
+            steps.extend(_failed_step_record(session, *running))
         return RunResult(
             spec=spec,
             snapshots=tuple(snapshots),
             error=RunError(type=type(exc).__name__, message=str(exc), step=step_index),
             observations=_observations(session),
+            steps=tuple(steps),
         )
-    return RunResult(spec=spec, snapshots=tuple(snapshots), observations=_observations(session))
+    return RunResult(spec=spec, snapshots=tuple(snapshots), observations=_observations(session), steps=tuple(steps))
+
+
+def _forwards_so_far(session: Session) -> int:
+    runner = session.runner
+    return len(runner.log.forwards) if isinstance(runner, (DecodeGraphRunner, PiecewisePrefillRunner)) else 0
+
+
+def _forwards(session: Session, mark: int, hidden: list[torch.Tensor] | None) -> tuple[ForwardRecord, ...]:
+    """How the step's forwards ran: the graph runner's log from ``mark`` on; every forward of an eager run."""
+    runner = session.runner
+    if isinstance(runner, (DecodeGraphRunner, PiecewisePrefillRunner)):
+        return tuple(runner.log.forwards[mark:])
+    return tuple(ForwardRecord(path=ForwardPath.EAGER, rows=int(h.shape[0])) for h in hidden or ())
+
+
+def _step_record(step: ScheduledStep, live: list[LiveToken], forwards: tuple[ForwardRecord, ...],
+                 end: StepEnd | None) -> StepRecord:
+    owners = [key for forward in step.forwards for key in forward]
+    tokens = Counter(key.rid for key in owners)  # insertion order: batch order
+    written = set(owners)
+    return StepRecord(
+        index=step.index, kind=step.kind, batch_size=step.batch.batch_size, tokens=tuple(tokens.items()),
+        forwards=forwards, written=tuple(t for t in live if TokenKey(t.rid, t.pos) in written),
+        evicted=end.evicted if end else (), finished=end.finished if end else (), aborted=step.aborted,
+    )
+
+
+def _failed_step_record(session: Session, step: ScheduledStep, mark: int) -> list[StepRecord]:
+    """The step that raised: what was batched and the forwards that ran before the exception (none when the
+    scheduler's state is too broken to say)."""
+    try:
+        return [_step_record(step, session.scheduler.live_tokens(), _forwards(session, mark, None), None)]
+    except Exception:  # noqa: BLE001 - the timeline of a failed run is best effort; the error is the verdict
+        return []
 
 
 def _observations(session: Session | None):

@@ -3,13 +3,31 @@ layer words it."""
 
 from __future__ import annotations
 
+import dataclasses
+from collections import Counter
 from dataclasses import dataclass
 
 from ..runners.observations import GraphObservations
 from ..runspec import Outcome
 from .diff import DiffResult, KVMismatch, diff_runs
 from .oracle import tolerance
-from .result import RunError, RunResult
+from .result import RunError, RunResult, StepRecord
+
+DETAIL_LIMIT = 200
+"""mismatches a verdict keeps in full (in step order); ``counts`` covers all of them"""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MismatchCount:
+    """Mismatched slots in one (step, pool, layer): a cell of the report's heatmap."""
+
+    step: int
+    pool: str
+    """"full", "swa" or "hidden\""""
+    layer: int | None
+    """None for hidden states"""
+    count: int
+    """slots (hidden-state rows for "hidden") that differed"""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -19,6 +37,10 @@ class Verdict:
     """None only when the reference itself could not run"""
     error: RunError | None
     observations: GraphObservations | None = None
+    steps: tuple[StepRecord, ...] = ()
+    """the subject run's timeline"""
+    counts: tuple[MismatchCount, ...] = ()
+    """mismatches per (step, pool, layer) over the whole run, beyond the ``DETAIL_LIMIT`` the diff keeps"""
 
     @property
     def first(self) -> KVMismatch | None:
@@ -34,14 +56,26 @@ def judge(subject: RunResult, reference: RunResult) -> Verdict:
             diff=None,
             error=RunError(type=err.type, message=f"reference run failed: {err.message}", step=err.step),
             observations=subject.observations,
+            steps=subject.steps,
         )
     spec = subject.spec
     exact = spec.device == "cpu" and spec.backend == reference.spec.backend
     atol, rtol = (0.0, 0.0) if exact else tolerance(spec.model.dtype, spec.pool.kv_dtype)
-    diff = diff_runs(
-        subject.snapshots, reference.snapshots, layer_is_swa=spec.model.layer_is_swa, exact=exact, atol=atol, rtol=rtol
+    # Every mismatch is classified whatever the limit; keeping them all for a moment costs memory only, and
+    # gives the report counts over the whole run. The diff itself keeps the first DETAIL_LIMIT, as before.
+    whole = diff_runs(
+        subject.snapshots, reference.snapshots, layer_is_swa=spec.model.layer_is_swa, exact=exact, atol=atol,
+        rtol=rtol, limit=1 << 62,
     )
+    diff = dataclasses.replace(whole, mismatches=whole.mismatches[:DETAIL_LIMIT])
+    common = {"diff": diff, "observations": subject.observations, "steps": subject.steps,
+              "counts": _counts(whole.mismatches)}
     if subject.error is not None:
-        return Verdict(outcome=Outcome.ERROR, diff=diff, error=subject.error, observations=subject.observations)
+        return Verdict(outcome=Outcome.ERROR, error=subject.error, **common)
     outcome = Outcome.DIVERGE if diff.total else Outcome.MATCH
-    return Verdict(outcome=outcome, diff=diff, error=None, observations=subject.observations)
+    return Verdict(outcome=outcome, error=None, **common)
+
+
+def _counts(mismatches: tuple[KVMismatch, ...]) -> tuple[MismatchCount, ...]:
+    cells = Counter((m.step, m.pool, m.layer) for m in mismatches)
+    return tuple(MismatchCount(step=step, pool=pool, layer=layer, count=n) for (step, pool, layer), n in cells.items())

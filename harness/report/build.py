@@ -2,13 +2,28 @@
 
 from __future__ import annotations
 
+import re
 import shlex
 from pathlib import Path
 
 from ..check.case import Case, CaseResult
 from ..check.diff import KVMismatch
+from ..check.result import StepRecord
+from ..check.verdict import MismatchCount
 from ..runners.observations import GraphObservations
-from .views import CaseView, ErrorView, FindingView, GraphView, MismatchView
+from ..scenario.spec import ScenarioSpec
+from .views import (
+    CaseView,
+    ErrorView,
+    FindingView,
+    ForwardView,
+    GraphView,
+    HeatView,
+    MismatchView,
+    SetupView,
+    StepView,
+    TokenSlotsView,
+)
 
 
 def case_view(result: CaseResult | None, *, case: Case | None = None, duration_s: float = 0.0) -> CaseView:
@@ -33,7 +48,34 @@ def case_view(result: CaseResult | None, *, case: Case | None = None, duration_s
         error=ErrorView(type=error.type, message=error.message, step=error.step) if error else None,
         graph=_graph(verdict.observations) if verdict is not None else None,
         reproduce_pytest=pytest_cmd, reproduce_cli=cli_cmd, duration_s=round(duration_s, 3),
+        setup=setup_view(scenario), steps=tuple(_step(s) for s in verdict.steps) if verdict is not None else (),
+        heat=tuple(_heat(c) for c in verdict.counts) if verdict is not None else (),
     )
+
+
+def setup_view(scenario: ScenarioSpec) -> SetupView:
+    model, pool, timeline, graphs = scenario.model, scenario.pool, scenario.timeline, scenario.graphs
+    return SetupView(
+        model=model.name, layers=tuple(model.layer_pattern), window=model.window, full_size=pool.full_size,
+        swa_size=pool.swa_size, kv_dtype=pool.kv_dtype, model_seed=model.seed, timeline_seed=timeline.seed,
+        decode_buckets=tuple(graphs.decode_buckets), prefill_buckets=tuple(graphs.prefill_buckets),
+        chunk_size=timeline.chunk_size, draft_steps=timeline.draft_steps,
+    )
+
+
+def _step(s: StepRecord) -> StepView:
+    return StepView(
+        index=s.index, kind=s.kind, batch_size=s.batch_size, tokens=s.tokens,
+        forwards=tuple(ForwardView(path=str(f.path), rows=f.rows, bucket=f.bucket, captured=f.captured)
+                       for f in s.forwards),
+        written=tuple(TokenSlotsView(rid=t.rid, pos=t.pos, full_slot=t.full_slot, swa_slot=t.swa_slot)
+                      for t in s.written),
+        evicted=tuple((k.rid, k.pos) for k in s.evicted), finished=s.finished, aborted=s.aborted,
+    )
+
+
+def _heat(c: MismatchCount) -> HeatView:
+    return HeatView(step=c.step, pool=c.pool, layer=c.layer, count=c.count)
 
 
 def reproduce(case: Case) -> tuple[str, str]:
@@ -45,9 +87,19 @@ def reproduce(case: Case) -> tuple[str, str]:
     return pytest_cmd, cli_cmd
 
 
+# KVMismatch names the token an overwritten slot holds, and the slot a misplaced row went to, only inside its
+# ``detail`` sentence (check/diff.py words them "holds the K/V of rid@pos" and "expected row found in slot N").
+# Until the diff carries them as fields, they are read back here, the one place that knows that wording.
+_HOLDER = re.compile(r"holds the K/V of (.+@-?\d+)\Z", re.DOTALL)
+_FOUND_IN = re.compile(r"expected row found in slot (\d+)\Z")
+
+
 def _mismatch(m: KVMismatch) -> MismatchView:
+    holder = _HOLDER.match(m.detail) if m.classification == "overwritten" else None
+    found = _FOUND_IN.match(m.detail) if m.classification == "misplaced" else None
     return MismatchView(step=m.step, pool=m.pool, layer=m.layer, slot=m.slot, owner=f"{m.rid}@{m.pos}", what=m.what,
-                        classification=m.classification, detail=m.detail)
+                        classification=m.classification, detail=m.detail, holder=holder.group(1) if holder else None,
+                        found_in=int(found.group(1)) if found else None)
 
 
 def _graph(obs: GraphObservations | None) -> GraphView | None:

@@ -2,7 +2,9 @@
 
 The terminal failure block, the run table, the verdict matrix, the JSON records and CSV (and the HTML
 pages) are renderers of these. A ``CaseView`` round-trips through its JSON record, which is how results
-cross from pytest-xdist workers to the controller without loss.
+cross from pytest-xdist workers to the controller without loss. Fields added after version 1 of the
+record (``setup``, ``steps``, ``heat``, a mismatch's ``holder`` and ``found_in``) have defaults, so a
+results file written before them still reads.
 """
 
 from __future__ import annotations
@@ -27,6 +29,10 @@ class MismatchView:
     what: str
     classification: str
     detail: str
+    holder: str | None = None
+    """``rid@pos`` whose K/V an ``overwritten`` slot holds, when the diff could name it"""
+    found_in: int | None = None
+    """for ``misplaced``: the slot of the same layer that holds the expected row"""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -56,6 +62,72 @@ class GraphView:
     padded_replays: int
     eager_fallbacks: int
     findings: tuple[FindingView, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SetupView:
+    """What a scenario's run is made of, for the report's settings and pictures."""
+
+    model: str
+    """the model preset's name"""
+    layers: tuple[str, ...]
+    """per layer: "swa" or "full\""""
+    window: int
+    full_size: int
+    """slots in the full pool, the dummy slot 0 included"""
+    swa_size: int
+    kv_dtype: str
+    model_seed: int
+    timeline_seed: int
+    decode_buckets: tuple[int, ...]
+    prefill_buckets: tuple[int, ...]
+    chunk_size: int | None
+    draft_steps: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ForwardView:
+    path: str
+    """"eager", "fallback" (no bucket fits) or "replay\""""
+    rows: int
+    bucket: int | None
+    captured: bool
+    """replayed right after an on-demand capture"""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TokenSlotsView:
+    rid: str
+    pos: int
+    full_slot: int
+    swa_slot: int
+    """0 once evicted (the dummy slot)"""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepView:
+    index: int
+    kind: str
+    """"extend", "decode" or "draft\""""
+    batch_size: int
+    tokens: tuple[tuple[str, int], ...]
+    """(rid, tokens written this step), batch order"""
+    forwards: tuple[ForwardView, ...]
+    written: tuple[TokenSlotsView, ...]
+    """the slots of the tokens the step wrote; ``[rid, pos, full_slot, swa_slot]`` in the JSON record"""
+    evicted: tuple[tuple[str, int], ...]
+    """(rid, pos) of tokens whose SWA slots were freed after the step"""
+    finished: tuple[str, ...]
+    aborted: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HeatView:
+    step: int
+    pool: str
+    layer: int | None
+    count: int
+    """mismatched slots (hidden rows) in this (step, pool, layer), over the whole run"""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -91,6 +163,11 @@ class CaseView:
     """a shell command line, quoted"""
     reproduce_cli: str
     duration_s: float
+    setup: SetupView | None = None
+    steps: tuple[StepView, ...] = ()
+    """the run's timeline; empty for skipped cases"""
+    heat: tuple[HeatView, ...] = ()
+    """mismatch counts per (step, pool, layer) over the whole run (``details`` stops at the diff's limit)"""
 
     @property
     def ok(self) -> bool:
@@ -106,11 +183,15 @@ class CaseView:
         record["version"] = RECORD_VERSION
         record["ok"] = self.ok
         record["first_divergent_step"] = self.first.step if self.first else None
+        for step in record["steps"]:
+            # every token of a run appears once here: [rid, pos, full_slot, swa_slot] keeps results.json small
+            step["written"] = [[t["rid"], t["pos"], t["full_slot"], t["swa_slot"]] for t in step["written"]]
         return record
 
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> CaseView:
-        data = {f.name: record[f.name] for f in dataclasses.fields(cls)}
+        data = {f.name: record[f.name] for f in dataclasses.fields(cls)
+                if f.name in record or f.default is dataclasses.MISSING}
         data["tags"] = tuple(data["tags"])
         data["faults"] = tuple(data["faults"])
         data["classes"] = tuple((str(k), int(n)) for k, n in data["classes"])
@@ -121,7 +202,26 @@ class CaseView:
             g = dict(data["graph"])
             g["findings"] = tuple(FindingView(**{**f, "shape": tuple(f["shape"])}) for f in g["findings"])
             data["graph"] = GraphView(**g)
+        if data.get("setup"):
+            setup = dict(data["setup"])
+            for key in ("layers", "decode_buckets", "prefill_buckets"):
+                setup[key] = tuple(setup[key])
+            data["setup"] = SetupView(**setup)
+        data["steps"] = tuple(_step(s) for s in data.get("steps") or ())
+        data["heat"] = tuple(HeatView(**h) for h in data.get("heat") or ())
         return cls(**data)
+
+
+def _step(record: dict[str, Any]) -> StepView:
+    return StepView(
+        index=record["index"], kind=record["kind"], batch_size=record["batch_size"],
+        tokens=tuple((str(rid), int(n)) for rid, n in record["tokens"]),
+        forwards=tuple(ForwardView(**f) for f in record["forwards"]),
+        written=tuple(TokenSlotsView(rid=str(rid), pos=int(pos), full_slot=int(full), swa_slot=int(swa))
+                      for rid, pos, full, swa in record["written"]),
+        evicted=tuple((str(rid), int(pos)) for rid, pos in record["evicted"]),
+        finished=tuple(record["finished"]), aborted=tuple(record["aborted"]),
+    )
 
 
 def _mismatch(record: dict[str, Any] | None) -> MismatchView | None:

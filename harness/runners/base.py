@@ -17,7 +17,7 @@ from ..serving.batch import ForwardBatch
 from ..serving.faults import Component, faults_acting_on
 from ..serving.model import SyntheticModel
 from ..serving.pool import HybridSWAKVPool, ReqToTokenPool
-from .observations import AuditFinding, FindingKind, GraphObservations
+from .observations import AuditFinding, FindingKind, ForwardPath, ForwardRecord, GraphObservations
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -37,7 +37,8 @@ class Runner(Protocol):
 
 
 class GraphLog:
-    """Counts captures and replays, and keeps the input audit's findings as data."""
+    """Counts captures and replays, keeps the input audit's findings as data, and records how each forward
+    ran (``forwards``, in order: a run's timeline reads them per step)."""
 
     def __init__(self) -> None:
         self._unregistered: list[AuditFinding] = []
@@ -47,6 +48,11 @@ class GraphLog:
         self.replays = 0
         self.padded_replays = 0
         self.eager_fallbacks = 0
+        self.forwards: list[ForwardRecord] = []
+
+    def ran_eagerly(self, rows: int, *, fallback: bool) -> None:
+        self.eager_fallbacks += fallback
+        self.forwards.append(ForwardRecord(path=ForwardPath.FALLBACK if fallback else ForwardPath.EAGER, rows=rows))
 
     def captured(self, graph: CapturedGraph) -> None:
         self.captures += 1
@@ -54,9 +60,11 @@ class GraphLog:
             self._unregistered.append(AuditFinding(kind=FindingKind.UNREGISTERED, graph=graph.label, path=item.path,
                                                    dtype=item.dtype, shape=item.shape))
 
-    def replayed(self, graph: CapturedGraph, stale: tuple[StaleInput, ...], *, padded: bool) -> None:
+    def replayed(self, graph: CapturedGraph, stale: tuple[StaleInput, ...], *, bucket: int, rows: int,
+                 captured: bool = False) -> None:
         self.replays += 1
-        self.padded_replays += padded
+        self.padded_replays += bucket > rows
+        self.forwards.append(ForwardRecord(path=ForwardPath.REPLAY, rows=rows, bucket=bucket, captured=captured))
         if not stale:
             return
         inputs = {i.path: i for i in graph.audit.inputs if i.path}
@@ -127,6 +135,12 @@ class GraphRunner:
         self.outputs[bucket] = output  # the tensor of the captured run; every replay writes into it
         self.log.captured(graph)
 
-    def _replay(self, bucket: int, real: int) -> torch.Tensor:
-        self.log.replayed(self.graphs[bucket], self.graphs[bucket].replay(), padded=bucket > real)
+    def _replay(self, bucket: int, real: int, *, captured: bool = False) -> torch.Tensor:
+        self.log.replayed(self.graphs[bucket], self.graphs[bucket].replay(), bucket=bucket, rows=real,
+                          captured=captured)
         return self.outputs[bucket][:real].clone()
+
+    def _run_eagerly(self, batch: ForwardBatch, rows: int, *, fallback: bool) -> torch.Tensor:
+        """An eager forward: a batch kind this runner has no graphs for, or (``fallback``) no bucket fits."""
+        self.log.ran_eagerly(rows, fallback=fallback)
+        return self.eager.forward(batch)

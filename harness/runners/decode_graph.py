@@ -126,12 +126,12 @@ class DecodeGraphRunner(GraphRunner):
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         bs = batch.batch_size
         if not batch.forward_mode.is_decode_like:
-            return self.eager.forward(batch)
+            return self._run_eagerly(batch, batch.num_tokens, fallback=False)
         bucket = self.bucket_for(bs)
         if bucket is None:
-            self.log.eager_fallbacks += 1
-            return self.eager.forward(batch)  # no bucket fits: a real engine runs it eagerly
-        if bucket not in self.graphs:
+            return self._run_eagerly(batch, bs, fallback=True)  # no bucket fits: a real engine runs it eagerly
+        captured = bucket not in self.graphs
+        if captured:
             self._capture(bucket)
         self._fill(batch, bucket)
         self.pool.invalidate_translate_cache()
@@ -139,7 +139,7 @@ class DecodeGraphRunner(GraphRunner):
             bucket, bs, self.req_pool_indices[:bucket], self.seq_lens[:bucket], self.out_cache_loc[:bucket],
             batch.forward_mode,
         )
-        return self._replay(bucket, bs)
+        return self._replay(bucket, bs, captured=captured)
 
     def _fill(self, batch: ForwardBatch, bucket: int) -> None:
         pad_seq_len = 0 if "pad_seq_len_zero" in self.faults else 1

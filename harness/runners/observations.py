@@ -38,6 +38,30 @@ class AuditFinding:
     """what the attribute held at the first stale replay"""
 
 
+class ForwardPath(enum.StrEnum):
+    """How one forward reached the model."""
+
+    EAGER = "eager"
+    """the runner has no graph for this kind of batch (an eager run, or an extend batch under decode graphs)"""
+    FALLBACK = "fallback"
+    """the runner has graphs for this kind of batch, but no bucket holds it: run eagerly"""
+    REPLAY = "replay"
+    """a captured graph replayed, padded when ``rows`` is below ``bucket``"""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ForwardRecord:
+    """One forward of a step, as the runner ran it (a draft step runs several)."""
+
+    path: ForwardPath
+    rows: int
+    """real rows: requests for a decode graph, tokens for a prefill graph or an eager forward"""
+    bucket: int | None = None
+    """the replayed graph's bucket, in the same unit as ``rows``; None when not replayed"""
+    captured: bool = False
+    """the graph was captured for this forward (on-demand capture) rather than at startup"""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class GraphObservations:
     captures: int = 0

@@ -119,12 +119,11 @@ class PiecewisePrefillRunner(GraphRunner):
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         if batch.forward_mode is not ForwardMode.EXTEND:
-            return self.eager.forward(batch)
+            return self._run_eagerly(batch, batch.num_tokens, fallback=False)
         n = batch.num_tokens
         bucket = self.bucket_for(n)
         if bucket is None:
-            self.log.eager_fallbacks += 1
-            return self.eager.forward(batch)
+            return self._run_eagerly(batch, n, fallback=True)
         swa = batch.out_cache_loc_swa
         if swa is None:
             swa = self.pool.translate_loc_from_full_to_swa(batch.out_cache_loc)

@@ -28,10 +28,22 @@ class ScheduledStep:
     batch: ForwardBatch
     forwards: tuple[tuple[TokenKey, ...], ...]
     """owner of each token row, per forward (a draft step runs several forwards)"""
+    aborted: tuple[str, ...] = ()
+    """requests aborted (both pools freed) before this step's batch was built"""
 
     @property
     def kind(self) -> str:
         return self.batch.forward_mode.value
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StepEnd:
+    """What ``finish_step`` freed after a step's forward."""
+
+    finished: tuple[str, ...] = ()
+    """requests that wrote their last token: both pools freed"""
+    evicted: tuple[TokenKey, ...] = ()
+    """tokens of live requests that left the window: their SWA slots freed"""
 
 
 @dataclass(slots=True)
@@ -89,6 +101,7 @@ class Scheduler:
         self._waiting: list[_Req] = []
         self._running: list[_Req] = []
         self._step = 0
+        self._aborted: list[str] = []
 
     @property
     def step_index(self) -> int:
@@ -102,6 +115,7 @@ class Scheduler:
                 self._waiting.append(self._pending.pop(0))
             step = self._build()
             if step is not None:
+                step.aborted, self._aborted = tuple(self._aborted), []
                 return step
             if not self._pending:
                 return None
@@ -124,24 +138,30 @@ class Scheduler:
                 )
         return out
 
-    def finish_step(self) -> None:
+    def finish_step(self) -> StepEnd:
         """Free finished requests and evict tokens that left the window, then advance the clock."""
+        finished: list[str] = []
+        evicted: list[TokenKey] = []
         for req in list(self._running):
             if req.seq_len >= req.total_len and not req.prefilling:
                 self._free(req)
+                finished.append(req.spec.rid)
             else:
                 # The next query sits at position seq_len and sees seq_len-W+1 .. seq_len.
                 evict_to = max(req.swa_evicted, req.seq_len - self.window + 1)
                 if evict_to > req.swa_evicted:
                     self.allocator.free_swa(torch.tensor(req.slots[req.swa_evicted : evict_to], dtype=torch.int64))
+                    evicted.extend(TokenKey(req.spec.rid, p) for p in range(req.swa_evicted, evict_to))
                     req.swa_evicted = evict_to
         self._step += 1
+        return StepEnd(finished=tuple(finished), evicted=tuple(evicted))
 
     # ---- internals -------------------------------------------------------------------------------------
     def _apply_aborts(self) -> None:
         for req in list(self._running):
             if req.spec.abort is not None and req.spec.abort <= self._step:
                 self._free(req)
+                self._aborted.append(req.spec.rid)
         self._waiting = [r for r in self._waiting if r.spec.abort is None or r.spec.abort > self._step]
 
     def _free(self, req: _Req) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -22,7 +23,8 @@ def test_xdist_workers_results_merge_into_one_json_without_loss(harness_pytester
         add_scenario(name)
     shutil.copy(SAMPLES / "misbehaving_designs.py", harness_pytester.path)
     serial = harness_pytester.runpytest_inprocess("-q", "--harness-json", "serial.json")
-    parallel = harness_pytester.runpytest_subprocess("-q", "-n", "2", "--harness-json", "parallel.json")
+    parallel = harness_pytester.runpytest_subprocess("-q", "-n", "2", "--harness-json", "parallel.json",
+                                                     "--harness-report", "rep")
     assert serial.ret == parallel.ret == 0
     one = json.loads((harness_pytester.path / "serial.json").read_text())
     two = json.loads((harness_pytester.path / "parallel.json").read_text())
@@ -33,7 +35,17 @@ def test_xdist_workers_results_merge_into_one_json_without_loss(harness_pytester
     strip = lambda doc: [{k: v for k, v in r.items() if k != "duration_s"} for r in doc["records"]]  # noqa: E731
     assert strip(one) == strip(two)
     assert one["complete"] is True and one["version"] == 1
-    parallel.stdout.fnmatch_lines(["*SWA harness verdicts*", "*15 as expected, 0 unexpected*", "KV results: *parallel.json"])
+    parallel.stdout.fnmatch_lines(["*SWA harness verdicts*", "*15 as expected, 0 unexpected*", "KV results: *parallel.json",
+                                   f"KV report: {(harness_pytester.path / 'rep' / 'index.html').resolve().as_uri()}"])
+    # the HTML report is written once, by the controller, from the same merged views
+    rep = harness_pytester.path / "rep"
+    assert strip(json.loads((rep / "results.json").read_text())) == strip(two)
+    assert sorted(p.name for p in (rep / "scenarios").iterdir()) == [
+        "tiny_match.html", "tiny_misbehaving.html", "tiny_stale_error.html", "tiny_wrong_window.html"]
+    index = (rep / "index.html").read_text()
+    assert index.count("<tr data-run ") == 15
+    data = json.loads(re.search(r'<script type="application/json" id="report-data">(.*?)</script>', index).group(1))
+    assert [r["name"] for r in data["runs"]] == _names(two)
 
 
 def test_a_failing_item_still_reaches_the_session(harness_pytester, add_scenario):

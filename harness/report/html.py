@@ -1,0 +1,140 @@
+"""The HTML renderer: page view models (``pages.py``) through Jinja2 templates into self-contained files.
+
+Each page carries its stylesheet and script inline and its pictures as inline SVG, so a report attached
+to a code review opens anywhere and requests nothing. A Content-Security-Policy in every page forbids
+any fetch, and lets only the page's own script run (by hash): were an escaping bug ever to let markup
+from a scenario file through, it still could not execute.
+
+Every string reaching a page passes through autoescaping, after ``printable`` has made control
+characters visible; data embedded for the page's script is JSON with ``<``, ``>``, ``&`` and the line
+separators escaped, so no string can close the ``<script>`` element that holds it.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import jinja2
+from markupsafe import Markup
+
+from .files import write_atomic
+from .matrix import results_csv
+from .pages import IndexPage, index_page
+from .paths import page_names
+from .records import environment as current_environment
+from .records import results_document
+from .scenario_page import ScenarioPage, run_anchors, scenario_page
+from .text import printable
+from .views import CaseView
+
+SCENARIO_DIR = "scenarios"
+"""scenario pages live in this subfolder of the report folder"""
+
+
+def json_for_script(value: Any) -> Markup:
+    """``value`` as JSON that is safe inside ``<script>``: nothing in it can end the element or the line."""
+    text = json.dumps(value, ensure_ascii=True, separators=(",", ":"))
+    for raw, escaped in (("&", "\\u0026"), ("<", "\\u003c"), (">", "\\u003e")):
+        text = text.replace(raw, escaped)
+    # ensure_ascii already wrote U+2028/U+2029 as escapes; said here so that changing it breaks a test, not a page
+    return Markup(text.replace("\u2028", "\\u2028").replace("\u2029", "\\u2029"))
+
+
+def _finalize(value: Any) -> Any:
+    # every {{ }} passes here before autoescaping: strings from files and exceptions show their control
+    # characters instead of carrying them into the page
+    if value is None:
+        return ""
+    if isinstance(value, Markup) or not isinstance(value, str):
+        return value
+    return printable(value, keep_newlines=True)
+
+
+def _asset(name: str) -> str:
+    return (resources.files(__package__) / "static" / name).read_text(encoding="utf-8")
+
+
+@lru_cache(maxsize=1)
+def _environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader(__package__, "templates"),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+        finalize=_finalize,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    script = _asset("report.js")
+    env.globals.update(
+        css=Markup(_asset("report.css")),
+        script=Markup(script),
+        script_hash="'sha256-" + base64.b64encode(hashlib.sha256(script.encode("utf-8")).digest()).decode() + "'",
+    )
+    env.filters["json_script"] = json_for_script
+    return env
+
+
+def render(template: str, **context: Any) -> str:
+    return _environment().get_template(template).render(**context)
+
+
+def render_index(page: IndexPage) -> str:
+    return render("index.html.j2", page=page)
+
+
+def render_scenario(page: ScenarioPage) -> str:
+    return render("scenario.html.j2", page=page)
+
+
+def now_label() -> str:
+    return dt.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
+
+
+def report_pages(views: Sequence[CaseView]) -> tuple[dict[tuple[str, str], str], dict[str, str]]:
+    """(scenario key -> page path relative to the report folder, run name -> anchor)."""
+    names = page_names((v.scenario, v.path) for v in views)
+    return {key: f"{SCENARIO_DIR}/{name}" for key, name in names.items()}, run_anchors(views)
+
+
+def write_report(
+    directory: Path,
+    views: Sequence[CaseView],
+    *,
+    environment: Mapping[str, str] | None = None,
+    duration_s: float | None = None,
+    complete: bool = True,
+    command: str | None = None,
+    generated: str | None = None,
+    compare_href: str | None = None,
+    load_errors: Sequence[str] = (),
+    document: dict[str, Any] | None = None,
+) -> Path:
+    """Write ``index.html``, one page per scenario under ``scenarios/``, ``results.json`` and ``results.csv``
+    into ``directory``; the index's path. ``document``: a results document to write as it is (a report
+    rendered from a results file keeps that file's environment), else one is made from ``views``."""
+    directory = Path(directory)
+    env = dict(environment if environment is not None else current_environment())
+    pages, anchors = report_pages(views)
+    groups: dict[tuple[str, str], list[CaseView]] = {}
+    for v in views:
+        groups.setdefault((v.scenario, v.path), []).append(v)
+    for key, group in groups.items():
+        page = scenario_page(group, index_href="../index.html", anchors=anchors)
+        write_atomic(directory / pages[key], render_scenario(page))
+    doc = document if document is not None else results_document(views, complete=complete, duration_s=duration_s)
+    write_atomic(directory / "results.json", json.dumps(doc, indent=1) + "\n")
+    write_atomic(directory / "results.csv", results_csv(views))
+    index = index_page(views, page_of=pages, anchors=anchors, environment=env, duration_s=duration_s,
+                       complete=complete, command=command, generated=generated, compare_href=compare_href,
+                       load_errors=load_errors)
+    path = directory / "index.html"
+    write_atomic(path, render_index(index))  # last: the index links to pages that exist by now
+    return path

@@ -1,0 +1,275 @@
+"""View models of the HTML pages, built from case views: what every page shares (a run's row, its family
+and status) and the index; a scenario's page is in ``scenario_page``.
+
+Everything a template shows is decided in these models (order, grouping, sentences, figures), so templates
+only lay it out and rendering stays a pure function of them.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from ..runspec import Mode
+from .slots import first_divergence_sentence
+from .views import CaseView
+
+VERDICTS = ("match", "diverge", "error", "skipped")
+MODE_ORDER = tuple(Mode)
+DESIGN_ORDER: tuple[str, ...] = ()
+"""none: designs keep the order the matrix planned them in (the scenario's, by default the registry's)"""
+"""the built-in designs in the README's order; a third-party design follows them"""
+
+
+def family(name: str) -> str:
+    """The scenario's family, its name prefix: ``swa_decode_pad_tail`` -> ``swa_decode_``."""
+    parts = name.split("_")
+    return "_".join(parts[:2]) + "_" if len(parts) > 2 else parts[0] + ("_" if len(parts) > 1 else "")
+
+
+def ordered(values: Sequence[str], canon: Sequence[str]) -> tuple[str, ...]:
+    """The distinct ``values``, those named in ``canon`` first in its order, the others as they came."""
+    seen = list(dict.fromkeys(values))
+    return tuple(sorted(seen, key=lambda v: (canon.index(v) if v in canon else len(canon), seen.index(v))))
+
+
+def is_clean_rerun(view: CaseView) -> bool:
+    return bool(view.name.endswith("-nofault]"))
+
+
+def status(view: CaseView) -> str:
+    """"skipped", "ok" (the expected verdict) or "unexpected\""""
+    if view.skip_reason is not None:
+        return "skipped"
+    return "ok" if view.ok else "unexpected"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RunRow:
+    anchor: str
+    href: str
+    name: str
+    scenario: str
+    family: str
+    design: str
+    mode: str
+    backend: str
+    engine: str
+    device: str
+    clean: bool
+    """the clean rerun of a fault scenario (its faults off)"""
+    expected: str
+    verdict: str
+    status: str
+    unexpected_pass: bool
+    sentence: str
+    reproduce_pytest: str
+    reproduce_cli: str
+    duration_s: float
+
+
+def run_row(view: CaseView, href: str, anchor: str) -> RunRow:
+    return RunRow(
+        anchor=anchor, href=href, name=view.name, scenario=view.scenario, family=family(view.scenario),
+        design=view.design, mode=view.mode, backend=view.backend, engine=view.engine, device=view.device,
+        clean=is_clean_rerun(view), expected=view.expected, verdict=view.verdict, status=status(view),
+        unexpected_pass=view.unexpected_pass, sentence=first_divergence_sentence(view),
+        reproduce_pytest=view.reproduce_pytest, reproduce_cli=view.reproduce_cli, duration_s=view.duration_s,
+    )
+
+
+def unexpected_first(rows: Sequence[RunRow]) -> list[RunRow]:
+    """``rows`` with the unexpected ones first, each group in its order."""
+    return sorted(rows, key=lambda r: r.status != "unexpected")
+
+
+# ---- the index ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MatrixCell:
+    design: str
+    mode: str
+    verdict: str
+    expected: str
+    status: str
+    href: str
+    title: str
+    clean: RunRow | None
+    """the clean rerun of the same cell, when the scenario injects faults"""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MatrixRow:
+    scenario: str
+    href: str
+    family: str
+    unexpected: int
+    cells: tuple[MatrixCell | None, ...]
+    """one per ``Matrix.columns`` entry; None where the scenario has no such run"""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Matrix:
+    backend: str
+    designs: tuple[str, ...]
+    modes: tuple[str, ...]
+    columns: tuple[tuple[str, str], ...]
+    """(design, mode), design-major"""
+    rows: tuple[MatrixRow, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ScenarioLink:
+    name: str
+    href: str
+    family: str
+    path: str
+    summary: str
+    """the description's first sentence"""
+    runs: int
+    unexpected: int
+    verdicts: tuple[tuple[str, int], ...]
+    seeds: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Count:
+    label: str
+    n: int
+    key: str
+    """css/data key: a verdict, "ok" or "unexpected\""""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class IndexPage:
+    title: str
+    generated: str | None
+    complete: bool
+    settings: tuple[tuple[str, str], ...]
+    counts: tuple[Count, ...]
+    unexpected: tuple[RunRow, ...]
+    matrices: tuple[Matrix, ...]
+    runs: tuple[RunRow, ...]
+    scenarios: tuple[ScenarioLink, ...]
+    families: tuple[str, ...]
+    designs: tuple[str, ...]
+    modes: tuple[str, ...]
+    backends: tuple[str, ...]
+    data: dict
+    """embedded in the page as JSON: the runs the filter counts"""
+    compare_href: str | None
+    load_errors: tuple[str, ...]
+
+
+def _settings(views: Sequence[CaseView], environment: Mapping[str, str], duration_s: float | None,
+              command: str | None, generated: str | None) -> tuple[tuple[str, str], ...]:
+    def joined(values) -> str:
+        return ", ".join(dict.fromkeys(values)) or "-"
+
+    rows = [(key, str(value)) for key, value in environment.items()]
+    rows += [("device", joined(v.device for v in views)), ("engine", joined(v.engine for v in views)),
+             ("backend", joined(v.backend for v in views)),
+             ("seeds", "per scenario (model seed / timeline seed), listed with the scenarios below")]
+    if duration_s is not None:
+        rows.append(("duration", f"{duration_s:.1f} s"))
+    if command:
+        rows.append(("command", command))
+    if generated:
+        rows.append(("generated", generated))
+    return tuple(rows)
+
+
+def _matrices(views: Sequence[CaseView], href_of: Mapping[str, str], page_of: Mapping[tuple[str, str], str]
+              ) -> tuple[Matrix, ...]:
+    out = []
+    for backend in ordered([v.backend for v in views], ()):
+        mine = [v for v in views if v.backend == backend]
+        designs = ordered([v.design for v in mine], DESIGN_ORDER)
+        modes = ordered([v.mode for v in mine], MODE_ORDER)
+        columns = tuple((d, m) for d in designs for m in modes)
+        rows = []
+        by_scenario: dict[tuple[str, str], list[CaseView]] = {}
+        for v in mine:
+            by_scenario.setdefault((v.scenario, v.path), []).append(v)
+        for key, group in by_scenario.items():
+            main = {(v.design, v.mode): v for v in group if not is_clean_rerun(v)}
+            clean = {(v.design, v.mode): v for v in group if is_clean_rerun(v)}
+            cells = []
+            for d, m in columns:
+                v = main.get((d, m))
+                if v is None:
+                    cells.append(None)
+                    continue
+                c = clean.get((d, m))
+                tip = f"{v.name}\nexpected {v.expected}, observed {v.verdict}\n{first_divergence_sentence(v)}"
+                cells.append(MatrixCell(design=d, mode=m, verdict=v.verdict, expected=v.expected, status=status(v),
+                                        href=href_of[v.name], title=tip,
+                                        clean=run_row(c, href_of[c.name], "") if c is not None else None))
+            unexpected = sum(not v.ok for v in group)
+            rows.append(MatrixRow(scenario=key[0], href=page_of[key], family=family(key[0]), unexpected=unexpected,
+                                  cells=tuple(cells)))
+        rows.sort(key=lambda r: (r.unexpected == 0, r.scenario))
+        out.append(Matrix(backend=backend, designs=designs, modes=modes, columns=columns, rows=tuple(rows)))
+    return tuple(out)
+
+
+def _summary(description: str, limit: int = 170) -> str:
+    """The description's first sentence (a period and a space end it), at most ``limit`` characters."""
+    text = " ".join(description.split())
+    text = re.split(r"(?<=\.)\s", text, maxsplit=1)[0]
+    return text if len(text) <= limit else text[: limit - 1].rstrip() + "\u2026"
+
+
+def index_page(
+    views: Sequence[CaseView],
+    *,
+    page_of: Mapping[tuple[str, str], str],
+    anchors: Mapping[str, str],
+    environment: Mapping[str, str],
+    duration_s: float | None = None,
+    complete: bool = True,
+    command: str | None = None,
+    generated: str | None = None,
+    compare_href: str | None = None,
+    load_errors: Sequence[str] = (),
+) -> IndexPage:
+    """The index: counts, unexpected runs, the verdict matrix per backend, every run, every scenario.
+
+    ``page_of`` maps (scenario, path) to the page's href from the index; ``anchors`` a run name to its anchor
+    on that page."""
+    href_of = {v.name: f"{page_of[(v.scenario, v.path)]}#{anchors[v.name]}" for v in views}
+    rows = [run_row(v, href_of[v.name], anchors[v.name]) for v in views]
+    verdicts = Counter(v.verdict for v in views)
+    unexpected = [r for r in rows if r.status == "unexpected"]
+    counts = [Count(label="runs", n=len(views), key="runs"),
+              Count(label="as expected", n=sum(r.status == "ok" for r in rows), key="ok"),
+              Count(label="unexpected", n=len(unexpected), key="unexpected"),
+              *[Count(label=v, n=verdicts.get(v, 0), key=v) for v in VERDICTS]]
+    scenarios = []
+    groups: dict[tuple[str, str], list[CaseView]] = {}
+    for v in views:
+        groups.setdefault((v.scenario, v.path), []).append(v)
+    for (name, path), group in groups.items():
+        setup = group[0].setup
+        first_sentence = _summary(group[0].description)
+        scenarios.append(ScenarioLink(
+            name=name, href=page_of[(name, path)], family=family(name), path=path, summary=first_sentence,
+            runs=len(group), unexpected=sum(not v.ok for v in group),
+            verdicts=tuple((k, n) for k, n in Counter(v.verdict for v in group).most_common()),
+            seeds=f"{setup.model_seed} / {setup.timeline_seed}" if setup else "-",
+        ))
+    scenarios.sort(key=lambda s: (s.unexpected == 0, s.name))
+    data = {"runs": [{"name": r.name, "family": r.family, "design": r.design, "mode": r.mode, "backend": r.backend,
+                      "verdict": r.verdict, "expected": r.expected, "status": r.status} for r in rows]}
+    return IndexPage(
+        title="KV-cache report", generated=generated, complete=complete,
+        settings=_settings(views, environment, duration_s, command, generated), counts=tuple(counts),
+        unexpected=tuple(unexpected), matrices=_matrices(views, href_of, page_of), runs=tuple(unexpected_first(rows)),
+        scenarios=tuple(scenarios), families=tuple(sorted({family(v.scenario) for v in views})),
+        designs=ordered([v.design for v in views], DESIGN_ORDER), modes=ordered([v.mode for v in views], MODE_ORDER),
+        backends=ordered([v.backend for v in views], ()), data=data, compare_href=compare_href,
+        load_errors=tuple(load_errors),
+    )
