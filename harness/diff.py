@@ -26,11 +26,12 @@ only for the first ``limit``; the rest are counted.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 
-from .pool import POISON_BITS
+from .pool import poison_
 from .snapshot import FULL_SLOT, IN_WINDOW, SWA_SLOT, KVSnapshot
 
 
@@ -81,9 +82,9 @@ _CLASSES: tuple[tuple[str, str | None], ...] = (
 )
 _WHAT = ("k", "v", "kv")
 
-# Rows are compared and hashed this many bytes at a time: large enough that per-call overhead vanishes,
-# small enough that the temporaries stay in cache and never cost a page fault.
-_CHUNK_BYTES = 8 << 20
+# Rows are compared and hashed this many bytes at a time: few enough calls that per-call overhead (thread
+# wake-ups included) vanishes, temporaries small enough to stay in the last-level cache.
+_CHUNK_BYTES = 32 << 20
 # Below this share of live slots, gathering the live rows costs less than streaming the whole layer
 # (a gathered row costs about 2.5 streamed rows on CPU).
 _GATHER_BELOW = 0.4
@@ -98,49 +99,73 @@ def _words(rows: torch.Tensor) -> torch.Tensor:
     return flat
 
 
+class _Scratch:
+    """Buffers reused for the whole diff: a fresh large tensor pays a page fault per 4 KiB on first touch,
+    which costs more than the comparison done in it."""
+
+    def __init__(self) -> None:
+        self._buffers: dict[tuple[str, torch.dtype], torch.Tensor] = {}
+
+    def get(self, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        n = math.prod(shape)
+        buf = self._buffers.get((name, dtype))
+        if buf is None or buf.numel() < n:
+            buf = self._buffers[(name, dtype)] = torch.empty(n, dtype=dtype)
+        return buf[:n].view(shape)
+
+
 def _any_per_row(flags: torch.Tensor) -> torch.Tensor:
-    """[n, w] bool -> [n]; ORs the flags eight at a time, since ``any`` over a short last dim is slow on CPU."""
-    if flags.shape[1] % 8:
+    """[n, w] bool -> [n]. ``any`` over a short last dim is slow on CPU; a sum of the flags read eight at a
+    time as int64 is not, and cannot wrap to zero below 256 such words (each is at most 0x0101...01)."""
+    if flags.shape[1] % 8 or flags.shape[1] // 8 > 255:
         return flags.any(1)
-    acc = flags.view(torch.uint8).view(torch.int64)
-    width = acc.shape[1]
-    while width > 1:
-        half = width // 2
-        acc[:, :half] |= acc[:, width - half : width]
-        width -= half
-    return acc[:, 0] != 0
+    return flags.view(torch.uint8).view(torch.int64).sum(1) != 0
 
 
-def _rows_differ(a: torch.Tensor, b: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
-    """[n] bool: row i of the word tensors ``a``, ``b`` [S, w] differs (only ``rows`` when given)."""
-    if rows is not None and rows.numel() >= _GATHER_BELOW * a.shape[0]:
-        return _rows_differ(a, b)[rows]
-    n = a.shape[0] if rows is None else rows.numel()
+def _chunk_rows(words: torch.Tensor) -> int:
+    return max(1, _CHUNK_BYTES // max(1, words.shape[1] * words.element_size()))
+
+
+def _rows_differ(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    a_rows: torch.Tensor | None = None,
+    b_rows: torch.Tensor | None = None,
+    *,
+    scratch: _Scratch,
+) -> torch.Tensor:
+    """[n] bool: row ``a_rows[i]`` of ``a`` and row ``b_rows[i]`` of ``b`` differ (word tensors [*, w]; no
+    index means row i). Indexed rows are gathered a chunk at a time, never all at once."""
+    if a_rows is not None and a_rows is b_rows and a_rows.numel() >= _GATHER_BELOW * a.shape[0]:
+        return _rows_differ(a, b, scratch=scratch)[a_rows]
+    n = next((r.numel() for r in (a_rows, b_rows) if r is not None), a.shape[0])
     out = torch.empty(n, dtype=torch.bool)
-    chunk = max(1, _CHUNK_BYTES // max(1, a.shape[1] * a.element_size()))
+    chunk = _chunk_rows(a)
     for i in range(0, n, chunk):
-        if rows is None:
-            x, y = a[i : i + chunk], b[i : i + chunk]
-        else:
-            x, y = a.index_select(0, rows[i : i + chunk]), b.index_select(0, rows[i : i + chunk])
-        out[i : i + chunk] = _any_per_row(torch.ne(x, y))
+        rows = min(chunk, n - i)
+        x, y = (
+            t[i : i + rows] if index is None else torch.index_select(
+                t, 0, index[i : i + rows], out=scratch.get(name, (rows, t.shape[1]), t.dtype)
+            )
+            for t, index, name in ((a, a_rows, "a"), (b, b_rows, "b"))
+        )
+        flags = scratch.get("flags", (rows, a.shape[1]), torch.bool)
+        torch.ne(x, y, out=flags)
+        out[i : i + rows] = _any_per_row(flags)
     return out
 
 
-_MULTIPLIERS: dict[int, torch.Tensor] = {}
+def _row_hash(words: torch.Tensor, scratch: _Scratch) -> torch.Tensor:
+    """[n, w] integer words -> [n] int64: the wrapping sum of each row's words.
 
-
-def _row_hash(words: torch.Tensor) -> torch.Tensor:
-    """[n, w] integer words -> [n] int64, a multilinear hash (wrapping sums of words times odd constants)."""
-    w = words.shape[1]
-    if w not in _MULTIPLIERS:
-        gen = torch.Generator().manual_seed(0x5EED + w)
-        _MULTIPLIERS[w] = torch.randint(-(2**62), 2**62, (w,), generator=gen, dtype=torch.int64) | 1
-    mult = _MULTIPLIERS[w]
+    Weak mixing is fine here: a hash only nominates candidates, and sums of distinct rows of real K data
+    coincide about as often as random 64-bit values. What matters is that it reads the layer once at
+    memory speed (multiplying 64-bit words first costs 2.5 times as much on CPUs without AVX-512).
+    """
     out = torch.empty(words.shape[0], dtype=torch.int64)
-    chunk = max(1, _CHUNK_BYTES // max(1, w * 8))
+    chunk = _chunk_rows(words)
     for i in range(0, words.shape[0], chunk):
-        torch.sum(words[i : i + chunk].to(torch.int64) * mult, 1, out=out[i : i + chunk])
+        torch.sum(words[i : i + chunk], 1, dtype=torch.int64, out=out[i : i + chunk])
     return out
 
 
@@ -161,26 +186,54 @@ class _Matches:
         return out[self.of_query]
 
 
+def _hash_hits(keys: torch.Tensor, hashes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every (i, j) with ``hashes[i] == keys[j]``, for distinct ``keys``.
+
+    A table indexed by the hashes' low bits, four slots or more per key, says which buckets hold a key at
+    all; most rows are dismissed by one lookup in that cache-resident table (a binary search per row, as
+    ``searchsorted`` does, costs four times as much).
+    """
+    mask = (1 << max(10, (4 * keys.numel() - 1).bit_length())) - 1
+    key_bucket = keys & mask
+    by_bucket = torch.argsort(key_bucket)
+    count = torch.bincount(key_bucket, minlength=mask + 1)
+    start = torch.cumsum(count, 0) - count
+    bucket = hashes & mask
+    rows = count[bucket].nonzero().flatten()
+    each = count[bucket[rows]]
+    if rows.numel() and int(each.max()) > 1:
+        first = torch.cumsum(each, 0) - each
+        rows = torch.repeat_interleave(rows, each)
+        offset = torch.arange(rows.numel()) - torch.repeat_interleave(first, each)
+    else:
+        offset = 0
+    key = by_bucket[start[bucket[rows]] + offset]
+    hit = keys[key] == hashes[rows]
+    return rows[hit], key[hit]
+
+
 def _match(
     hay: tuple[torch.Tensor, torch.Tensor],
     hay_hash: torch.Tensor,
     queries: tuple[torch.Tensor, torch.Tensor],
     query_hash: torch.Tensor,
+    home: torch.Tensor | None = None,
+    *,
+    scratch: _Scratch,
 ) -> _Matches:
     """Every hay row whose K and V words equal a query's, found through hashes and verified byte for byte.
 
     Queries with equal hashes share one representative, so a row repeated many times in the hay (poison,
     zeros) is verified once per distinct query content, not once per query. A query whose bytes differ
     from its representative's (a hash collision) waits for a later round with a representative of its own.
+    ``home[q]`` is a hay row known to equal query q (it was read from there), or -1; it is not re-read.
     """
     nq = query_hash.numel()
     if nq == 0 or hay_hash.numel() == 0:
         empty = torch.empty(0, dtype=torch.int64)
         return _Matches(empty, empty, torch.zeros(nq, dtype=torch.int64), 1)
     keys, bucket = torch.unique(query_hash, return_inverse=True)
-    at = torch.searchsorted(keys, hay_hash).clamp_(max=keys.numel() - 1)
-    cand = (keys[at] == hay_hash).nonzero().flatten()
-    cand_bucket = at[cand]
+    cand, cand_bucket = _hash_hits(keys, hay_hash)
     of_query = torch.empty(nq, dtype=torch.int64)
     hays, groups = [], []
     n_groups = 0
@@ -197,25 +250,33 @@ def _match(
         other = (~same).nonzero().flatten()
         if other.numel():
             q, r = pending[other], rep_of[other]
-            same[other] = ~(_rows_differ(queries[0][q], queries[0][r]) | _rows_differ(queries[1][q], queries[1][r]))
+            same[other] = ~(
+                _rows_differ(queries[0], queries[0], q, r, scratch=scratch)
+                | _rows_differ(queries[1], queries[1], q, r, scratch=scratch)
+            )
         of_query[pending[same]] = group_of[pend_bucket[same]]
         sel = active[cand_bucket]
         c, cb = cand[sel], cand_bucket[sel]
         r = rep[cb]
-        equal = ~(
-            _rows_differ(hay[0].index_select(0, c), queries[0].index_select(0, r))
-            | _rows_differ(hay[1].index_select(0, c), queries[1].index_select(0, r))
-        )
+        equal = c == home[r] if home is not None else torch.zeros(c.numel(), dtype=torch.bool)
+        check = (~equal).nonzero().flatten()
+        if check.numel():
+            c_check, r_check = c[check], r[check]
+            equal[check] = ~(
+                _rows_differ(hay[0], queries[0], c_check, r_check, scratch=scratch)
+                | _rows_differ(hay[1], queries[1], c_check, r_check, scratch=scratch)
+            )
         hays.append(c[equal])
         groups.append(group_of[cb[equal]])
         pending = pending[~same]
     return _Matches(torch.cat(hays), torch.cat(groups), of_query, n_groups)
 
 
-def _poisoned(rows: torch.Tensor) -> torch.Tensor:
-    """[n, H, D] storage-dtype rows -> [n] bool: every element is the poison pattern."""
-    int_dtype, bits = POISON_BITS[rows.dtype]
-    return (rows.view(int_dtype) == bits).flatten(1).all(1)
+def _poison_words(dtype: torch.dtype, row_shape: torch.Size) -> torch.Tensor:
+    """[1, w] the words of a poisoned row."""
+    row = torch.empty((1, *row_shape), dtype=dtype)
+    poison_(row)
+    return _words(row)
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,6 +299,7 @@ class _Differ:
         self.atol = atol
         self.rtol = rtol
         self.limit = limit
+        self.scratch = _Scratch()
         self.found: list[KVMismatch] = []
         self.total = 0
         self.seen: dict[str, torch.Tensor] = {}
@@ -249,7 +311,7 @@ class _Differ:
 
     def differs(self, a: torch.Tensor, b: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
         """[n] bool per row of ``a``, ``b`` [S, H, D] (only ``rows``): bytes differ, or beyond tolerance."""
-        bad = _rows_differ(_words(a), _words(b), rows)
+        bad = _rows_differ(_words(a), _words(b), rows, rows, scratch=self.scratch)
         if self.bytes_only(a.dtype) or not bool(bad.any()):
             return bad
         # Equal bytes are always close (equal_nan), so tolerance is only ever checked where bytes differ.
@@ -288,7 +350,7 @@ class _Differ:
         parts = []
         for l in bad.any(1).nonzero().flatten().tolist():
             at = bad[l].nonzero().flatten()
-            code, arg = self._classify_layer(
+            at, code, arg = self._classify_layer(
                 at, bad[l], slots, (sub[0][l], sub[1][l]), (ref[0][l], ref[1][l]),
                 (prev[0][l], prev[1][l]) if prev is not None else None, written,
             )
@@ -307,78 +369,95 @@ class _Differ:
         ref: tuple[torch.Tensor, torch.Tensor],
         prev: tuple[torch.Tensor, torch.Tensor] | None,
         written: torch.Tensor,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Codes and arguments for the bad rows ``at`` (positions in ``slots``) of one layer [S, H, D]."""
-        size = sub[0].shape[0]
-        s = slots[at]
-        got = (sub[0].index_select(0, s), sub[1].index_select(0, s))
-        want = (ref[0].index_select(0, s), ref[1].index_select(0, s))
-        code = torch.full((at.numel(),), DRIFT, dtype=torch.int64)
-        arg = torch.full((at.numel(),), -1, dtype=torch.int64)
-        poisoned = _poisoned(got[0]) & _poisoned(got[1])
-        code[poisoned] = POISONED
-        todo = (~poisoned).nonzero().flatten()
-        if todo.numel() == 0:
-            return code, arg
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The bad rows ``at`` (positions in ``slots``) of one layer [S, H, D], reordered by slot (gathers in
+        address order run faster), with their codes and arguments."""
+        scratch = self.scratch
+        s, order = torch.sort(slots[at], stable=True)
+        at = at[order]
+        size, m = sub[0].shape[0], at.numel()
+        layer = (_words(sub[0]), _words(sub[1]))
+        code = torch.full((m,), DRIFT, dtype=torch.int64)
+        arg = torch.full((m,), -1, dtype=torch.int64)
 
-        layer_w = (_words(sub[0]), _words(sub[1]))
-        got_w = (_words(got[0]), _words(got[1]))
-        want_w = (_words(want[0]), _words(want[1]))
-        layer_hash = _row_hash(layer_w[0])
-        want_hash = _row_hash(want_w[0])
+        # The layer's rows are hashed once; that serves the poison test as well as the lookups below.
+        layer_hash = _row_hash(layer[0], scratch)
         got_hash = layer_hash[s]
-        # One lookup over the layer answers both questions for every open row: which slots hold the row
-        # this slot got (to name a live token whose row it is), and which hold the row it should have.
-        n = todo.numel()
+        poison = _poison_words(sub[0].dtype, sub[0].shape[1:])
+        maybe = (got_hash == _row_hash(poison, scratch)).nonzero().flatten()
+        if maybe.numel():
+            pattern = poison.expand(maybe.numel(), -1)
+            rows = s[maybe]
+            same = ~(_rows_differ(layer[0], pattern, rows, scratch=scratch) | _rows_differ(layer[1], pattern, rows, scratch=scratch))
+            code[maybe[same]] = POISONED
+        opened = (code != POISONED).nonzero().flatten()
+        if opened.numel() == 0:
+            return at, code, arg
+        k, so = opened.numel(), s[opened]
+        # Each row is read once: [0, m) of each buffer is what the reference has in the bad slots, [m, m + k)
+        # what the subject has in those that are not poison.
+        buffers = []
+        for name, mine, theirs in zip(("k", "v"), layer, (_words(ref[0]), _words(ref[1]))):
+            buf = scratch.get(f"bad {name}", (m + k, mine.shape[1]), mine.dtype)
+            torch.index_select(theirs, 0, s, out=buf[:m])
+            torch.index_select(mine, 0, so, out=buf[m:])
+            buffers.append(buf)
+        rows = (buffers[0], buffers[1])
+        want, got = (rows[0][:m], rows[1][:m]), (rows[0][m:], rows[1][m:])
+        want_hash, got_hash = _row_hash(want[0], scratch), got_hash[opened]
+
+        # One lookup over the layer answers, for every bad row at once, which slots hold the row it should
+        # have and which hold the row it got (to name a live token whose row that is).
         in_layer = _match(
-            layer_w,
-            layer_hash,
-            (torch.cat([got_w[0][todo], want_w[0][todo]]), torch.cat([got_w[1][todo], want_w[1][todo]])),
-            torch.cat([got_hash[todo], want_hash[todo]]),
+            layer, layer_hash, rows, torch.cat([want_hash, got_hash]),
+            home=torch.cat([torch.full_like(s, -1), so]), scratch=scratch,
         )
         if self.bytes_only(sub[0].dtype):
-            # A token that is not bad in this layer has the same bytes in both runs, so its reference
-            # row is found among the subject's rows; a bad token's reference row is its expected row.
+            # A token that is not bad in this layer has the same bytes in both runs, so its reference row
+            # is among the subject's rows; a bad token's reference row is its expected row.
             trusted = (~bad).nonzero().flatten()
             owner_at = torch.full((size,), -1, dtype=torch.int64)
             owner_at.scatter_reduce_(0, slots[trusted], trusted, "amax")
-            holder = in_layer.reduce(owner_at[in_layer.hay], "amax", -1)[:n]
-            among_bad = _match(want_w, want_hash, (got_w[0][todo], got_w[1][todo]), got_hash[todo])
+            holder = in_layer.reduce(owner_at[in_layer.hay], "amax", -1)[m:]
+            among_bad = _match(want, want_hash, got, got_hash, scratch=scratch)
             holder = torch.maximum(holder, among_bad.reduce(at[among_bad.hay], "amax", -1))
         else:
-            ref_rows = (_words(ref[0].index_select(0, slots)), _words(ref[1].index_select(0, slots)))
-            owners = _match(ref_rows, _row_hash(ref_rows[0]), (got_w[0][todo], got_w[1][todo]), got_hash[todo])
+            every = (_words(ref[0].index_select(0, slots)), _words(ref[1].index_select(0, slots)))
+            owners = _match(every, _row_hash(every[0], scratch), got, got_hash, scratch=scratch)
             holder = owners.reduce(owners.hay, "amax", -1)
-        elsewhere = in_layer.reduce(in_layer.hay, "amin", size)[n:]
-
         held = holder >= 0
-        code[todo[held]] = HOLDS_OTHER
-        arg[todo[held]] = holder[held]
-        todo, elsewhere = todo[~held], elsewhere[~held]
+        code[opened[held]] = HOLDS_OTHER
+        arg[opened[held]] = holder[held]
+
+        # Still open: ``todo`` indexes the bad rows, ``g`` the got rows.
+        g = (~held).nonzero().flatten()
+        todo = opened[g]
+        elsewhere = in_layer.reduce(in_layer.hay, "amin", size)[:m][todo]
+        kept = torch.zeros(todo.numel(), dtype=torch.bool)
         if prev is not None:
             ps = s[todo]
-            changed = _rows_differ(_words(prev[0].index_select(0, ps)), got_w[0][todo]) | _rows_differ(
-                _words(prev[1].index_select(0, ps)), got_w[1][todo]
+            before = (_words(prev[0]), _words(prev[1]))
+            changed = _rows_differ(before[0], got[0], ps, g, scratch=scratch) | _rows_differ(
+                before[1], got[1], ps, g, scratch=scratch
             )
             was_written = written[at[todo]]
             stale = ~was_written & changed
             code[todo[stale]] = CHANGED_UNWRITTEN
-            todo, elsewhere, kept = todo[~stale], elsewhere[~stale], (was_written & ~changed)[~stale]
-        else:
-            kept = torch.zeros(todo.numel(), dtype=torch.bool)
+            kept = (was_written & ~changed)[~stale]
+            todo, g, elsewhere = todo[~stale], g[~stale], elsewhere[~stale]
         # The bad slot itself never holds the expected row (its bytes differ), so the lowest match is elsewhere.
         moved = elsewhere < size
         code[todo[moved]] = MISPLACED
         arg[todo[moved]] = elsewhere[moved]
-        todo, kept = todo[~moved], kept[~moved]
+        todo, g, kept = todo[~moved], g[~moved], kept[~moved]
         code[todo[kept]] = KEPT_OLD
-        todo = todo[~kept]
-        if got[0].dtype == torch.uint8:
+        todo, g = todo[~kept], g[~kept]
+        if sub[0].dtype == torch.uint8:
             code[todo] = QUANT_DIFF
         elif todo.numel():
-            nan = torch.isnan(got[0][todo].float()).flatten(1).any(1) | torch.isnan(got[1][todo].float()).flatten(1).any(1)
+            nan = torch.isnan(got[0][g].view(sub[0].dtype)).any(1) | torch.isnan(got[1][g].view(sub[1].dtype)).any(1)
             code[todo[nan]] = NAN
-        return code, arg
+        return at, code, arg
 
     def end_step(self, step: int, snap: KVSnapshot, ref: KVSnapshot, pools: dict[str, _Bad], hidden: list[KVMismatch]) -> None:
         """Count the step's mismatches and keep the first ones, lowest layer first (later layers read what
@@ -402,15 +481,13 @@ class _Differ:
         key = (layer * (int(slot.max()) + 1) + slot) * (code.numel() + 1) + torch.arange(code.numel())
         first = torch.topk(key, min(room, key.numel()), largest=False).indices if room < key.numel() else torch.arange(key.numel())
         first = first[torch.argsort(key[first])]
-        for i in first.tolist():
-            pool = names[int(pool_of[i])]
-            tok = snap.live[int(token[i])]
-            c = int(code[i])
+        picked = zip(*(col[first].tolist() for col in (pool_of, layer, slot, token, what, code, arg)))
+        for p, l, sl, t, w, c, a in picked:
+            tok = snap.live[t]
             self.found.append(
                 KVMismatch(
-                    step=step, pool=pool, layer=int(layer[i]), slot=int(slot[i]), rid=tok.rid, pos=tok.pos,
-                    what=_WHAT[int(what[i])], classification=_CLASSES[c][0],
-                    detail=self._detail(c, int(arg[i]), pool, int(layer[i]), int(slot[i]), snap, ref),
+                    step=step, pool=names[p], layer=l, slot=sl, rid=tok.rid, pos=tok.pos, what=_WHAT[w],
+                    classification=_CLASSES[c][0], detail=self._detail(c, a, names[p], l, sl, snap, ref),
                 )
             )
         self.found.extend(hidden[: self.limit - len(self.found)])
@@ -478,7 +555,7 @@ def diff_runs(
                 sub.live_written[in_window],
             ),
         }
-        dummy_writes += _dummy_changes(sub, prev)
+        dummy_writes += _dummy_changes(sub, prev, d.scratch)
         d.end_step(sub.step, sub, ref, pools, _hidden_mismatches(d, sub, ref))
         prev = sub
     return DiffResult(
@@ -509,11 +586,11 @@ def _hidden_mismatches(d: _Differ, sub: KVSnapshot, ref: KVSnapshot) -> list[KVM
     return out
 
 
-def _dummy_changes(snap: KVSnapshot, prev: KVSnapshot | None) -> int:
+def _dummy_changes(snap: KVSnapshot, prev: KVSnapshot | None, scratch: _Scratch) -> int:
     count = 0
     for now, before in ((snap.full_k, prev.full_k if prev else None), (snap.swa_k, prev.swa_k if prev else None)):
         if now.shape[0] == 0:
             continue
         base = before[:, 0] if before is not None else torch.zeros_like(now[:, 0])
-        count += int(_rows_differ(_words(now[:, 0]), _words(base)).sum())
+        count += int(_rows_differ(_words(now[:, 0]), _words(base), scratch=scratch).sum())
     return count
