@@ -159,7 +159,7 @@ def _rows_differ(
         torch.ne(x, y, out=flags)
         out[i : i + rows] = _any_per_row(flags)
         if hash_a is not None:
-            hash_a[i : i + rows] = _row_hash(x, scratch)
+            hash_a[i : i + rows] = _row_hash(x)
     return out
 
 
@@ -168,12 +168,13 @@ def _streamed(rows: torch.Tensor, layer: torch.Tensor) -> bool:
     return rows.numel() >= _GATHER_BELOW * layer.shape[0]
 
 
-def _row_hash(words: torch.Tensor, scratch: _Scratch) -> torch.Tensor:
+def _row_hash(words: torch.Tensor) -> torch.Tensor:
     """[n, w] integer words -> [n] int64: the wrapping sum of each row's words.
 
-    Weak mixing is fine here: a hash only nominates candidates, and sums of distinct rows of real K data
-    coincide about as often as random 64-bit values. What matters is that it reads the layer once at
-    memory speed (multiplying 64-bit words first costs 2.5 times as much on CPUs without AVX-512).
+    Weak mixing is fine here: a hash only nominates candidates, each then compared byte for byte, and a
+    plain sum only confuses rows whose differences cancel (words swapped between positions), which
+    distinct rows of real K data rarely are. What matters is that it keeps up with memory (multiplying
+    the words by constants first costs 2.5 times as much on CPUs without AVX-512).
     """
     out = torch.empty(words.shape[0], dtype=torch.int64)
     chunk = _chunk_rows(words)
@@ -238,7 +239,8 @@ def _match(
 
     Queries with equal hashes share one representative, so a row repeated many times in the hay (poison,
     zeros) is verified once per distinct query content, not once per query. A query whose bytes differ
-    from its representative's (a hash collision) waits for a later round with a representative of its own.
+    from its representative's (a hash collision) waits for a later round with a representative of its own
+    (so k distinct rows sharing one hash cost k rounds: fine for collisions, which are rare).
     ``home[q]`` is a hay row known to equal query q (it was read from there), or -1; it is not re-read.
     """
     nq = query_hash.numel()
@@ -406,10 +408,10 @@ class _Differ:
 
         # The layer's rows are hashed once; that serves the poison test as well as the lookups below.
         if layer_hash is None:
-            layer_hash = _row_hash(layer[0], scratch)
+            layer_hash = _row_hash(layer[0])
         got_hash = layer_hash[s]
         poison = _poison_words(sub[0].dtype, sub[0].shape[1:])
-        maybe = (got_hash == _row_hash(poison, scratch)).nonzero().flatten()
+        maybe = (got_hash == _row_hash(poison)).nonzero().flatten()
         if maybe.numel():
             pattern = poison.expand(maybe.numel(), -1)
             rows = s[maybe]
@@ -429,7 +431,7 @@ class _Differ:
             buffers.append(buf)
         rows = (buffers[0], buffers[1])
         want, got = (rows[0][:m], rows[1][:m]), (rows[0][m:], rows[1][m:])
-        want_hash, got_hash = _row_hash(want[0], scratch), got_hash[opened]
+        want_hash, got_hash = _row_hash(want[0]), got_hash[opened]
 
         # One lookup over the layer answers, for every bad row at once, which slots hold the row it should
         # have and which hold the row it got (to name a live token whose row that is).
@@ -448,7 +450,7 @@ class _Differ:
             holder = torch.maximum(holder, among_bad.reduce(at[among_bad.hay], "amax", -1))
         else:
             every = (_words(ref[0].index_select(0, slots)), _words(ref[1].index_select(0, slots)))
-            owners = _match(every, _row_hash(every[0], scratch), got, got_hash, scratch=scratch)
+            owners = _match(every, _row_hash(every[0]), got, got_hash, scratch=scratch)
             holder = owners.reduce(owners.hay, "amax", -1)
         held = holder >= 0
         code[opened[held]] = HOLDS_OTHER

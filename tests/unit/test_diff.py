@@ -181,7 +181,7 @@ def test_hash_collisions_are_resolved_by_comparing_bytes(monkeypatch):
 
     assert rows(diff_runs(sub, ref, layer_is_swa=SWA)) == want
     # Every row now hashes alike: only the byte comparison tells them apart.
-    monkeypatch.setattr(diff_module, "_row_hash", lambda words, scratch: torch.zeros(words.shape[0], dtype=torch.int64))
+    monkeypatch.setattr(diff_module, "_row_hash", lambda words: torch.zeros(words.shape[0], dtype=torch.int64))
     assert rows(diff_runs(sub, ref, layer_is_swa=SWA)) == want
 
 

@@ -175,7 +175,7 @@ def _as_rows(result):
     return [(m.step, m.pool, m.layer, m.slot, m.rid, m.pos, m.what, m.classification, m.detail) for m in result.mismatches]
 
 
-def _colliding_hash(words: torch.Tensor, scratch: object) -> torch.Tensor:
+def _colliding_hash(words: torch.Tensor) -> torch.Tensor:
     return (words[:, 0].to(torch.int64) & 1) if words.shape[0] else torch.zeros(0, dtype=torch.int64)
 
 
