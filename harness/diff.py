@@ -134,16 +134,11 @@ def _rows_differ(
     b_rows: torch.Tensor | None = None,
     *,
     scratch: _Scratch,
-    hash_a: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """[n] bool: row ``a_rows[i]`` of ``a`` and row ``b_rows[i]`` of ``b`` differ (word tensors [*, w]; no
-    index means row i). Indexed rows are gathered a chunk at a time, never all at once.
-
-    ``hash_a`` [len(a)], only where every row of ``a`` is read: filled with ``_row_hash`` of each row, from
-    the chunk just compared (cheaper than reading the rows again)."""
-    if a_rows is not None and a_rows is b_rows and _streamed(a_rows, a):
-        return _rows_differ(a, b, scratch=scratch, hash_a=hash_a)[a_rows]
-    assert hash_a is None or a_rows is None
+    index means row i). Indexed rows are gathered a chunk at a time, never all at once."""
+    if a_rows is not None and a_rows is b_rows and a_rows.numel() >= _GATHER_BELOW * a.shape[0]:
+        return _rows_differ(a, b, scratch=scratch)[a_rows]
     n = next((r.numel() for r in (a_rows, b_rows) if r is not None), a.shape[0])
     out = torch.empty(n, dtype=torch.bool)
     chunk = _chunk_rows(a)
@@ -158,14 +153,7 @@ def _rows_differ(
         flags = scratch.get("flags", (rows, a.shape[1]), torch.bool)
         torch.ne(x, y, out=flags)
         out[i : i + rows] = _any_per_row(flags)
-        if hash_a is not None:
-            hash_a[i : i + rows] = _row_hash(x)
     return out
-
-
-def _streamed(rows: torch.Tensor, layer: torch.Tensor) -> bool:
-    """Whether comparing these rows of a layer reads the whole layer rather than gathering them."""
-    return rows.numel() >= _GATHER_BELOW * layer.shape[0]
 
 
 def _row_hash(words: torch.Tensor) -> torch.Tensor:
@@ -324,12 +312,9 @@ class _Differ:
     def bytes_only(self, dtype: torch.dtype) -> bool:
         return self.exact or dtype == torch.uint8
 
-    def differs(
-        self, a: torch.Tensor, b: torch.Tensor, rows: torch.Tensor | None = None, hash_a: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        """[n] bool per row of ``a``, ``b`` [S, H, D] (only ``rows``): bytes differ, or beyond tolerance.
-        ``hash_a`` as for ``_rows_differ``."""
-        bad = _rows_differ(_words(a), _words(b), rows, rows, scratch=self.scratch, hash_a=hash_a)
+    def differs(self, a: torch.Tensor, b: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """[n] bool per row of ``a``, ``b`` [S, H, D] (only ``rows``): bytes differ, or beyond tolerance."""
+        bad = _rows_differ(_words(a), _words(b), rows, rows, scratch=self.scratch)
         if self.bytes_only(a.dtype) or not bool(bad.any()):
             return bad
         # Equal bytes are always close (equal_nan), so tolerance is only ever checked where bytes differ.
@@ -355,15 +340,8 @@ class _Differ:
         if slots.numel() == 0 or sub[0].shape[0] == 0:
             return None
         layers, size = sub[0].shape[:2]
+        bad_k = torch.stack([self.differs(sub[0][l], ref[0][l], slots) for l in range(layers)])
         bad_v = torch.stack([self.differs(sub[1][l], ref[1][l], slots) for l in range(layers)])
-        # A layer with bad V rows will be classified, which needs the hash of its subject K rows: take it
-        # from the comparison's own read of them.
-        hashes: dict[int, torch.Tensor] = {}
-        bad_k = torch.empty_like(bad_v)
-        for l in range(layers):
-            if bool(bad_v[l].any()) and _streamed(slots, sub[0][l]):
-                hashes[l] = torch.empty(size, dtype=torch.int64)
-            bad_k[l] = self.differs(sub[0][l], ref[0][l], slots, hashes.get(l))
         bad = bad_k | bad_v
         if not bool(bad.any()):
             return None
@@ -376,7 +354,7 @@ class _Differ:
             at = bad[l].nonzero().flatten()
             at, code, arg = self._classify_layer(
                 at, bad[l], slots, (sub[0][l], sub[1][l]), (ref[0][l], ref[1][l]),
-                (prev[0][l], prev[1][l]) if prev is not None else None, written, hashes.get(l),
+                (prev[0][l], prev[1][l]) if prev is not None else None, written,
             )
             what = bad_k[l, at].long() + 2 * bad_v[l, at].long() - 1
             holder = code == HOLDS_OTHER
@@ -393,11 +371,9 @@ class _Differ:
         ref: tuple[torch.Tensor, torch.Tensor],
         prev: tuple[torch.Tensor, torch.Tensor] | None,
         written: torch.Tensor,
-        layer_hash: torch.Tensor | None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The bad rows ``at`` (positions in ``slots``) of one layer [S, H, D], reordered by slot (gathers in
-        address order run faster), with their codes and arguments. ``layer_hash``: ``_row_hash`` of the
-        subject's K rows, if the comparison already took it."""
+        address order run faster), with their codes and arguments."""
         scratch = self.scratch
         s, order = torch.sort(slots[at], stable=True)
         at = at[order]
@@ -407,8 +383,7 @@ class _Differ:
         arg = torch.full((m,), -1, dtype=torch.int64)
 
         # The layer's rows are hashed once; that serves the poison test as well as the lookups below.
-        if layer_hash is None:
-            layer_hash = _row_hash(layer[0])
+        layer_hash = _row_hash(layer[0])
         got_hash = layer_hash[s]
         poison = _poison_words(sub[0].dtype, sub[0].shape[1:])
         maybe = (got_hash == _row_hash(poison)).nonzero().flatten()
