@@ -13,7 +13,7 @@ import torch
 from ..serving.model import SyntheticModel
 from ..serving.pool import dequantize_fp8
 from ..serving.timeline import TimelineSpec, request_tokens
-from .snapshot import KVSnapshot
+from .snapshot import FULL_SLOT, IN_WINDOW, POS, RID, SWA_SLOT, KVSnapshot
 
 # (atol, rtol) per (model dtype, kv dtype): the paged run rounds to these, the oracle does not.
 _TOLERANCE = {
@@ -92,11 +92,23 @@ def certify(
     kv_scales: list[tuple[float, float]],
     max_problems: int = 5,
 ) -> Certification:
-    """Check every live slot of both pools and every hidden state of a run against the oracle."""
+    """Check every live slot of both pools and every hidden state of a run against the oracle.
+
+    Problems are listed in the order a walk would meet them: step by step, per live token its full-pool
+    layers then (inside the window) its SWA layers, K before V, then the step's hidden states.
+    """
     spec = model.spec
     atol, rtol = tolerance(spec.dtype, kv_dtype)
     full_layers = [i for i in range(spec.num_layers) if not spec.layer_is_swa[i]]
     swa_layers = [i for i in range(spec.num_layers) if spec.layer_is_swa[i]]
+    # Every request's oracle rows end to end, so a token's rows are one index away.
+    start, at = {}, 0
+    for rid, req in oracle.items():
+        start[rid] = at
+        at += req.k.shape[0]
+    all_k = torch.cat([req.k for req in oracle.values()]) if oracle else torch.empty(0)
+    all_v = torch.cat([req.v for req in oracle.values()]) if oracle else torch.empty(0)
+    all_hidden = torch.cat([req.hidden for req in oracle.values()]) if oracle else torch.empty(0)
     problems: list[str] = []
     worst_kv = worst_hidden = 0.0
 
@@ -105,31 +117,50 @@ def certify(
             return dequantize_fp8(raw, kv_scales[layer][which], torch.float64)
         return raw.double()
 
-    def check(got: torch.Tensor, want: torch.Tensor, where: str) -> float:
+    def errors(got: torch.Tensor, want: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per row of [rows, ...]: beyond tolerance anywhere, and the largest |diff| (NaN if any)."""
         err = (got - want).abs()
         bad = ~(err <= atol + rtol * want.abs())
-        if bool(bad.any()) and len(problems) < max_problems:
-            problems.append(f"{where}: max |diff| {float(err.max()):.3g} (atol {atol}, rtol {rtol})")
-        return float(err.nan_to_num(float("inf")).max()) if err.numel() else 0.0
+        return bad.flatten(1).any(1), err.flatten(1).amax(1)
 
     for snap in snapshots:
-        for tok in snap.live:
-            ref = oracle[tok.rid]
-            for pool_index, layer in enumerate(full_layers):
-                for which, (buf, want) in enumerate(((snap.full_k, ref.k), (snap.full_v, ref.v))):
-                    got = decode(buf[pool_index, tok.full_slot], layer, which)
-                    where = f"step {snap.step} full pool layer {layer} slot {tok.full_slot} ({tok.rid}@{tok.pos}) {'kv'[which]}"
-                    worst_kv = max(worst_kv, check(got, want[tok.pos, layer], where))
-            if not tok.in_window:
-                continue
-            for pool_index, layer in enumerate(swa_layers):
-                for which, (buf, want) in enumerate(((snap.swa_k, ref.k), (snap.swa_v, ref.v))):
-                    got = decode(buf[pool_index, tok.swa_slot], layer, which)
-                    where = f"step {snap.step} SWA pool layer {layer} slot {tok.swa_slot} ({tok.rid}@{tok.pos}) {'kv'[which]}"
-                    worst_kv = max(worst_kv, check(got, want[tok.pos, layer], where))
-        for row, key in enumerate(snap.hidden_owners):
-            where = f"step {snap.step} hidden state of {key.rid}@{key.pos}"
-            worst_hidden = max(worst_hidden, check(snap.hidden[row].double(), oracle[key.rid].hidden[key.pos], where))
+        table = snap.live_table
+        row = torch.tensor([start[rid] for rid in snap.live_rids], dtype=torch.int64)[table[:, RID]] + table[:, POS]
+        # [tokens, entries]: entry 2i + which is layer i of the full pool, then of the SWA pool.
+        bad_parts, err_parts, where = [], [], []
+        for pool, layers, slots in (("full", full_layers, table[:, FULL_SLOT]), ("SWA", swa_layers, table[:, SWA_SLOT])):
+            bufs = (snap.full_k, snap.full_v) if pool == "full" else (snap.swa_k, snap.swa_v)
+            for pool_index, layer in enumerate(layers):
+                for which, (buf, want) in enumerate(zip(bufs, (all_k, all_v))):
+                    bad, err = errors(decode(buf[pool_index, slots], layer, which), want[row, layer])
+                    if pool == "SWA":
+                        inside = table[:, IN_WINDOW].bool()
+                        bad, err = bad & inside, torch.where(inside, err, 0.0)
+                    bad_parts.append(bad)
+                    err_parts.append(err)
+                    where.append((pool, layer, which))
+        if bad_parts and table.shape[0]:
+            bad = torch.stack(bad_parts, 1)
+            err = torch.stack(err_parts, 1)
+            worst_kv = max(worst_kv, float(err.nan_to_num(float("inf")).max()))
+            for t, e in bad.nonzero().tolist()[: max(0, max_problems - len(problems))]:
+                tok = snap.live[t]
+                pool, layer, which = where[e]
+                slot = tok.full_slot if pool == "full" else tok.swa_slot
+                problems.append(
+                    f"step {snap.step} {pool} pool layer {layer} slot {slot} ({tok.rid}@{tok.pos}) {'kv'[which]}: "
+                    f"max |diff| {float(err[t, e]):.3g} (atol {atol}, rtol {rtol})"
+                )
+        if snap.hidden_owners:
+            rows = torch.tensor([start[key.rid] + key.pos for key in snap.hidden_owners], dtype=torch.int64)
+            bad, err = errors(snap.hidden.double(), all_hidden[rows])
+            worst_hidden = max(worst_hidden, float(err.nan_to_num(float("inf")).max()))
+            for r in bad.nonzero().flatten().tolist()[: max(0, max_problems - len(problems))]:
+                key = snap.hidden_owners[r]
+                problems.append(
+                    f"step {snap.step} hidden state of {key.rid}@{key.pos}: max |diff| {float(err[r]):.3g} "
+                    f"(atol {atol}, rtol {rtol})"
+                )
     return Certification(
         ok=not problems, max_kv_error=worst_kv, max_hidden_error=worst_hidden, problems=tuple(problems)
     )

@@ -1,8 +1,16 @@
-"""Per-step copies of both KV pools, the live-token map and the step's hidden states."""
+"""Per-step copies of both KV pools, the live-token map and the step's hidden states.
+
+A snapshot holds whole pools, not only live slots: classifying a bad slot needs the rows of every slot
+of the layer (a misplaced row can sit in a free or stale slot) and the previous step's contents of the
+slot. Each pool buffer is copied exactly once per step, straight into its place in the stacked tensor.
+
+The live map is also kept as tensors (``live_table``, ``live_written``), built once here, so that the
+diff selects and checks live slots without a Python loop over tokens.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
@@ -20,6 +28,9 @@ class ScheduledStepLike(Protocol):
     @property
     def kind(self) -> str: ...
 
+# Columns of ``KVSnapshot.live_table``.
+RID, POS, FULL_SLOT, SWA_SLOT, IN_WINDOW = range(5)
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class KVSnapshot:
@@ -36,17 +47,45 @@ class KVSnapshot:
     hidden: torch.Tensor
     """[tokens of the step, hidden] final hidden states, every forward of the step concatenated"""
     hidden_owners: tuple[TokenKey, ...]
+    live_rids: tuple[str, ...] = field(init=False, repr=False, compare=False)
+    """distinct request ids of ``live`` in order of first appearance"""
+    live_table: torch.Tensor = field(init=False, repr=False, compare=False)
+    """[live, 5] int64 per live token: index into ``live_rids``, pos, full_slot, swa_slot, in_window"""
+    live_written: torch.Tensor = field(init=False, repr=False, compare=False)
+    """[live] bool: the token is among ``hidden_owners`` (this step wrote its K/V)"""
+
+    def __post_init__(self) -> None:
+        rids: dict[str, int] = {}
+        rows = [(rids.setdefault(t.rid, len(rids)), t.pos, t.full_slot, t.swa_slot, t.in_window) for t in self.live]
+        written = {(key.rid, key.pos) for key in self.hidden_owners}
+        object.__setattr__(self, "live_rids", tuple(rids))
+        object.__setattr__(self, "live_table", torch.tensor(rows, dtype=torch.int64).reshape(len(rows), 5))
+        object.__setattr__(
+            self, "live_written", torch.tensor([(t.rid, t.pos) in written for t in self.live], dtype=torch.bool)
+        )
+
+    def same_schedule(self, other: KVSnapshot) -> bool:
+        """Same step and the same live tokens in the same slots (``live == other.live``, compared as tensors)."""
+        return (
+            self.step == other.step
+            and self.live_rids == other.live_rids
+            and torch.equal(self.live_table, other.live_table)
+        )
 
 
 def _stack(buffers: list[torch.Tensor], like: torch.Tensor) -> torch.Tensor:
     if not buffers:
-        return like.new_zeros((0, *like.shape[1:]))
-    return torch.stack([b.detach().cpu().clone() for b in buffers])
+        return torch.empty((0, *like.shape[1:]), dtype=like.dtype)
+    out = torch.empty((len(buffers), *buffers[0].shape), dtype=buffers[0].dtype)
+    for i, buf in enumerate(buffers):
+        out[i].copy_(buf.detach())
+    return out
 
 
 def take_snapshot(
     pool: HybridSWAKVPool, step: ScheduledStepLike, live: list[LiveToken], hidden: list[torch.Tensor]
 ) -> KVSnapshot:
+    """Copy both pools (each buffer once) and the step's hidden states to host memory."""
     like = (pool.full_k_buffer or pool.swa_k_buffer)[0]
     return KVSnapshot(
         step=step.index,
@@ -56,6 +95,17 @@ def take_snapshot(
         full_v=_stack(pool.full_v_buffer, like),
         swa_k=_stack(pool.swa_k_buffer, like),
         swa_v=_stack(pool.swa_v_buffer, like),
-        hidden=torch.cat([h.detach().cpu() for h in hidden]) if hidden else torch.empty(0),
+        hidden=_concat(hidden),
         hidden_owners=tuple(key for forward in step.forwards for key in forward),
     )
+
+
+def _concat(parts: list[torch.Tensor]) -> torch.Tensor:
+    if not parts:
+        return torch.empty(0)
+    out = torch.empty((sum(p.shape[0] for p in parts), *parts[0].shape[1:]), dtype=parts[0].dtype)
+    row = 0
+    for p in parts:
+        out[row : row + p.shape[0]].copy_(p.detach())
+        row += p.shape[0]
+    return out

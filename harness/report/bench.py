@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..check.diffbench import DiffBenchRow
 from .files import write_atomic
 from .text import table
 
@@ -101,3 +102,26 @@ def render_terminal(rows: Sequence[BenchRow], info: dict[str, str]) -> str:
     slow = sum(not r.ok for r in rows)
     lines.append(f"{len(rows)} rows, {slow} above the goal of replay <= {GOAL}x eager (measured, not asserted)")
     return "\n".join(lines)
+
+
+def render_diff_markdown(rows: Sequence[DiffBenchRow], machine: str | None = None) -> str:
+    """The rows as a markdown table, with the cache geometry above it."""
+    if not rows:
+        return ""
+    first = rows[0]
+    lines = [
+        f"Cache {first.cache_bytes / 2**20:.0f} MiB per snapshot (both pools, every layer, K and V), "
+        f"{first.live_slots} live (pool, slot) pairs per step, {max(r.steps for r in rows)} steps per run"
+        + (f"; {machine}" if machine else "") + ".",
+        "",
+        "| case | slots found | bad rows | seconds | vs copy | vs clone | peak MiB | peak / snapshot |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        peak = "n/a" if r.peak_bytes is None else f"{r.peak_bytes / 2**20:.0f}"
+        share = "n/a" if r.peak_bytes is None else f"{r.peak_bytes / r.cache_bytes:.2f}"
+        lines.append(
+            f"| {r.case} | {r.found_slots} | {r.mismatches} | {r.seconds:.3f} | {r.vs_copy:.2f}x | "
+            f"{r.vs_clone:.2f}x | {peak} | {share} |"
+        )
+    return "\n".join(lines) + "\n"

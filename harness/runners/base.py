@@ -17,7 +17,13 @@ from ..serving.batch import ForwardBatch
 from ..serving.faults import Component, faults_acting_on
 from ..serving.model import SyntheticModel
 from ..serving.pool import HybridSWAKVPool, ReqToTokenPool
-from .observations import AuditFinding, FindingKind, ForwardPath, ForwardRecord, GraphObservations
+from .observations import (
+    AuditFinding,
+    FindingKind,
+    ForwardPath,
+    ForwardRecord,
+    GraphObservations,
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

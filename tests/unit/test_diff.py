@@ -110,3 +110,91 @@ def test_tolerance_mode_accepts_small_differences_and_flags_large_ones():
     far = diff_runs((snap(0, {1: 1.5}, live, [("a", 0)]),), tuple(ref), layer_is_swa=SWA, exact=False,
                     atol=1e-3, rtol=0.0)
     assert close.total == 0 and far.total == 1
+
+
+# ---- at scale: many slots, many differences --------------------------------------------------------------
+
+def big_snap(step, k, v, live, written=()):
+    """One SWA layer pool ``k``, ``v`` [1, slots, H, D]; no full layer."""
+    empty = k.new_zeros((0, *k.shape[1:]))
+    return KVSnapshot(step=step, kind="decode", live=tuple(live), full_k=empty, full_v=empty, swa_k=k, swa_v=v,
+                      hidden=torch.zeros(len(written), 4), hidden_owners=tuple(TokenKey(r, p) for r, p in written))
+
+
+def big_pool(slots, dtype=torch.float32, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    k = torch.randn(1, slots, 2, 8, generator=gen).to(dtype)
+    return k, torch.randn(1, slots, 2, 8, generator=gen).to(dtype)
+
+
+def test_identical_large_caches_have_no_mismatches():
+    k, v = big_pool(20_000)
+    live = [tok(f"r{i % 7}", i, i) for i in range(1, 20_000)]
+    d = diff_runs((big_snap(0, k, v, live),), (big_snap(0, k.clone(), v.clone(), live),), layer_is_swa=SWA)
+    assert (d.total, d.mismatched_slots, d.mismatches, d.classes) == (0, 0, (), ())
+
+
+def test_misplaced_row_is_found_among_many_slots():
+    k, v = big_pool(50_000)
+    live = [tok("a", i, i) for i in range(1, 40_000)]
+    sub_k, sub_v = k.clone(), v.clone()
+    sub_k[0, 45_678], sub_v[0, 45_678] = k[0, 123], v[0, 123]  # a free slot got token 123's row
+    sub_k[0, 123] += 1.0
+    _, d = classes([big_snap(0, sub_k, sub_v, live)], [big_snap(0, k, v, live)])
+    assert [(m.slot, m.classification, m.detail) for m in d.mismatches] == [
+        (123, "misplaced", "expected row found in slot 45678")
+    ]
+
+
+def test_overwritten_names_the_right_owner_when_many_slots_differ():
+    k, v = big_pool(5_000)
+    live = [tok("a", i, i) for i in range(1, 5_000)]
+    gen = torch.Generator().manual_seed(1)
+    victims = torch.randperm(4_999, generator=gen)[:1_500] + 1
+    sources = torch.randperm(4_999, generator=gen)[:1_500] + 1
+    sub_k, sub_v = k.clone(), v.clone()
+    sub_k[0, victims], sub_v[0, victims] = k[0, sources], v[0, sources]
+    expect = {int(s): f"holds the K/V of a@{int(src)}" for s, src in zip(victims, sources) if s != src}
+    d = diff_runs((big_snap(0, sub_k, sub_v, live),), (big_snap(0, k, v, live),), layer_is_swa=SWA, limit=10_000)
+    assert {m.slot: m.detail for m in d.mismatches} == expect
+    assert d.classes == (("overwritten", len(expect)),) and d.mismatched_slots == len(expect)
+
+
+def test_hash_collisions_are_resolved_by_comparing_bytes(monkeypatch):
+    import harness.check.diff as diff_module
+
+    k, v = big_pool(300)
+    live = [tok("a", i, i) for i in range(1, 300)]
+    sub_k, sub_v = k.clone(), v.clone()
+    sub_k[0, 7], sub_v[0, 7] = k[0, 9], v[0, 9]      # holds a@9's row
+    sub_k[0, 8] += 0.5                                 # a new row: collides with every row, equals none
+    sub_k[0, 20] += 0.25                               # a@20's row went ...
+    sub_k[0, 150], sub_v[0, 150] = k[0, 20], v[0, 20]  # ... here, over a@150's
+    sub_k[0, 299] = k[0, 20]                           # and its K alone here: not the row
+    sub, ref = (big_snap(0, sub_k, sub_v, live),), (big_snap(0, k, v, live),)
+    want = [(7, "kv", "overwritten", "holds the K/V of a@9"), (8, "k", "drift", "max |diff| 0.5"),
+            (20, "k", "misplaced", "expected row found in slot 150"), (150, "kv", "overwritten", "holds the K/V of a@20"),
+            (299, "k", "drift", "max |diff|")]
+
+    def rows(d):
+        return [(m.slot, m.what, m.classification, m.detail[:10] if m.slot == 299 else m.detail) for m in d.mismatches]
+
+    assert rows(diff_runs(sub, ref, layer_is_swa=SWA)) == want
+    # Every row now hashes alike: only the byte comparison tells them apart.
+    monkeypatch.setattr(diff_module, "_row_hash", lambda words: torch.zeros(words.shape[0], dtype=torch.int64))
+    assert rows(diff_runs(sub, ref, layer_is_swa=SWA)) == want
+
+
+def test_tolerance_mode_on_bf16_flags_only_differences_beyond_tolerance():
+    k, v = big_pool(1_000, torch.bfloat16)
+    live = [tok("a", i, i) for i in range(1, 1_000)]
+    sub_k = k.clone()
+    sub_k[0, 10:20] = (k[0, 10:20].float() + 0.01).to(torch.bfloat16)   # rounding-sized: within tolerance
+    sub_k[0, 30, 1, 3] = k[0, 30, 1, 3] + 1.0                            # beyond
+    sub_k[0, 40, 0, 0] = float("nan")
+    sub, ref = (big_snap(0, sub_k, v.clone(), live),), (big_snap(0, k, v, live),)
+    loose = diff_runs(sub, ref, layer_is_swa=SWA, exact=False, atol=0.1, rtol=0.05)
+    assert [(m.slot, m.what, m.classification) for m in loose.mismatches] == [(30, "k", "drift"), (40, "k", "drift")]
+    assert loose.mismatches[1].detail == "computed NaN"
+    exact = diff_runs(sub, ref, layer_is_swa=SWA)
+    assert exact.mismatched_slots == 12

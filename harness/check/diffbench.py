@@ -1,0 +1,265 @@
+"""Diff throughput and memory, side by side with a plain copy of the same cache.
+
+``measure_diff`` builds two runs' snapshots of a hybrid cache of about ``cache_bytes`` directly (no model
+run): random K/V rows in every live slot, poison elsewhere, as ``build_session`` leaves a pool. Then, in
+one process, it times
+
+* ``copy``: ``Tensor.copy_`` of one snapshot's four pool tensors into warm, preallocated buffers (memory
+  bandwidth: the strict baseline);
+* ``clone``: ``Tensor.clone`` of the same tensors, fresh memory each time, as a snapshot is taken;
+* ``identical``: ``diff_runs`` over ``steps`` steps whose subject is a byte-equal copy of the reference;
+* ``N mismatched slots``: the same with N live (pool, slot) pairs corrupted in every layer of their pool
+  and every step, cycling through poison, another live token's row, the expected row moved to a free
+  slot, and a small numeric change, so that every classification rule is exercised.
+
+Throughput is cache bytes per second: a copy moves ``cache_bytes`` per snapshot, the diff compares
+``cache_bytes`` of subject (against as many of reference) per step, so ``vs_copy`` = (steps x copy time)
+/ diff time; 1.0 means the diff gets through a step's cache as fast as a copy would. The cases are timed
+in ``repeats`` interleaved rounds and each keeps its best time, so that a burst of other work on the
+machine does not land on one case only.
+
+Peak memory is the growth of the process's resident set during the call: Linux resets the high-water
+mark (``VmHWM``) when "5" is written to ``/proc/self/clear_refs``, so it is reset right before each call
+and read right after. torch allocates CPU tensors with malloc (large blocks are mapped and unmapped
+directly), so the resident set follows live tensors; tracemalloc would not see them. Where the reset is
+not allowed the peak is reported as None.
+
+Memory needed: about (3 + len(mismatched_slots)) x ``cache_bytes``, every subject being built up front.
+"""
+
+from __future__ import annotations
+
+import gc
+import re
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from ..serving.pool import poison_
+from ..serving.timeline import LiveToken, TokenKey
+from .diff import DiffResult, diff_runs
+from .snapshot import KVSnapshot
+
+__all__ = ["DiffBenchRow", "measure_diff"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DiffBenchRow:
+    case: str
+    """"copy", "clone", "identical" or "N mismatched slots\""""
+    cache_bytes: int
+    """one snapshot: both pools, every layer, K and V"""
+    steps: int
+    """snapshots per run diffed (copy and clone handle one)"""
+    live_slots: int
+    """(pool, slot) pairs compared per step: full-pool live tokens plus SWA in-window tokens"""
+    mismatched_slots: int
+    """requested differing (pool, slot) pairs; 0 for copy, clone and identical"""
+    found_slots: int
+    """``DiffResult.mismatched_slots`` (equals the request when the diff is right)"""
+    mismatches: int
+    """``DiffResult.total``: bad (layer, slot) rows over all steps"""
+    classes: tuple[tuple[str, int], ...]
+    seconds: float
+    """best of the rounds"""
+    vs_copy: float
+    """throughput relative to ``copy``: (steps x copy seconds) / seconds"""
+    vs_clone: float
+    """throughput relative to ``clone``"""
+    peak_bytes: int | None
+    """largest resident-set growth during one call, None where it cannot be measured"""
+
+
+@dataclass(frozen=True, slots=True)
+class _Cache:
+    ref: KVSnapshot
+    live_slots: dict[str, torch.Tensor]
+    """pool -> slots compared there"""
+    free_slots: dict[str, torch.Tensor]
+    """pool -> slots neither live nor the dummy"""
+
+
+_PATTERN = ("swa", "full", "swa", "full")
+
+
+def measure_diff(
+    cache_bytes: int,
+    mismatched_slots: Sequence[int] = (1_000, 10_000, 100_000),
+    seed: int = 0,
+    *,
+    steps: int = 2,
+    repeats: int = 3,
+    num_kv_heads: int = 4,
+    head_dim: int = 64,
+    dtype: torch.dtype = torch.float32,
+) -> list[DiffBenchRow]:
+    """Copy, clone, identical diff and one diff per entry of ``mismatched_slots`` on a cache of ~``cache_bytes``."""
+    gen = torch.Generator().manual_seed(seed)
+    cache = _build(cache_bytes, num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype, gen=gen)
+    layer_is_swa = tuple(kind == "swa" for kind in _PATTERN)
+    size = _snapshot_bytes(cache.ref)
+    live = sum(s.numel() for s in cache.live_slots.values())
+    reference = (cache.ref,) * steps
+    targets = [cache.ref.full_k, cache.ref.full_v, cache.ref.swa_k, cache.ref.swa_v]
+    copies = [torch.empty_like(t) for t in targets]
+
+    def copy() -> None:
+        for dst, src in zip(copies, targets):
+            dst.copy_(src)
+
+    copy()  # touch the destination pages once: the copy is timed into warm memory
+    calls: dict[str, Callable[[], object]] = {"copy": copy, "clone": lambda: [t.clone() for t in targets]}
+    requested = {"copy": 0, "clone": 0}
+    for name, n in [("identical", 0)] + [(f"{n} mismatched slots", n) for n in mismatched_slots]:
+        subject = (_corrupted(cache, n, gen),) * steps
+        calls[name] = lambda subject=subject: diff_runs(subject, reference, layer_is_swa=layer_is_swa)
+        requested[name] = n
+
+    best = dict.fromkeys(calls, float("inf"))
+    peaks: dict[str, int | None] = dict.fromkeys(calls)
+    results: dict[str, object] = {}
+    for _ in range(max(1, repeats)):
+        for name, call in calls.items():
+            seconds, peak, results[name] = _timed(call)
+            best[name] = min(best[name], seconds)
+            if peak is not None:
+                peaks[name] = max(peaks[name] or 0, peak)
+    rows = []
+    for name in calls:
+        result = results[name]
+        diffed = isinstance(result, DiffResult)
+        n_steps = steps if diffed else 1
+        rows.append(DiffBenchRow(
+            case=name, cache_bytes=size, steps=n_steps, live_slots=live, mismatched_slots=requested[name],
+            found_slots=result.mismatched_slots if diffed else 0, mismatches=result.total if diffed else 0,
+            classes=result.classes if diffed else (), seconds=best[name],
+            vs_copy=n_steps * best["copy"] / best[name], vs_clone=n_steps * best["clone"] / best[name],
+            peak_bytes=peaks[name],
+        ))
+    return rows
+
+
+# ---- building the caches --------------------------------------------------------------------------------
+
+def _build(cache_bytes: int, *, num_kv_heads: int, head_dim: int, dtype: torch.dtype, gen: torch.Generator) -> _Cache:
+    row = num_kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
+    n_full, n_swa = _PATTERN.count("full"), _PATTERN.count("swa")
+    # The SWA pool has a third of the full pool's slots, as SGLang sizes it for a window well below the context;
+    # requests of 128 tokens fill 85% of the full pool, their in-window tokens 90% of the SWA pool.
+    full_size = max(16, int(cache_bytes / (2 * row * (n_full + n_swa / 3))))
+    swa_size = max(8, full_size // 3)
+    req_len = 128
+    n_req = max(1, int(0.85 * (full_size - 1)) // req_len)
+    in_window = max(1, min(req_len, int(0.9 * (swa_size - 1)) // n_req))
+    full_slots = (torch.randperm(full_size - 1, generator=gen)[: n_req * req_len] + 1).view(n_req, req_len)
+    swa_slots = (torch.randperm(swa_size - 1, generator=gen)[: n_req * in_window] + 1).view(n_req, in_window)
+
+    live = []
+    for r in range(n_req):
+        first_in = req_len - in_window
+        fs, ss = full_slots[r].tolist(), swa_slots[r].tolist()
+        live.extend(
+            LiveToken(rid=f"r{r}", pos=p, full_slot=fs[p], swa_slot=ss[p - first_in] if p >= first_in else 0,
+                      in_window=p >= first_in)
+            for p in range(req_len)
+        )
+    written = tuple(TokenKey(f"r{r}", req_len - 1) for r in range(n_req))  # a decode step: each request's newest token
+
+    def pool(size: int, layers: int, used: torch.Tensor) -> torch.Tensor:
+        t = torch.empty((layers, size, num_kv_heads, head_dim), dtype=dtype)
+        poison_(t)
+        t[:, 0] = 0
+        t[:, used] = torch.randn((layers, used.numel(), num_kv_heads, head_dim), generator=gen).to(dtype)
+        return t
+
+    used_full, used_swa = full_slots.flatten(), swa_slots.flatten()
+    ref = KVSnapshot(
+        step=0, kind="decode", live=tuple(live),
+        full_k=pool(full_size, n_full, used_full), full_v=pool(full_size, n_full, used_full),
+        swa_k=pool(swa_size, n_swa, used_swa), swa_v=pool(swa_size, n_swa, used_swa),
+        hidden=torch.randn((n_req, 64), generator=gen), hidden_owners=written,
+    )
+
+    def free(size: int, used: torch.Tensor) -> torch.Tensor:
+        mask = torch.ones(size, dtype=torch.bool)
+        mask[0] = False
+        mask[used] = False
+        return mask.nonzero().flatten()
+
+    return _Cache(
+        ref=ref, live_slots={"full": used_full, "swa": used_swa},
+        free_slots={"full": free(full_size, used_full), "swa": free(swa_size, used_swa)},
+    )
+
+
+def _corrupted(cache: _Cache, n: int, gen: torch.Generator) -> KVSnapshot:
+    """A byte-equal copy of the reference snapshot with ``n`` live (pool, slot) pairs made to differ."""
+    ref = cache.ref
+    tensors = {"full": (ref.full_k.clone(), ref.full_v.clone()), "swa": (ref.swa_k.clone(), ref.swa_v.clone())}
+    counts = {pool: slots.numel() for pool, slots in cache.live_slots.items()}
+    if n > sum(counts.values()):
+        raise ValueError(f"{n} mismatched slots requested but only {sum(counts.values())} are live")
+    picked = torch.randperm(sum(counts.values()), generator=gen)[:n]
+    offset = 0
+    for pool, count in counts.items():
+        live = cache.live_slots[pool]
+        at = picked[(picked >= offset) & (picked < offset + count)] - offset
+        offset += count
+        k, v = tensors[pool]
+        ref_k, ref_v = (ref.full_k, ref.full_v) if pool == "full" else (ref.swa_k, ref.swa_v)
+        poisoned, copied, moved, drifted = (at[torch.arange(at.numel()) % 4 == i] for i in range(4))
+        # never written: poison
+        for t in (k, v):
+            rows = t.new_empty((t.shape[0], poisoned.numel(), *t.shape[2:]))
+            poison_(rows)
+            t[:, live[poisoned]] = rows
+        # another live token's row (any other position: live slots are distinct)
+        others = (copied + torch.randint(1, max(2, count), (copied.numel(),), generator=gen)) % count
+        k[:, live[copied]], v[:, live[copied]] = ref_k[:, live[others]], ref_v[:, live[others]]
+        # the expected row moved to a free slot, a fresh row left behind; without free slots left, a drift
+        free = cache.free_slots[pool]
+        moved, stayed = moved[: free.numel()], moved[free.numel() :]
+        dest = free[: moved.numel()]
+        k[:, dest], v[:, dest] = ref_k[:, live[moved]], ref_v[:, live[moved]]
+        k[:, live[moved]] = torch.randn((k.shape[0], moved.numel(), *k.shape[2:]), generator=gen).to(k.dtype)
+        # a small numeric change in one element
+        drifted = live[torch.cat([drifted, stayed])]
+        k[:, drifted, 0, 0] = (k[:, drifted, 0, 0].float() + 1e-3).to(k.dtype)
+    return KVSnapshot(
+        step=ref.step, kind=ref.kind, live=ref.live,
+        full_k=tensors["full"][0], full_v=tensors["full"][1], swa_k=tensors["swa"][0], swa_v=tensors["swa"][1],
+        hidden=ref.hidden.clone(), hidden_owners=ref.hidden_owners,
+    )
+
+
+def _snapshot_bytes(s: KVSnapshot) -> int:
+    return sum(t.numel() * t.element_size() for t in (s.full_k, s.full_v, s.swa_k, s.swa_v))
+
+
+# ---- measuring ------------------------------------------------------------------------------------------
+
+def _status(field: str) -> int:
+    with open("/proc/self/status") as f:
+        return int(re.search(rf"^{field}:\s+(\d+) kB", f.read(), re.M).group(1)) * 1024
+
+
+def _reset_peak() -> bool:
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def _timed(call: Callable[[], object]) -> tuple[float, int | None, object]:
+    """Seconds, resident-set growth (None where it cannot be measured) and result of one call."""
+    gc.collect()
+    measurable = _reset_peak()
+    before = _status("VmRSS") if measurable else 0
+    start = time.perf_counter()
+    result = call()
+    seconds = time.perf_counter() - start
+    return seconds, (_status("VmHWM") - before) if measurable else None, result

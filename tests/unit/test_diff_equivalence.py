@@ -1,0 +1,198 @@
+"""The vectorized diff against a literal, slot-at-a-time reading of the classification rules.
+
+Random small runs with everything the rules care about: poison, rows copied from other live tokens,
+rows moved to other slots (live or free), stale changes, slots kept from the previous step, NaN, fp8
+bytes, duplicate rows, two live tokens sharing a slot, tolerance mode. Each case is also diffed with a
+hash that collides for almost every row, which must change nothing.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+import harness.check.diff as diff_module
+from harness.check.diff import diff_runs
+from harness.check.snapshot import KVSnapshot
+from harness.serving.pool import is_poison, poison_
+from harness.serving.timeline import LiveToken, TokenKey
+
+
+def _bytes(t: torch.Tensor) -> bytes:
+    return t.contiguous().view(torch.uint8).numpy().tobytes()
+
+
+def literal_diff(subject, reference, *, layer_is_swa, exact=True, atol=0.0, rtol=0.0):
+    """Every mismatch as (step, pool, layer, slot, rid, pos, what, classification, detail), in report order."""
+    ids = {"full": [i for i, s in enumerate(layer_is_swa) if not s], "swa": [i for i, s in enumerate(layer_is_swa) if s]}
+    found, slots_seen, prev = [], set(), None
+
+    def differs(a, b):
+        if exact or a.dtype == torch.uint8:
+            return _bytes(a) != _bytes(b)
+        return not bool(torch.isclose(a.float(), b.float(), atol=atol, rtol=rtol, equal_nan=True).all())
+
+    for sub, ref in zip(subject, reference):
+        written = set(sub.hidden_owners)
+        rows = []
+        for pool in ("full", "swa"):
+            sk, sv = (sub.full_k, sub.full_v) if pool == "full" else (sub.swa_k, sub.swa_v)
+            rk, rv = (ref.full_k, ref.full_v) if pool == "full" else (ref.swa_k, ref.swa_v)
+            pk, pv = ((prev.full_k, prev.full_v) if pool == "full" else (prev.swa_k, prev.swa_v)) if prev else (None, None)
+            tokens = list(sub.live) if pool == "full" else [t for t in sub.live if t.in_window]
+            slot_of = (lambda t: t.full_slot) if pool == "full" else (lambda t: t.swa_slot)
+            for li in range(sk.shape[0]):
+                for tok in tokens:
+                    s = slot_of(tok)
+                    bk, bv = differs(sk[li, s], rk[li, s]), differs(sv[li, s], rv[li, s])
+                    if not (bk or bv):
+                        continue
+                    got_k, got_v, want_k, want_v = sk[li, s], sv[li, s], rk[li, s], rv[li, s]
+                    holder = None
+                    for other in tokens:
+                        o = slot_of(other)
+                        if _bytes(rk[li, o]) == _bytes(got_k) and _bytes(rv[li, o]) == _bytes(got_v):
+                            holder = other
+                    was_written = TokenKey(tok.rid, tok.pos) in written
+                    changed = pk is not None and (_bytes(pk[li, s]) != _bytes(got_k) or _bytes(pv[li, s]) != _bytes(got_v))
+                    elsewhere = next(
+                        (j for j in range(sk.shape[1]) if j != s and _bytes(sk[li, j]) == _bytes(want_k)
+                         and _bytes(sv[li, j]) == _bytes(want_v)),
+                        None,
+                    )
+                    if is_poison(got_k) and is_poison(got_v):
+                        cls = ("unwritten", "slot still holds poison")
+                    elif holder is not None and (holder.rid, holder.pos) != (tok.rid, tok.pos):
+                        cls = ("overwritten", f"holds the K/V of {holder.rid}@{holder.pos}")
+                    elif not was_written and changed:
+                        cls = ("overwritten", "changed in a step that did not write its owner: a padded row or a stale location")
+                    elif elsewhere is not None:
+                        cls = ("misplaced", f"expected row found in slot {elsewhere}")
+                    elif was_written and pk is not None and not changed:
+                        cls = ("unwritten", "slot kept its previous contents")
+                    elif got_k.dtype == torch.uint8:
+                        cls = ("drift", "quantized bytes differ")
+                    elif bool(torch.isnan(got_k).any() or torch.isnan(got_v).any()):
+                        cls = ("drift", "computed NaN")
+                    else:
+                        size = torch.maximum((got_k.float() - want_k.float()).abs().max(), (got_v.float() - want_v.float()).abs().max())
+                        cls = ("drift", f"max |diff| {float(size):.3g}")
+                    what = "kv" if bk and bv else ("k" if bk else "v")
+                    rows.append((sub.step, pool, ids[pool][li], s, tok.rid, tok.pos, what, *cls))
+                    slots_seen.add((pool, s))
+        rows.sort(key=lambda r: (r[2], r[3]))
+        found.extend(rows)
+        prev = sub
+    return found, len(slots_seen)
+
+
+DTYPES = (torch.float32, torch.bfloat16, torch.uint8)
+
+
+def random_runs(seed: int):
+    rng = random.Random(seed)
+    dtype = rng.choice(DTYPES)
+    layer_is_swa = tuple(rng.random() < 0.5 for _ in range(rng.randint(1, 4)))
+    heads, dim = rng.choice([(1, 2), (2, 4), (1, 8), (2, 2)])
+    sizes = {"full": rng.randint(6, 24), "swa": rng.randint(6, 16)}
+    n_layers = {"full": sum(not s for s in layer_is_swa), "swa": sum(layer_is_swa)}
+    palette = [torch.randn(heads, dim) for _ in range(4)]
+
+    def row():
+        r = rng.choice(palette) if rng.random() < 0.3 else torch.randn(heads, dim)
+        if dtype == torch.uint8:
+            return (r * 8).to(torch.float8_e4m3fn).view(torch.uint8)
+        return r.to(dtype)
+
+    def pool_tensor(pool):
+        t = torch.empty(n_layers[pool], sizes[pool], heads, dim, dtype=dtype)
+        poison_(t)
+        for l in range(t.shape[0]):
+            t[l, 0] = 0
+            for s in range(1, t.shape[1]):
+                if rng.random() < 0.8:
+                    t[l, s] = row()
+        return t
+
+    steps = rng.randint(1, 3)
+    ref_snaps, sub_snaps = [], []
+    ref_pools = {p: (pool_tensor(p), pool_tensor(p)) for p in ("full", "swa")}
+    sub_pools = {p: (k.clone(), v.clone()) for p, (k, v) in ref_pools.items()}
+    for step in range(steps):
+        n_live = rng.randint(1, sizes["full"] - 1)
+        full_slots = rng.sample(range(1, sizes["full"]), n_live)
+        swa_free = list(range(1, sizes["swa"]))
+        rng.shuffle(swa_free)
+        live = []
+        for i, fs in enumerate(full_slots):
+            if rng.random() < 0.1 and live:
+                fs = rng.choice(live).full_slot  # two live tokens in one slot: a scheduler bug the diff must survive
+            in_window = rng.random() < 0.6 and bool(swa_free)
+            live.append(LiveToken(rid=f"r{i % 3}", pos=i, full_slot=fs, swa_slot=swa_free.pop() if in_window else 0,
+                                  in_window=in_window))
+        written = tuple(TokenKey(t.rid, t.pos) for t in live if rng.random() < 0.4)
+        for pool in ("full", "swa"):
+            for which in range(2):
+                ref_t, sub_t = ref_pools[pool][which], sub_pools[pool][which]
+                for l in range(ref_t.shape[0]):
+                    for s in rng.sample(range(1, sizes[pool]), min(3, sizes[pool] - 1)):
+                        ref_t[l, s] = sub_t[l, s] = row()  # this step's writes, the same in both runs
+        for pool in ("full", "swa"):
+            sk, sv = sub_pools[pool]
+            for l in range(sk.shape[0]):
+                for _ in range(rng.randint(0, 4)):
+                    s, j = rng.randrange(sizes[pool]), rng.randrange(sizes[pool])
+                    kind = rng.randrange(7)
+                    if kind == 0:
+                        poison_(sk[l, s]), poison_(sv[l, s])
+                    elif kind == 1:
+                        sk[l, s], sv[l, s] = sk[l, j].clone(), sv[l, j].clone()
+                    elif kind == 2:
+                        sk[l, j], sv[l, j] = sk[l, s].clone(), sv[l, s].clone()
+                        sk[l, s] = row()
+                    elif kind == 3 and dtype != torch.uint8:
+                        sk[l, s] = sk[l, s] + 1e-3
+                    elif kind == 4 and dtype != torch.uint8:
+                        sv[l, s, 0, 0] = float("nan")
+                    elif kind == 5:
+                        sk[l, s] = row()
+                    else:
+                        poison_(sk[l, s])
+        hidden = torch.randn(len(written), 4)
+        for snaps, pools in ((ref_snaps, ref_pools), (sub_snaps, sub_pools)):
+            snaps.append(KVSnapshot(
+                step=step, kind="decode", live=tuple(live),
+                full_k=pools["full"][0].clone(), full_v=pools["full"][1].clone(),
+                swa_k=pools["swa"][0].clone(), swa_v=pools["swa"][1].clone(),
+                hidden=hidden.clone(), hidden_owners=written,
+            ))
+    return tuple(sub_snaps), tuple(ref_snaps), layer_is_swa, dtype
+
+
+def _as_rows(result):
+    return [(m.step, m.pool, m.layer, m.slot, m.rid, m.pos, m.what, m.classification, m.detail) for m in result.mismatches]
+
+
+def _colliding_hash(words: torch.Tensor) -> torch.Tensor:
+    return (words[:, 0].to(torch.int64) & 1) if words.shape[0] else torch.zeros(0, dtype=torch.int64)
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_vectorized_diff_classifies_like_the_literal_rules(seed, monkeypatch):
+    sub, ref, layer_is_swa, dtype = random_runs(seed)
+    tolerant = seed % 4 == 3 and dtype != torch.uint8
+    kw = dict(exact=False, atol=2e-3, rtol=0.0) if tolerant else {}
+    want, want_slots = literal_diff(sub, ref, layer_is_swa=layer_is_swa, **kw)
+    got = diff_runs(sub, ref, layer_is_swa=layer_is_swa, limit=10_000, **kw)
+    assert _as_rows(got) == want
+    assert got.total == len(want) and got.mismatched_slots == want_slots
+    classes: dict[str, int] = {}
+    for row in want:
+        classes[row[7]] = classes.get(row[7], 0) + 1
+    assert got.classes == tuple(sorted(classes.items()))
+    assert _as_rows(diff_runs(sub, ref, layer_is_swa=layer_is_swa, limit=5, **kw)) == want[:5]
+
+    monkeypatch.setattr(diff_module, "_row_hash", _colliding_hash)
+    assert _as_rows(diff_runs(sub, ref, layer_is_swa=layer_is_swa, limit=10_000, **kw)) == want
