@@ -30,8 +30,17 @@ from pathlib import Path
 
 import torch
 
+from .check.diffbench import measure_diff
 from .check.run import Session, build_session
-from .report.bench import BenchRow, render_markdown, render_terminal, write_section
+from .report.bench import (
+    DIFF_BEGIN,
+    DIFF_END,
+    BenchRow,
+    render_diff_markdown,
+    render_markdown,
+    render_terminal,
+    write_section,
+)
 from .runners.base import Runner, RunnerContext
 from .runners.eager import EagerRunner
 from .runspec import GraphSpec, RunSpec
@@ -235,9 +244,23 @@ def main(argv: Sequence[str] | None = None) -> int:
                                      description="graph replay time against eager time per preset and bucket")
     parser.add_argument("--repeats", type=int, default=60, help="interleaved eager/replay pairs per row")
     parser.add_argument("--out", default="BENCHMARKS.md", help="markdown file the table is written into")
+    parser.add_argument("--diff-cache-mib", type=int, default=256,
+                        help="size of the synthetic KV cache the diff benchmark compares (it needs ~6x this in RAM)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
-    return run_bench(repeats=args.repeats, out=Path(args.out))
+    code = run_bench(repeats=args.repeats, out=Path(args.out))
+    return code or run_diff_bench(cache_mib=args.diff_cache_mib, out=Path(args.out))
+
+
+def run_diff_bench(*, cache_mib: int, out: Path) -> int:
+    """The diff's throughput against a plain copy of the same bytes, identical and with 1k/10k/100k bad slots."""
+    sys.stderr.write(f"diff benchmark on a {cache_mib} MiB cache...\n")
+    rows = measure_diff(cache_mib << 20)
+    machine = f"{_cpu_model()}, {os.cpu_count()} cores, torch threads {torch.get_num_threads()}, load {_load_average()}"
+    section = "## Diff throughput\n\n" + render_diff_markdown(rows, machine)
+    print(section)
+    write_section(out, section, begin=DIFF_BEGIN, end_marker=DIFF_END)
+    return 0
 
 
 if __name__ == "__main__":

@@ -82,14 +82,18 @@ def render_markdown(rows: Sequence[BenchRow], info: dict[str, str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_section(path: Path, section: str) -> None:
-    """Put ``section`` between the bench markers of ``path``, leaving the rest of the file as it is."""
-    block = f"{BEGIN}\n{section.rstrip()}\n{END}\n"
+DIFF_BEGIN = "<!-- bench-diff:begin -->"
+DIFF_END = "<!-- bench-diff:end -->"
+
+
+def write_section(path: Path, section: str, *, begin: str = BEGIN, end_marker: str = END) -> None:
+    """Put ``section`` between a pair of bench markers of ``path``, leaving the rest of the file as it is."""
+    block = f"{begin}\n{section.rstrip()}\n{end_marker}\n"
     text = path.read_text() if path.exists() else _INTRO
-    start = text.find(BEGIN)
-    end = text.find(END, start + len(BEGIN)) if start >= 0 else -1
+    start = text.find(begin)
+    end = text.find(end_marker, start + len(begin)) if start >= 0 else -1
     if start >= 0 and end >= 0:
-        tail = text[end + len(END):]
+        tail = text[end + len(end_marker):]
         text = text[:start] + block + (tail[1:] if tail.startswith("\n") else tail)
     else:
         text = text.rstrip("\n") + "\n\n" + block
