@@ -49,6 +49,10 @@ class KVMismatch:
     """"k", "v", "kv" or "hidden\""""
     classification: str
     detail: str
+    holder: str | None = None
+    """``rid@pos`` of the live token whose K/V an overwritten slot holds, when one does"""
+    found_in: int | None = None
+    """the slot where a misplaced row's expected K/V was found"""
 
     def where(self) -> str:
         if self.pool == "hidden":
@@ -490,6 +494,8 @@ class _Differ:
                 KVMismatch(
                     step=step, pool=names[p], layer=l, slot=sl, rid=tok.rid, pos=tok.pos, what=_WHAT[w],
                     classification=_CLASSES[c][0], detail=self._detail(c, a, names[p], l, sl, snap, ref),
+                    holder=f"{snap.live[a].rid}@{snap.live[a].pos}" if c == HOLDS_OTHER else None,
+                    found_in=a if c == MISPLACED else None,
                 )
             )
         self.found.extend(hidden[: self.limit - len(self.found)])

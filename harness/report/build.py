@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import shlex
 from pathlib import Path
 
@@ -87,19 +86,9 @@ def reproduce(case: Case) -> tuple[str, str]:
     return pytest_cmd, cli_cmd
 
 
-# KVMismatch names the token an overwritten slot holds, and the slot a misplaced row went to, only inside its
-# ``detail`` sentence (check/diff.py words them "holds the K/V of rid@pos" and "expected row found in slot N").
-# Until the diff carries them as fields, they are read back here, the one place that knows that wording.
-_HOLDER = re.compile(r"holds the K/V of (.+@-?\d+)\Z", re.DOTALL)
-_FOUND_IN = re.compile(r"expected row found in slot (\d+)\Z")
-
-
 def _mismatch(m: KVMismatch) -> MismatchView:
-    holder = _HOLDER.match(m.detail) if m.classification == "overwritten" else None
-    found = _FOUND_IN.match(m.detail) if m.classification == "misplaced" else None
     return MismatchView(step=m.step, pool=m.pool, layer=m.layer, slot=m.slot, owner=f"{m.rid}@{m.pos}", what=m.what,
-                        classification=m.classification, detail=m.detail, holder=holder.group(1) if holder else None,
-                        found_in=int(found.group(1)) if found else None)
+                        classification=m.classification, detail=m.detail, holder=m.holder, found_in=m.found_in)
 
 
 def _graph(obs: GraphObservations | None) -> GraphView | None:
