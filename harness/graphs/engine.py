@@ -33,22 +33,42 @@ class GraphInput:
     """A tensor the graph reads that was not allocated during capture."""
 
     path: str | None
+    """attribute path that held it (a view: its base's path plus the slice); None when no root reaches it"""
     shape: tuple[int, ...]
     dtype: str
     registered: bool
+    """shares storage with a tensor the caller passed as a static input"""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StaleInput:
-    """An attribute that, at replay, no longer holds the tensor the graph captured."""
+    """A graph input that, at replay, is no longer what the program reads under its name.
+
+    ``kind="rebound"``: the attribute at ``path`` now holds another object, while the graph
+    keeps reading the tensor it captured.  ``kind="memory"``: the captured tensor itself now
+    has another storage, storage offset, size or stride, while the graph keeps reading the
+    memory and layout it captured.
+    """
 
     path: str
+    """attribute path of the input (a view as its base's path plus the slice), or ``<input k: ...>``"""
     captured: str
+    """what the graph reads: the captured tensor, or for ``memory`` its layout at capture"""
     now: str
+    """what the program has now: the object at ``path``, or for ``memory`` the tensor's layout now"""
+    kind: str = "rebound"
+    """``"rebound"`` or ``"memory"``"""
+    benign: bool = False
+    """rebound only: the captured tensor was written in place since the previous replay, so the graph
+    still reads refreshed data (a finding when False: nothing refreshes what the graph reads)"""
+    changed: str = ""
+    """memory only: what differs, e.g. ``storage 0x7f..40 -> 0x7f..80 (another storage); size [4] -> [2]``"""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class InputAudit:
+    """Every tensor a graph reads that capture did not allocate, in first-read order."""
+
     inputs: tuple[GraphInput, ...]
 
     @property
