@@ -21,9 +21,10 @@ and version counters.  Only when something differs is a report built
 
 * ``kind="rebound"``: the attribute holds another object now.  It is ``benign``
   when the tensor the graph captured was still written in place since the
-  previous replay (its version counter moved, which every in-place write through
-  it or any view of it does): the program refreshes the graph's buffer and only
-  keeps another tensor under the name.  Otherwise it is a finding: nothing
+  previous replay began (its version counter moved, which every in-place write
+  through it or any view of it does, while a graph's own kernels move none): the
+  program refreshes the graph's buffer and only keeps another tensor under the
+  name.  Otherwise it is a finding: nothing
   refreshes what the graph reads.
 * ``kind="memory"``: the captured tensor's storage, storage offset, size or
   stride differs from capture (``changed`` says which).
@@ -308,9 +309,16 @@ def _compile_paths(leaves: list[tuple[object, tuple[Step, ...], torch.Tensor]]) 
         names[f"h{n}"] = held
         checks.append(f"{var} is h{n}")
     lines += ["    except Exception:", "        return False", f"    return {' and '.join(checks) or 'True'}"]
+    source = "\n".join(lines)
+    code = _CODE.get(source)
+    if code is None:  # graphs of one runner share their paths: compile each shape once
+        code = _CODE[source] = compile(source, "<graph input paths>", "exec")
     scope: dict[str, Any] = dict(names)
-    exec("\n".join(lines), scope)  # noqa: S102 - generated from walked attribute names, keys via repr
+    exec(code, scope)  # noqa: S102 - generated from walked attribute names, keys via repr
     return scope["paths_ok"]
+
+
+_CODE: dict[str, Any] = {}
 
 
 _MISSING = object()
@@ -359,7 +367,7 @@ def _changes(was: _Layout, now: _Layout) -> str:
 
 
 class StaleWatch:
-    """What replay checks: ``check()`` before running the graph, ``replayed()`` after."""
+    """What replay checks, before running the graph."""
 
     __slots__ = ("_leaves", "_paths_ok", "_tensors", "_layouts", "_ptrs", "_versions", "_tracked", "_moved_ones")
 
@@ -381,6 +389,7 @@ class StaleWatch:
         return [t._version if ok else -1 for t, ok in zip(self._tensors, self._tracked)]
 
     def check(self) -> tuple[StaleInput, ...]:
+        """Before a replay: what moved since capture.  Versions read here are the next replay's baseline."""
         stale: list[StaleInput] = []
         versions = self._read_versions()
         if not self._paths_ok():
@@ -388,11 +397,8 @@ class StaleWatch:
         ptrs = list(map(_DATA_PTR, self._tensors))
         if ptrs != self._ptrs or versions != self._versions or self._moved_ones:
             stale.extend(self._moved(ptrs, versions))
+        self._versions = versions
         return tuple(stale)
-
-    def replayed(self) -> None:
-        """Remember the version counters: writes from here to the next replay refresh what the graph reads."""
-        self._versions = self._read_versions()
 
     def _rebound(self, versions: list[int]) -> list[StaleInput]:
         out = []

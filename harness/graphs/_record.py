@@ -40,16 +40,17 @@ for a real graph.
 
 from __future__ import annotations
 
+import gc
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ._refusals import FUNCTION_HOOKS, HOOKS, Rule, check_function, check_op, op_rule
+from ._refusals import FUNCTION_HOOKS, HOOKS, Rule, check_op, op_rule
 from .engine import _set_island_host, _tls
 
 StorageKey = int
@@ -137,6 +138,8 @@ def poison_storage(t: torch.Tensor) -> None:
 class OpInfo:
     """What the schema says about an op, computed once per overload."""
 
+    func: Any
+    call: Callable[..., Any]  # the overload's C++ entry point (skips OpOverload.__call__)
     name: str
     writes: tuple[tuple[int, str], ...]  # (position, name) of arguments the op writes
     inplace_view: bool  # mutates metadata only (t_, resize_, set_, ...)
@@ -144,15 +147,19 @@ class OpInfo:
     rule: Rule | None  # the refusal table's rule for this op
     gen_pos: int | None  # position of a ``generator`` argument of a random op
     seeded: bool  # draws random numbers
+    lift: bool  # turns a Python scalar into a tensor (a graph constant)
+    alloc: bool  # only allocates (empty*, new_empty*)
+    returns: bool  # has a return value (an op without one acts by its effect: an assert)
 
 
-_INFO_CACHE: dict[Any, OpInfo] = {}
+# Keyed by id: OpOverload.__hash__ is Python code, and overloads live as long as the process.
+_INFO_CACHE: dict[int, OpInfo] = {}
 _LIFT_OPS = frozenset({"aten::lift_fresh", "aten::lift_fresh_copy"})
 
 
 def op_info(func: Any) -> OpInfo:
-    info = _INFO_CACHE.get(func)
-    if info is None:
+    info = _INFO_CACHE.get(id(func))
+    if info is None or info.func is not func:
         schema = func._schema
         args = schema.arguments
         writes = tuple((i, a.name) for i, a in enumerate(args) if a.alias_info is not None and a.alias_info.is_write)
@@ -160,8 +167,10 @@ def op_info(func: Any) -> OpInfo:
         seeded = torch.Tag.nondeterministic_seeded in func.tags
         gen_pos = next((i for i, a in enumerate(args) if a.name == "generator"), None) if seeded else None
         relayouts = inplace_view or any(a.is_out for a in args) or (bool(writes) and not schema.returns)
-        info = OpInfo(schema.name, writes, inplace_view, relayouts, op_rule(schema.name), gen_pos, seeded)
-        _INFO_CACHE[func] = info
+        alloc = schema.name.split("::", 1)[-1].startswith(("empty", "new_empty"))
+        info = OpInfo(func, getattr(func, "_op", func), schema.name, writes, inplace_view, relayouts,
+                      op_rule(schema.name), gen_pos, seeded, schema.name in _LIFT_OPS, alloc, bool(schema.returns))
+        _INFO_CACHE[id(func)] = info
     return info
 
 
@@ -173,8 +182,24 @@ def written_tensors(info: OpInfo, args: tuple[Any, ...], kwargs: dict[str, Any])
     return found
 
 
-@dataclass(frozen=True, slots=True)
-class OpStep:
+def _tensor_args(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
+    """The tensors an aten call takes (schemas nest at most one list deep)."""
+    found = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            found.append(a)
+        elif isinstance(a, (list, tuple)):
+            found.extend(x for x in a if isinstance(x, torch.Tensor))
+    if kwargs:
+        for a in kwargs.values():
+            if isinstance(a, torch.Tensor):
+                found.append(a)
+            elif isinstance(a, (list, tuple)):
+                found.extend(x for x in a if isinstance(x, torch.Tensor))
+    return found
+
+
+class OpStep(NamedTuple):
     """One recorded aten call; every tensor in it is a pin."""
 
     func: Any
@@ -185,6 +210,7 @@ class OpStep:
     fresh: tuple[bool, ...]  # per output: storage newly allocated by this op
     arg_keys: tuple[StorageKey, ...]  # storages of every tensor argument
     out_keys: tuple[StorageKey | None, ...]  # per output: its storage (None for a non-tensor)
+    write_keys: tuple[StorageKey, ...]  # storages of the arguments the op writes
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,15 +226,12 @@ class IslandStep:
 
 IslandImpl = Callable[["Recorder", Callable[..., Any], tuple[Any, ...], dict[str, Any]], Any]
 
-
-class _Seen:
-    """What the recorder knows of one tensor object of the program."""
-
-    __slots__ = ("ref", "produced", "pin", "serial", "key")
-
-    def __init__(self, ref: weakref.ref[torch.Tensor], produced: bool, pin: torch.Tensor | None, serial: int,
-                 key: StorageKey | None) -> None:
-        self.ref, self.produced, self.pin, self.serial, self.key = ref, produced, pin, serial, key
+# What the recorder knows of one tensor object of the program:
+# (weakref to it, produced by this recording, its pin (record mode), serial, storage key).
+_Seen = tuple[weakref.ref, bool, "torch.Tensor | None", int, "StorageKey | None"]
+_REF, _PRODUCED, _PIN, _SERIAL, _KEY = range(5)
+_Tensor = torch.Tensor
+_ref = weakref.ref
 
 
 # ---------------------------------------------------------------- recorder
@@ -273,9 +296,6 @@ class Recorder:
         finally:
             self._paused -= 1
 
-    def paused_now(self) -> bool:
-        return self._paused > 0
-
     def is_constant(self, t: torch.Tensor) -> bool:
         """A scalar the program wrote as a Python number (a graph constant on the host)."""
         return self._constants.get(id(t)) is t
@@ -299,37 +319,33 @@ class Recorder:
         self._snapshots.clear()
         self._layouts.clear()
 
-    def poison_fresh(self) -> None:
-        with torch.no_grad():
-            for t in self.fresh.values():
-                if t is not None:
-                    poison_storage(t)
-
     # -- bookkeeping
 
-    def _entry(self, t: torch.Tensor, produced: bool) -> _Seen:
+    def _new(self, t: torch.Tensor, produced: bool, key: StorageKey | None) -> _Seen:
         self._serial += 1
-        key = storage_key(t)
         pin = None
         if self.record:
             pin = t.detach()
             self._pinned(pin, key, self._serial)
-            if key is not None:
-                self._keys.add(key)
-        e = _Seen(weakref.ref(t), produced, pin, self._serial, key)
+        e = (_ref(t), produced, pin, self._serial, key)
         self._seen[id(t)] = e
         return e
 
     def _pinned(self, pin: torch.Tensor, key: StorageKey | None, serial: int) -> None:
         self.serial_of_pin[id(pin)] = serial
         if key is not None:
-            self.pins_by_key.setdefault(key, []).append(pin)
+            self._keys.add(key)
+            found = self.pins_by_key.get(key)
+            if found is None:
+                self.pins_by_key[key] = [pin]
+            else:
+                found.append(pin)
 
     def _take(self, t: torch.Tensor) -> _Seen:
         """The entry of a tensor the program handed to an op; a tensor not seen before is an input."""
         e = self._seen.get(id(t))
-        if e is None or e.ref() is not t:
-            e = self._entry(t, produced=False)
+        if e is None or e[_REF]() is not t:
+            e = self._new(t, False, storage_key(t))
             if self._constants.get(id(t)) is not t:
                 self.inputs[id(t)] = t
         return e
@@ -337,32 +353,33 @@ class Recorder:
     def _repin(self, t: torch.Tensor) -> None:
         """After an op changed ``t``'s layout or storage, later steps see it through a new pin."""
         e = self._take(t)
-        if e.pin is not None and not e.pin.is_set_to(t):
-            e.key = storage_key(t)
-            e.pin = t.detach()
-            self._pinned(e.pin, e.key, e.serial)
-            if e.key is not None:
-                self._keys.add(e.key)
+        pin = e[_PIN]
+        if pin is not None and not pin.is_set_to(t):
+            key = storage_key(t)
+            pin = t.detach()
+            self._pinned(pin, key, e[_SERIAL])
+            self._seen[id(t)] = (e[_REF], e[_PRODUCED], pin, e[_SERIAL], key)
 
     def adopt_fresh(self, tensors: tuple[torch.Tensor, ...]) -> None:
         """Register tensors allocated on the capture's behalf (island statics)."""
         with self.paused():  # outside an op, making a pin would itself dispatch through the recorder
             for t in tensors:
-                e = self._entry(t, produced=True)
-                if e.key is not None:
-                    self.fresh[e.key] = e.pin
+                key = storage_key(t)
+                e = self._new(t, True, key)
+                if key is not None:
+                    self.fresh[key] = e[_PIN]
 
     def held_keys(self) -> set[StorageKey]:
         """Storages that a program tensor still alive aliases (record mode; the program can read them)."""
-        return {e.key for e in self._seen.values() if e.key is not None and e.ref() is not None}
+        return {e[_KEY] for e in self._seen.values() if e[_KEY] is not None and e[_REF]() is not None}
 
     def pin_of(self, t: torch.Tensor) -> torch.Tensor:
         e = self._seen.get(id(t))
-        return e.pin if e is not None and e.ref() is t and e.pin is not None else t
+        return e[_PIN] if e is not None and e[_REF]() is t and e[_PIN] is not None else t
 
     def serial_of(self, t: torch.Tensor) -> int | None:
         e = self._seen.get(id(t))
-        return e.serial if e is not None and e.ref() is t else None
+        return e[_SERIAL] if e is not None and e[_REF]() is t else None
 
     def _before_write(self, t: torch.Tensor, info: OpInfo) -> None:
         key = storage_key(t)
@@ -373,91 +390,137 @@ class Recorder:
             whole = torch.empty(0, dtype=torch.uint8, device=t.device).set_(storage)
             self._snapshots[key] = (storage, whole.clone(), t.dtype)
         if self.rehearsal and info.relayouts and id(t) not in self._layouts:
-            e = self._seen.get(id(t))
-            if e is None or e.ref() is not t or not e.produced:  # a tensor of the program, not of this run
-                self._layouts[id(t)] = (t, t.untyped_storage(), t.storage_offset(), tuple(t.shape), t.stride())
+            # a tensor over storage that existed before warm-up: its layout is put back with its bytes
+            self._layouts[id(t)] = (t, t.untyped_storage(), t.storage_offset(), tuple(t.shape), t.stride())
 
     # -- hooks
 
     def on_op(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if self._paused:
             return func(*args, **kwargs)
-        info = op_info(func)
+        info = _INFO_CACHE.get(id(func))
+        if info is None or info.func is not func:
+            info = op_info(func)
         if info.rule is not None or info.gen_pos is not None:
             check_op(func, info.rule, info.gen_pos, args, kwargs, self)
-        written = written_tensors(info, args, kwargs) if info.writes else None
-        if written and self.undo:
-            for t in written:
-                self._before_write(t, info)
-        out = func(*args, **kwargs)
-        if info.name in _LIFT_OPS:
-            for t in flat_tensors(args):
+        written = None
+        if info.writes:
+            written = written_tensors(info, args, kwargs)
+            if self.undo:
+                for t in written:
+                    self._before_write(t, info)
+        out = info.call(*args, **kwargs)
+        if info.lift:
+            for t in _tensor_args(args, kwargs):
                 self._constants[id(t)] = t
         if self.record:
             self._record(func, info, args, kwargs, out, written)
+        elif self.rehearsal:
+            self._note_fresh(args, kwargs, out)
         else:
             self._observe(args, kwargs, out)
         return out
 
+    def _note_fresh(self, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
+        """Warm-up only needs to know which storages its ops allocated (they need no undo)."""
+        in_keys = {storage_key(t) for t in _tensor_args(args, kwargs)}
+        for o in (out,) if isinstance(out, _Tensor) else flat_outputs(out):
+            if isinstance(o, _Tensor):
+                key = storage_key(o)
+                if key is not None and key not in in_keys:
+                    self.fresh[key] = None
+
     def _observe(self, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
         """Inputs and fresh outputs without recording (cuda capture, warm-up): nothing is kept alive."""
-        in_keys: set[StorageKey | None] = set()
-        for t in flat_tensors(kwargs, flat_tensors(args)):
-            in_keys.add(self._take(t).key)
-        for o in flat_outputs(out):
-            if isinstance(o, torch.Tensor):
-                e = self._seen.get(id(o))
-                if e is None or e.ref() is not o:
-                    e = self._entry(o, produced=True)
-                    if e.key is not None and e.key not in in_keys:
-                        self.fresh[e.key] = None
+        seen = self._seen
+        in_keys = set()
+        for t in _tensor_args(args, kwargs):
+            e = seen.get(id(t))
+            if e is None or e[_REF]() is not t:
+                e = self._take(t)
+            in_keys.add(e[_KEY])
+        for o in (out,) if isinstance(out, _Tensor) else flat_outputs(out):
+            if isinstance(o, _Tensor):
+                e = seen.get(id(o))
+                if e is None or e[_REF]() is not o:
+                    key = storage_key(o)
+                    self._new(o, True, key)
+                    if key is not None and key not in in_keys:
+                        self.fresh[key] = None
+
+    def _pin_args(self, values: Any, keys: list[StorageKey]) -> Any:
+        seen = self._seen
+        out = []
+        for a in values:
+            if isinstance(a, _Tensor):
+                e = seen.get(id(a))
+                if e is None or e[_REF]() is not a:
+                    e = self._take(a)
+                if e[_KEY] is not None:
+                    keys.append(e[_KEY])
+                out.append(e[_PIN])
+            elif isinstance(a, (list, tuple)) and a:
+                out.append(type(a)(self._pin_args(a, keys)))
+            else:
+                out.append(a)
+        return out
 
     def _record(self, func: Any, info: OpInfo, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any,
                 written: list[torch.Tensor] | None) -> None:
+        seen = self._seen
         if written and info.relayouts:
             for t in written:
                 self._repin(t)
         keys: list[StorageKey] = []
-
-        def pin(v: Any) -> Any:
-            if isinstance(v, torch.Tensor):
-                e = self._take(v)
-                if e.key is not None:
-                    keys.append(e.key)
-                return e.pin
-            if isinstance(v, list):
-                return [pin(x) for x in v]
-            if isinstance(v, tuple):
-                return tuple(pin(x) for x in v)
-            return v
-
-        pinned_args = tuple(pin(a) for a in args)
-        pinned_kwargs = {k: pin(v) for k, v in kwargs.items()}
+        pinned: list[Any] = []
+        for a in args:  # inline: this loop runs for every argument of every recorded op
+            if isinstance(a, _Tensor):
+                e = seen.get(id(a))
+                if e is None or e[_REF]() is not a:
+                    e = self._take(a)
+                if e[_KEY] is not None:
+                    keys.append(e[_KEY])
+                pinned.append(e[_PIN])
+            elif isinstance(a, (list, tuple)) and a:
+                pinned.append(type(a)(self._pin_args(a, keys)))
+            else:
+                pinned.append(a)
+        pinned_kwargs = dict(zip(kwargs, self._pin_args(kwargs.values(), keys))) if kwargs else {}
+        write_keys = tuple(k for k in (seen[id(t)][_KEY] for t in written) if k is not None) if written else ()
+        if isinstance(out, _Tensor):
+            e = seen.get(id(out))
+            is_fresh = False
+            if e is None or e[_REF]() is not out:
+                key = storage_key(out)
+                is_fresh = key is not None and key not in self._keys
+                e = self._new(out, True, key)
+                if is_fresh:
+                    self.fresh[key] = e[_PIN]  # type: ignore[index]
+            self.steps.append(OpStep(func, info, tuple(pinned), pinned_kwargs, (e[_PIN],), (is_fresh,), tuple(keys),
+                                     (e[_KEY],), write_keys))
+            return
         outputs: list[Any] = []
         fresh: list[bool] = []
         out_keys: list[StorageKey | None] = []
         for o in flat_outputs(out):
-            if not isinstance(o, torch.Tensor):
+            if not isinstance(o, _Tensor):
                 outputs.append(o)
                 fresh.append(False)
                 out_keys.append(None)
                 continue
-            e = self._seen.get(id(o))
+            e = seen.get(id(o))
             is_fresh = False
-            if e is None or e.ref() is not o:
+            if e is None or e[_REF]() is not o:
                 key = storage_key(o)
                 is_fresh = key is not None and key not in self._keys
-                e = self._entry(o, produced=True)
+                e = self._new(o, True, key)
                 if is_fresh:
-                    self.fresh[key] = e.pin  # type: ignore[index]
-            outputs.append(e.pin)
+                    self.fresh[key] = e[_PIN]  # type: ignore[index]
+            outputs.append(e[_PIN])
             fresh.append(is_fresh)
-            out_keys.append(e.key)
-        self.steps.append(OpStep(func, info, pinned_args, pinned_kwargs, tuple(outputs), tuple(fresh), tuple(keys),
-                                 tuple(out_keys)))
-
-    def on_function(self, name: str, original: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        return check_function(name, original, args, kwargs, self)
+            out_keys.append(e[_KEY])
+        self.steps.append(OpStep(func, info, tuple(pinned), pinned_kwargs, tuple(outputs), tuple(fresh), tuple(keys),
+                                 tuple(out_keys), write_keys))
 
     def run_island(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if self._paused or self.island_impl is None:  # an island inside an island is plain code
@@ -568,6 +631,22 @@ def static_outputs(result: object) -> tuple[torch.Tensor, ...]:
 
 
 # ---------------------------------------------------------------- warm-up
+
+
+@contextmanager
+def no_cycle_collection() -> Iterator[None]:
+    """Pause the cyclic garbage collector (reference counting still frees everything it can).
+
+    A capture allocates thousands of small tuples and tensors that all survive to its end, which
+    makes the collector run over and over through every object of the process for nothing.
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 class WarmIslands:

@@ -415,11 +415,21 @@ HOOKS = Patches()
 
 
 def _wrap(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
+    """``original`` under the table's rule for ``name`` while a recorder runs on this thread."""
+    rule = TABLE[name]
+    when, refused, why = rule.when, rule.refused, rule.why
+
     def hooked(*args: Any, **kwargs: Any) -> Any:
         rec = getattr(_tls, "recorder", None)
-        if rec is None or rec.paused_now():
+        if rec is None or rec._paused or (when is not None and not when(args, kwargs, rec)):
             return original(*args, **kwargs)
-        return rec.on_function(name, original, args, kwargs)
+        if refused:
+            raise CaptureError(name, user_location(), why)
+        rec.cpu_only_syncs += 1  # CUDA captures it: the CPU kernel's own host reads are let through
+        try:
+            return original(*args, **kwargs)
+        finally:
+            rec.cpu_only_syncs -= 1
 
     hooked.__name__ = getattr(original, "__name__", name)
     hooked.__qualname__ = getattr(original, "__qualname__", name)
@@ -432,18 +442,3 @@ FUNCTION_HOOKS: tuple[tuple[Any, str], ...] = tuple(
     for name in TABLE
     if not name.startswith("aten::") and name != SEEDED
 )
-
-
-def check_function(name: str, original: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
-                   rec: Recorder) -> Any:
-    """Run a hooked Python-level call under the table's rule for it."""
-    rule = TABLE[name]
-    if rule.when is not None and not rule.when(args, kwargs, rec):
-        return original(*args, **kwargs)
-    if rule.refused:
-        raise CaptureError(name, user_location(), rule.why)
-    rec.cpu_only_syncs += 1
-    try:
-        return original(*args, **kwargs)
-    finally:
-        rec.cpu_only_syncs -= 1

@@ -42,6 +42,7 @@ from ._record import (
     WarmIslands,
     island_identity,
     island_runner,
+    no_cycle_collection,
     poison_storage,
     static_outputs,
     storage_key,
@@ -135,7 +136,6 @@ class CudaGraph:
             graph.replay()
             if island is not None:
                 island()
-        self._watch.replayed()
         return stale
 
     def __repr__(self) -> str:
@@ -164,6 +164,18 @@ class CudaEngine:
         roots: Mapping[str, object],
         static_inputs: Iterable[torch.Tensor],
         islands: bool = False,
+    ) -> CudaGraph:
+        with no_cycle_collection():
+            return self._capture(fn, label=label, roots=roots, static_inputs=static_inputs, islands=islands)
+
+    def _capture(
+        self,
+        fn: Callable[[], object],
+        *,
+        label: str,
+        roots: Mapping[str, object],
+        static_inputs: Iterable[torch.Tensor],
+        islands: bool,
     ) -> CudaGraph:
         self._ready()
         static = tuple(static_inputs)

@@ -84,6 +84,7 @@ A step whose output takes over the memory of a dead intermediate says so
 
 from __future__ import annotations
 
+import bisect
 import heapq
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -102,6 +103,7 @@ from ._record import (
     flat_outputs,
     island_outputs,
     island_runner,
+    no_cycle_collection,
     poison_storage,
     static_outputs,
     storage_key,
@@ -113,7 +115,6 @@ __all__ = ["TapeEngine", "TapeGraph"]
 
 _Call = tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]
 _OPTION_ARGS = frozenset({"dtype", "layout", "device", "pin_memory"})
-_ALLOC_PREFIXES = ("empty", "new_empty")
 # Replayed ops were recorded below autograd and ADInplaceOrView; replaying at the
 # same level skips autograd bookkeeping (and, like a CUDA graph, version counters).
 _below_autograd = torch._C._AutoDispatchBelowADInplaceOrView
@@ -145,15 +146,7 @@ class _Probe(TorchDispatchMode):
 _NAMESPACES = (
     torch._C._VariableFunctions, torch._C.TensorBase, torch._C._nn, torch._C._linalg, torch._C._special, torch._C._fft,
 )
-_FAST: dict[Any, Callable[..., Any]] = {}
-
-
-def _kind(v: Any) -> Any:
-    if isinstance(v, torch.Tensor):
-        return torch.Tensor
-    if isinstance(v, (list, tuple)):
-        return (type(v), frozenset(_kind(x) for x in v))
-    return type(v)
+_FAST: dict[Any, tuple[Any, Callable[..., Any]]] = {}
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -171,14 +164,15 @@ def _fast_callable(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Ca
 
     A binding parses Python arguments straight into a typed C++ call; an ``OpOverload`` goes
     through the boxed, schema-driven path and is markedly slower.  Which binding overload
-    Python picks depends only on argument kinds, so one probe per kind signature is enough.
+    Python picks depends only on the arguments' types, so one probe per type signature is enough
+    (a list argument's element types are fixed by the op's schema).
     """
-    signature = (op, tuple(_kind(a) for a in args), tuple((k, _kind(v)) for k, v in kwargs.items()))
+    signature = (id(op), tuple(map(type, args)), tuple(zip(kwargs, map(type, kwargs.values()))) if kwargs else ())
     found = _FAST.get(signature)
-    if found is None:
-        found = _probe_bindings(op, args, kwargs) or getattr(op, "_op", op)
+    if found is None or found[0] is not op:
+        found = (op, _probe_bindings(op, args, kwargs) or getattr(op, "_op", op))
         _FAST[signature] = found
-    return found
+    return found[1]
 
 
 def _probe_bindings(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Callable[..., Any] | None:
@@ -260,27 +254,51 @@ def _out_plan(func: Any) -> _OutPlan | None:
     return plan
 
 
-def _bind_out(plan: _OutPlan, step: OpStep) -> _Call | None:
-    values: dict[str, Any] = dict(step.kwargs)
-    for a, v in zip(step.func._schema.arguments, step.args):
-        values[a.name] = v
-    positional: list[Any] = []
-    pending: list[Any] = []  # defaults that only matter if a later positional is given
+_Binder = tuple[tuple[tuple[int, Any], ...], tuple[tuple[str, int, Any], ...]]
+_BINDERS: dict[tuple[int, int, tuple[str, ...]], tuple[Any, _Binder | None]] = {}
+_ARG, _KW, _DEFAULT = 0, 1, 2
+
+
+def _binder(plan: _OutPlan, step: OpStep) -> _Binder | None:
+    """Where each argument of the ``.out`` call comes from, for calls shaped like ``step``."""
+    key = (id(step.func), len(step.args), tuple(step.kwargs))
+    found = _BINDERS.get(key)
+    if found is not None and found[0] is step.func:
+        return found[1]
+    source: dict[str, tuple[int, Any]] = {k: (_KW, k) for k in step.kwargs}
+    for i, a in enumerate(step.func._schema.arguments[: len(step.args)]):
+        source[a.name] = (_ARG, i)
+    positional: list[tuple[int, Any]] = []
+    pending: list[tuple[int, Any]] = []  # defaults that only matter if a later positional is given
+    binder: _Binder | None = None
     for name, has_default, default in plan.positional:
-        if name in values:
+        if name in source:
             positional.extend(pending)
             pending.clear()
-            positional.append(values[name])
+            positional.append(source[name])
         elif has_default:
-            pending.append(default)
+            pending.append((_DEFAULT, default))
         else:
-            return None
-    kwargs = {k: values[k] for k in plan.keywords if k in values}
+            break
+    else:
+        keywords = tuple((k, *source[k]) for k in plan.keywords if k in source)
+        binder = (tuple(positional), keywords)
+    _BINDERS[key] = (step.func, binder)
+    return binder
+
+
+def _bind_out(plan: _OutPlan, step: OpStep) -> _Call | None:
+    binder = _binder(plan, step)
+    if binder is None:
+        return None
+    positional, keywords = binder
+    sargs, skwargs = step.args, step.kwargs
+    args = tuple(sargs[at] if kind == _ARG else skwargs[at] if kind == _KW else at for kind, at in positional)
+    kwargs = {name: sargs[at] if kind == _ARG else skwargs[at] if kind == _KW else at for name, kind, at in keywords}
     if plan.list_out:
         kwargs[plan.outs[0]] = list(step.outputs)
     else:
         kwargs.update(zip(plan.outs, step.outputs))
-    args = tuple(positional)
     return (_fast_callable(plan.op, args, kwargs), args, kwargs)
 
 
@@ -298,61 +316,61 @@ def _compute_then_copy(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
     return run
 
 
-def _plan_op(step: OpStep) -> tuple[_Call | None, str]:
-    """What replay does for one recorded op, and the trace note saying so."""
-    func, info = step.func, step.info
+_RUNS = frozenset({"out", "rerun", "rerun+copy", "compute+copy"})
+
+
+def _plan_kind(step: OpStep) -> str:
+    """What replay does for one recorded op, as the trace note says it."""
+    info = step.info
     if info.inplace_view:
-        return None, "skip: inplace view"
-    tensor_outs = [i for i, t in enumerate(step.outputs) if isinstance(t, torch.Tensor)]
-    fresh_outs = tuple((i, step.outputs[i]) for i in tensor_outs if step.fresh[i])
-    if info.writes or not func._schema.returns:  # mutations and pure effects (asserts)
-        if fresh_outs:
-            return (_compute_then_copy(func, step.args, step.kwargs, fresh_outs), (), {}), "rerun+copy"
-        return (_fast_callable(func, step.args, step.kwargs), step.args, step.kwargs), "rerun"
-    if not tensor_outs:
-        return None, "skip: no tensor output"
-    if not fresh_outs:
-        empty = all(step.outputs[i].untyped_storage().nbytes() == 0 for i in tensor_outs)
-        return None, "skip: empty" if empty else "skip: view"
-    if info.name.split("::", 1)[1].startswith(_ALLOC_PREFIXES):
-        return None, "skip: alloc"
-    if len(fresh_outs) == len(step.outputs):
+        return "skip: inplace view"
+    fresh = True in step.fresh
+    if info.writes or not info.returns:  # mutations and pure effects (asserts)
+        return "rerun+copy" if fresh else "rerun"
+    if fresh:
+        if info.alloc:
+            return "skip: alloc"
+        if False not in step.fresh:
+            plan = _out_plan(step.func)
+            if plan is not None and _binder(plan, step) is not None:
+                return "out"
+        return "compute+copy"
+    outs = [t for t in step.outputs if isinstance(t, torch.Tensor)]
+    if not outs:
+        return "skip: no tensor output"
+    return "skip: empty" if all(t.untyped_storage().nbytes() == 0 for t in outs) else "skip: view"
+
+
+def _plan_call(step: OpStep, kind: str) -> _Call:
+    func = step.func
+    if kind == "out":
         plan = _out_plan(func)
-        bound = _bind_out(plan, step) if plan is not None else None
-        if bound is not None:
-            return bound, "out"
-    return (_compute_then_copy(func, step.args, step.kwargs, fresh_outs), (), {}), "compute+copy"
+        assert plan is not None
+        bound = _bind_out(plan, step)
+        assert bound is not None
+        return bound
+    if kind == "rerun":
+        return (_fast_callable(func, step.args, step.kwargs), step.args, step.kwargs)
+    targets = tuple((i, t) for i, (t, fresh) in enumerate(zip(step.outputs, step.fresh)) if fresh)
+    return (_compute_then_copy(func, step.args, step.kwargs, targets), (), {})
 
 
-def _written_keys(step: OpStep) -> set[StorageKey]:
-    keys = {k for k, fresh in zip(step.out_keys, step.fresh) if fresh and k is not None}
-    for pos, name in step.info.writes:
-        value = step.args[pos] if pos < len(step.args) else step.kwargs.get(name)
-        for t in value if isinstance(value, (list, tuple)) else (value,):
-            if isinstance(t, torch.Tensor):
-                key = storage_key(t)
-                if key is not None:
-                    keys.add(key)
-    return keys
-
-
-def _drop_dead(steps: list[OpStep | IslandStep], plans: list[_Call | None], notes: list[str], private: set[StorageKey]) -> None:
+def _drop_dead(steps: list[OpStep | IslandStep], kinds: list[str], private: set[StorageKey]) -> None:
     """Backward liveness over private storages: an op is dead when it only writes private memory nothing reads later."""
     live: set[StorageKey] = set()
     for i in range(len(steps) - 1, -1, -1):
-        step = steps[i]
-        if isinstance(step, IslandStep) or plans[i] is None:
+        if kinds[i] not in _RUNS:
             continue
-        info = step.info
-        writes = _written_keys(step)
-        effect = info.seeded or not step.func._schema.returns
-        if not effect and all(k in private and k not in live for k in writes):
-            plans[i] = None
-            notes[i] = "skip: dead"
+        step = steps[i]
+        info = step.info  # type: ignore[union-attr]
+        defined = [k for k, fresh in zip(step.out_keys, step.fresh) if fresh]  # type: ignore[union-attr]
+        writes = defined + list(step.write_keys)  # type: ignore[union-attr]
+        if not (info.seeded or not info.returns) and all(k in private and k not in live for k in writes):
+            kinds[i] = "skip: dead"
             continue
         if not info.writes:  # a pure op defines its fresh outputs whole
-            live.difference_update(k for k, fresh in zip(step.out_keys, step.fresh) if fresh)
-        live.update(k for k in step.arg_keys if k in private)
+            live.difference_update(defined)
+        live.update(k for k in step.arg_keys if k in private)  # type: ignore[union-attr]
 
 
 class _Buffer:
@@ -362,7 +380,7 @@ class _Buffer:
         self.storage, self.nbytes, self.device, self.last, self.owner = storage, storage.nbytes(), storage.device, last, owner
 
 
-def _reuse_memory(rec: Recorder, steps: list[OpStep | IslandStep], plans: list[_Call | None],
+def _reuse_memory(rec: Recorder, steps: list[OpStep | IslandStep], kinds: list[str],
                   private: set[StorageKey]) -> dict[int, list[torch.Tensor]]:
     """Give each private storage a buffer, reusing the memory of storages whose last reader has run.
 
@@ -374,10 +392,11 @@ def _reuse_memory(rec: Recorder, steps: list[OpStep | IslandStep], plans: list[_
     for i, step in enumerate(steps):
         if isinstance(step, IslandStep):
             continue
-        for k, fresh in zip(step.out_keys, step.fresh):
-            if fresh and k in private and k not in defined:
-                defined[k] = i
-        if plans[i] is not None:
+        if True in step.fresh:
+            for k, fresh in zip(step.out_keys, step.fresh):
+                if fresh and k in private and k not in defined:
+                    defined[k] = i
+        if kinds[i] in _RUNS:
             for k in step.arg_keys:
                 if k in private:
                     last[k] = i
@@ -386,7 +405,7 @@ def _reuse_memory(rec: Recorder, steps: list[OpStep | IslandStep], plans: list[_
                     last[k] = i
     reused: dict[int, list[torch.Tensor]] = {}
     busy: list[tuple[int, int, _Buffer]] = []  # (last use, tie-breaker, buffer)
-    free: list[_Buffer] = []
+    free: dict[torch.device, list[tuple[int, int, _Buffer]]] = {}  # per device, sorted by size
     for n, (k, d) in enumerate(sorted(defined.items(), key=lambda kv: kv[1])):
         pins = rec.pins_by_key.get(k, [])
         if k not in last:  # nothing replayed touches it: hold no memory for it
@@ -394,15 +413,15 @@ def _reuse_memory(rec: Recorder, steps: list[OpStep | IslandStep], plans: list[_
                 p.set_()
             continue
         while busy and busy[0][0] < d:
-            free.append(heapq.heappop(busy)[2])
+            _, m, done = heapq.heappop(busy)
+            bisect.insort(free.setdefault(done.device, []), (done.nbytes, m, done))
         own = rec.fresh[k]
         assert own is not None
         storage = own.untyped_storage()
-        need = storage.nbytes()
-        fits = [b for b in free if b.nbytes >= need and b.device == storage.device]
-        if fits:
-            buf = min(fits, key=lambda b: b.nbytes)
-            free.remove(buf)
+        candidates = free.get(storage.device)
+        at = bisect.bisect_left(candidates, (storage.nbytes(),)) if candidates else 0
+        if candidates and at < len(candidates):  # the smallest free buffer that fits
+            buf = candidates.pop(at)[2]
             for p in pins:
                 p.set_(buf.storage, p.storage_offset(), p.size(), p.stride())
             reused.setdefault(d, []).append(buf.owner)
@@ -426,18 +445,9 @@ class _Compiled:
 def _compile(rec: Recorder) -> _Compiled:
     steps = rec.steps
     private = set(rec.fresh) - rec.held_keys()
-    plans: list[_Call | None] = []
-    notes: list[str] = []
-    for step in steps:
-        if isinstance(step, IslandStep):
-            plans.append(None)
-            notes.append("island")
-        else:
-            call, note = _plan_op(step)
-            plans.append(call)
-            notes.append(note)
-    _drop_dead(steps, plans, notes, private)
-    reused = _reuse_memory(rec, steps, plans, private)
+    kinds = ["island" if isinstance(step, IslandStep) else _plan_kind(step) for step in steps]
+    _drop_dead(steps, kinds, private)
+    reused = _reuse_memory(rec, steps, kinds, private)
     with torch.no_grad():
         for k, pin in rec.fresh.items():
             # a pin moved onto another storage's memory, or emptied, leaves the poisoning to that memory's owner
@@ -445,16 +455,16 @@ def _compile(rec: Recorder) -> _Compiled:
                 poison_storage(pin)
     segments: list[_Segment] = []
     ops: list[_Call] = []
-    for step, call in zip(steps, plans):
+    for step, kind in zip(steps, kinds):
         if isinstance(step, IslandStep):
             into = tuple(rec.pin_of(t) for t in step.statics)
             segments.append((tuple(ops), island_runner(step, into)))
             ops = []
-        elif call is not None:
-            ops.append(call)
+        elif kind in _RUNS:
+            ops.append(_plan_call(step, kind))
     if ops or not segments:
         segments.append((tuple(ops), None))
-    return _Compiled(tuple(segments), tuple(notes), reused)
+    return _Compiled(tuple(segments), tuple(kinds), reused)
 
 
 # ---------------------------------------------------------------- trace text
@@ -541,7 +551,6 @@ class TapeGraph:
                     call(*args, **kwargs)
             if island is not None:
                 island()
-        self._watch.replayed()
         return stale
 
     def trace(self) -> str:
@@ -553,7 +562,7 @@ class TapeGraph:
                 head = f"island {getattr(step.fn, '__qualname__', repr(step.fn))}"
                 text = namer.call(head, step.args, step.kwargs, step.statics)
             else:
-                outs = step.outputs if step.func._schema.returns else None
+                outs = step.outputs if step.info.returns else None
                 text = namer.call(str(step.func), step.args, step.kwargs, outs)
             donors = self._reused.get(i)
             if donors:
@@ -587,6 +596,18 @@ class TapeEngine:
         roots: Mapping[str, object],
         static_inputs: Iterable[torch.Tensor],
         islands: bool = False,
+    ) -> TapeGraph:
+        with no_cycle_collection():
+            return self._capture(fn, label=label, roots=roots, static_inputs=static_inputs, islands=islands)
+
+    def _capture(
+        self,
+        fn: Callable[[], object],
+        *,
+        label: str,
+        roots: Mapping[str, object],
+        static_inputs: Iterable[torch.Tensor],
+        islands: bool,
     ) -> TapeGraph:
         static = tuple(static_inputs)
         warm_up(fn, WarmIslands() if islands else None)
