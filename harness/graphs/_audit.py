@@ -323,7 +323,6 @@ _CODE: dict[str, Any] = {}
 
 _MISSING = object()
 _DATA_PTR = torch.Tensor.data_ptr
-_VERSION = attrgetter("_version")
 
 
 @dataclasses.dataclass(slots=True)
@@ -369,7 +368,8 @@ def _changes(was: _Layout, now: _Layout) -> str:
 class StaleWatch:
     """What replay checks, before running the graph."""
 
-    __slots__ = ("_leaves", "_paths_ok", "_tensors", "_layouts", "_ptrs", "_versions", "_tracked", "_moved_ones")
+    __slots__ = ("_leaves", "_paths_ok", "_tensors", "_layouts", "_ptrs", "_versions", "_tracked", "_all_tracked",
+                 "_moved_ones")
 
     def __init__(self, leaves: list[_Leaf], tensors: list[torch.Tensor], layouts: list[_Layout]) -> None:
         self._leaves = leaves
@@ -379,13 +379,14 @@ class StaleWatch:
         self._ptrs = list(map(_DATA_PTR, tensors))
         # inference tensors keep no version counter: they are compared in full at every replay
         self._tracked = [not t.is_inference() for t in tensors]
+        self._all_tracked = all(self._tracked)
         self._versions = self._read_versions()
         # tensors found moved: compared in full at every replay until they are back where they were
         self._moved_ones: set[int] = {i for i, ok in enumerate(self._tracked) if not ok}
 
     def _read_versions(self) -> list[int]:
-        if all(self._tracked):
-            return list(map(_VERSION, self._tensors))
+        if self._all_tracked:
+            return [t._version for t in self._tensors]
         return [t._version if ok else -1 for t, ok in zip(self._tensors, self._tracked)]
 
     def check(self) -> tuple[StaleInput, ...]:

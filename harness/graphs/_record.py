@@ -22,25 +22,20 @@ Python-level calls that dispatch no op of their own (``_refusals.HOOKS``).  It
   as a CUDA graph binds device addresses: a program that later swaps a
   tensor's memory (``t.data = ...``, ``t.set_(...)``, ``t.t_()``) does not move
   the tape, and an in-place layout change during capture leaves the steps
-  recorded before it alone.  Because the tape holds only weak references to the
-  program's tensors, a tensor that dies during capture is one the program can
-  no longer read, which is what lets the tape reuse its memory.
+  recorded before it alone.  Because the recorder holds only weak references to
+  the program's tensors, a tensor that is dead at capture end is one the program
+  can no longer read, which is what lets the tape reuse its memory.
 
 Storages are identified by their ``StorageImpl`` (``torch._C._storage_id``),
 which a resize keeps.  In record mode every storage stays alive (through a pin,
 a snapshot or the program) so identities stay unique; the cuda engine's capture
 keeps nothing alive and only compares storages within one op.
 
-``warm_up`` is the warm-up protocol both engines run before capture, as serving
-engines' graph runners do: ``WARMUP_RUNS`` eager runs under a rehearsing
-recorder, islands run eagerly.  Whatever the program caches during warm-up (a
-memo keyed on ``data_ptr``) is then part of the world capture sees, exactly as
-for a real graph.
+The protocol around a recorder (warm-up, islands, outputs) is in ``_protocol.py``.
 """
 
 from __future__ import annotations
 
-import gc
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -54,9 +49,6 @@ from ._refusals import FUNCTION_HOOKS, HOOKS, Rule, check_op, op_rule
 from .engine import _set_island_host, _tls
 
 StorageKey = int
-
-WARMUP_RUNS = 2
-"""Eager runs before capture, for both engines (SGLang's and vLLM's runners warm up twice too)."""
 
 _storage_id: Callable[[torch.Tensor], int] = getattr(torch._C, "_storage_id", None) or (
     lambda t: t.untyped_storage()._cdata
@@ -573,112 +565,10 @@ _ACTIVE_PATCHES = FUNCTION_HOOKS + CAPTURE_QUERY
 
 @contextmanager
 def replaying_island() -> Iterator[None]:
-    """While a tape replays an island's Python, the capture query answers False, as on a real device."""
+    """While a replay runs an island's Python, the capture query answers False, as on a device (and on CPU-only torch)."""
     _tls.replaying = getattr(_tls, "replaying", 0) + 1
     try:
         with HOOKS.held(CAPTURE_QUERY):
             yield
     finally:
         _tls.replaying -= 1
-
-
-# ---------------------------------------------------------------- islands and outputs
-
-
-def island_outputs(fn: Callable[..., Any], result: Any) -> tuple[tuple[torch.Tensor, ...], bool]:
-    """Validate an island's return; (tensors, single)."""
-    if isinstance(result, torch.Tensor):
-        return (result,), True
-    if isinstance(result, tuple) and all(isinstance(t, torch.Tensor) for t in result):
-        return result, False
-    name = getattr(fn, "__qualname__", repr(fn))
-    raise TypeError(f"eager island {name} must return a tensor or a tuple of tensors, got {type(result).__name__}")
-
-
-def island_runner(step: IslandStep, into: tuple[torch.Tensor, ...] | None = None) -> Callable[[], None]:
-    """What replay runs for an island: its Python again, fresh results copied into the capture's statics.
-
-    ``into`` are tensors over the statics' memory to copy into (the tape's pins); by default the statics.
-    """
-    fn, args, kwargs, statics = step.fn, step.args, step.kwargs, step.statics
-    targets = into if into is not None else statics
-
-    def run() -> None:
-        with replaying_island():
-            fresh, _ = island_outputs(fn, fn(*args, **kwargs))
-        if len(fresh) != len(statics):
-            raise RuntimeError(f"eager island {fn.__qualname__} returned {len(fresh)} tensors at replay, {len(statics)} at capture")
-        with torch.no_grad():
-            for static, new in zip(targets, fresh):
-                if new.shape != static.shape:
-                    raise RuntimeError(
-                        f"eager island {fn.__qualname__} returned shape {tuple(new.shape)} at replay, {tuple(static.shape)} at capture"
-                    )
-                static.copy_(new)
-
-    return run
-
-
-def static_outputs(result: object) -> tuple[torch.Tensor, ...]:
-    """Validate what a captured callable returned."""
-    if result is None:
-        return ()
-    if isinstance(result, torch.Tensor):
-        return (result,)
-    if isinstance(result, (tuple, list)) and all(isinstance(t, torch.Tensor) for t in result):
-        return tuple(result)
-    raise TypeError(f"a captured callable must return a tensor, a tuple of tensors or None, got {type(result).__name__}")
-
-
-# ---------------------------------------------------------------- warm-up
-
-
-@contextmanager
-def no_cycle_collection() -> Iterator[None]:
-    """Pause the cyclic garbage collector (reference counting still frees everything it can).
-
-    A capture allocates thousands of small tuples and tensors that all survive to its end, which
-    makes the collector run over and over through every object of the process for nothing.
-    """
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
-
-
-class WarmIslands:
-    """Island handler for warm-up: run eagerly, remember the results of the last run."""
-
-    def __init__(self) -> None:
-        self.results: list[tuple[Any, tuple[torch.Tensor, ...], bool]] = []
-
-    def start_run(self) -> None:
-        self.results = []
-
-    def __call__(self, rec: Recorder, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        with rec.paused():
-            result = fn(*args, **kwargs)
-        tensors, single = island_outputs(fn, result)
-        self.results.append((island_identity(fn), tensors, single))
-        return result
-
-
-def island_identity(fn: Callable[..., Any]) -> Any:
-    # A lambda or closure defined inside fn is a new object every run; its code is not.
-    return getattr(fn, "__code__", fn)
-
-
-def warm_up(fn: Callable[[], object], islands: WarmIslands | None) -> None:
-    """Run ``fn`` ``WARMUP_RUNS`` times as a rehearsal: checked, islands eager, pre-existing tensors restored."""
-    rec = Recorder(rehearsal=True, island_impl=islands)
-    try:
-        for _ in range(WARMUP_RUNS):
-            if islands is not None:
-                islands.start_run()
-            with rec.active():
-                static_outputs(fn())
-    finally:
-        rec.restore()

@@ -40,14 +40,20 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
 from .engine import CaptureError, _tls
 
-if TYPE_CHECKING:
-    from ._record import Recorder
+
+class Recorder(Protocol):
+    """What the rules read of the recorder running on this thread (``_record.Recorder``)."""
+
+    cpu_only_syncs: int
+    _paused: int
+
+    def is_constant(self, t: torch.Tensor) -> bool: ...
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _PKG_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
@@ -74,7 +80,7 @@ def user_location() -> str:
     return f"{shown}:{frame.f_lineno}: {code}"
 
 
-Predicate = Callable[[tuple[Any, ...], dict[str, Any], "Recorder"], bool]
+Predicate = Callable[[tuple[Any, ...], dict[str, Any], Recorder], bool]
 
 
 @dataclass(frozen=True, slots=True)
