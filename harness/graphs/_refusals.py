@@ -22,13 +22,15 @@ tensor to its own device; only a device named by a string (``"cpu"``) is taken
 as a deliberate host copy.
 
 How the table was checked: every entry was read against the named function of
-the PyTorch source (``pytorch/pytorch``, ATen native kernels and the Python
-bindings); ``tests/graphs/_refusal_cases.py`` holds one small program per entry
-(and per exception of an entry); ``tests/graphs/test_refusals.py`` runs each on
-the tape and checks that the table covers exactly those programs; and
-``tests/graphs/test_cuda_gpu.py`` captures the same programs with a bare
-``torch.cuda.graph`` on a GPU, no harness involved, and asserts that CUDA
-refuses exactly the programs the table refuses.
+the PyTorch source (``pytorch/pytorch``: ATen native kernels and the Python
+bindings), the header-only ones (``Repeat.h``, ``IndexingUtils.h``,
+``TensorAdvancedIndexingUtils.h``) also against the headers installed with the
+torch this project runs; ``tests/graphs/_refusal_cases.py`` holds one small
+program per decision (and per exception of a decision);
+``tests/graphs/test_refusals.py`` runs each on the tape and checks that the table
+and the programs cover each other; and ``tests/graphs/test_cuda_gpu.py``
+captures the same programs with a bare ``torch.cuda.graph`` on a GPU, no harness
+involved, and asserts that CUDA refuses exactly the programs the table refuses.
 """
 
 from __future__ import annotations
