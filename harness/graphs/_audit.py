@@ -322,7 +322,6 @@ _CODE: dict[str, Any] = {}
 
 
 _MISSING = object()
-_DATA_PTR = torch.Tensor.data_ptr
 
 
 @dataclasses.dataclass(slots=True)
@@ -368,37 +367,36 @@ def _changes(was: _Layout, now: _Layout) -> str:
 class StaleWatch:
     """What replay checks, before running the graph."""
 
-    __slots__ = ("_leaves", "_paths_ok", "_tensors", "_layouts", "_ptrs", "_versions", "_tracked", "_all_tracked",
-                 "_moved_ones")
+    __slots__ = ("_leaves", "_paths_ok", "_tensors", "_layouts", "_ptrs", "_seen", "_tracked", "_moved_ones")
 
     def __init__(self, leaves: list[_Leaf], tensors: list[torch.Tensor], layouts: list[_Layout]) -> None:
         self._leaves = leaves
         self._paths_ok = _compile_paths([(leaf.root, leaf.steps, leaf.held) for leaf in leaves])
         self._tensors = tensors
         self._layouts = layouts
-        self._ptrs = list(map(_DATA_PTR, tensors))
+        self._ptrs = [t.data_ptr() for t in tensors]  # at capture
         # inference tensors keep no version counter: they are compared in full at every replay
         self._tracked = [not t.is_inference() for t in tensors]
-        self._all_tracked = all(self._tracked)
-        self._versions = self._read_versions()
-        # tensors found moved: compared in full at every replay until they are back where they were
+        # tensors found moved, or untracked: compared in full at every replay until they are back where they were
         self._moved_ones: set[int] = {i for i, ok in enumerate(self._tracked) if not ok}
+        # (version counter at the previous check, data pointer at capture) per tensor: the fast path's baseline
+        self._seen = self._read()
 
-    def _read_versions(self) -> list[int]:
-        if self._all_tracked:
-            return [t._version for t in self._tensors]
-        return [t._version if ok else -1 for t, ok in zip(self._tensors, self._tracked)]
+    def _read(self) -> list[tuple[int, int]]:
+        if not self._moved_ones:
+            return [(t._version, t.data_ptr()) for t in self._tensors]
+        return [(t._version if ok else -1, t.data_ptr()) for t, ok in zip(self._tensors, self._tracked)]
 
     def check(self) -> tuple[StaleInput, ...]:
-        """Before a replay: what moved since capture.  Versions read here are the next replay's baseline."""
-        stale: list[StaleInput] = []
-        versions = self._read_versions()
-        if not self._paths_ok():
-            stale.extend(self._rebound(versions))
-        ptrs = list(map(_DATA_PTR, self._tensors))
-        if ptrs != self._ptrs or versions != self._versions or self._moved_ones:
-            stale.extend(self._moved(ptrs, versions))
-        self._versions = versions
+        """Before a replay: what moved since capture.  A few attribute reads per input when nothing did."""
+        now = self._read()
+        paths_ok = self._paths_ok()
+        if paths_ok and now == self._seen and not self._moved_ones:
+            return ()
+        versions = [v for v, _ in now]
+        stale = [] if paths_ok else self._rebound(versions)
+        stale.extend(self._moved(now))
+        self._seen = [(v, ptr) for v, ptr in zip(versions, self._ptrs)]
         return tuple(stale)
 
     def _rebound(self, versions: list[int]) -> list[StaleInput]:
@@ -413,21 +411,21 @@ class StaleWatch:
             if obj is leaf.held:
                 continue
             i = leaf.watched
-            refreshed = self._tracked[i] and versions[i] != self._versions[i]
+            refreshed = self._tracked[i] and versions[i] != self._seen[i][0]
             now = "<missing>" if obj is _MISSING else describe(obj)
             out.append(StaleInput(path=leaf.path, captured=leaf.captured, now=now, kind="rebound", benign=refreshed))
         return out
 
-    def _moved(self, ptrs: list[int], versions: list[int]) -> list[StaleInput]:
+    def _moved(self, now: list[tuple[int, int]]) -> list[StaleInput]:
         out = []
         for i, (t, was) in enumerate(zip(self._tensors, self._layouts)):
-            if ptrs[i] == self._ptrs[i] and versions[i] == self._versions[i] and i not in self._moved_ones:
+            if now[i] == self._seen[i] and i not in self._moved_ones:
                 continue
-            now = _layout(was.path, t)
-            changed = _changes(was, now)
+            layout = _layout(was.path, t)
+            changed = _changes(was, layout)
             if changed:
                 self._moved_ones.add(i)
-                out.append(StaleInput(path=was.path, captured=_layout_text(was, t), now=_layout_text(now, t),
+                out.append(StaleInput(path=was.path, captured=_layout_text(was, t), now=_layout_text(layout, t),
                                       kind="memory", changed=changed))
             elif self._tracked[i]:
                 self._moved_ones.discard(i)

@@ -479,15 +479,24 @@ class Recorder:
                 pinned.append(a)
         pinned_kwargs = dict(zip(kwargs, self._pin_args(kwargs.values(), keys))) if kwargs else {}
         write_keys = tuple(k for k in (seen[id(t)][_KEY] for t in written) if k is not None) if written else ()
-        if isinstance(out, _Tensor):
+        if isinstance(out, _Tensor):  # the common case, inlined: one new output
             e = seen.get(id(out))
             is_fresh = False
             if e is None or e[_REF]() is not out:
                 key = storage_key(out)
-                is_fresh = key is not None and key not in self._keys
-                e = self._new(out, True, key)
-                if is_fresh:
-                    self.fresh[key] = e[_PIN]  # type: ignore[index]
+                pin = out.detach()
+                self._serial += 1
+                self.serial_of_pin[id(pin)] = self._serial
+                if key is None:
+                    pass
+                elif key in self._keys:
+                    self.pins_by_key[key].append(pin)
+                else:
+                    is_fresh = True
+                    self._keys.add(key)
+                    self.pins_by_key[key] = [pin]
+                    self.fresh[key] = pin
+                e = seen[id(out)] = (_ref(out), True, pin, self._serial, key)
             self.steps.append(OpStep(func, info, tuple(pinned), pinned_kwargs, (e[_PIN],), (is_fresh,), tuple(keys),
                                      (e[_KEY],), write_keys))
             return
