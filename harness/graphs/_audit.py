@@ -12,12 +12,12 @@ dataclass fields, module parameters/buffers/submodules, lists, tuples, and dicts
 with string or integer keys) to map each graph input to the attribute path that
 held it.  A view of a held tensor is named by its base's path plus the slice
 that makes it (``runner.out_cache_loc_swa[:4]``), and the base is what is
-watched.  The paths are compiled into one generated function that re-resolves
-them all with plain attribute and item access (module attributes straight from
-``_parameters``/``_buffers``/``_modules``, never through ``Module.__getattr__``);
-the storage and layout of every input are compared through their data pointers
-and version counters.  Only when something differs is a report built
-(``StaleInput``):
+watched.  Paths and inputs are compiled into a generated, unrolled probe that
+re-resolves every path with plain attribute and item access (module attributes
+straight from ``_parameters``/``_buffers``/``_modules``, never through
+``Module.__getattr__``) and reads each watched tensor's version counter and data
+pointer: a few microseconds before each replay.  Only when something differs
+from the previous replay is a report built (``StaleInput``):
 
 * ``kind="rebound"``: the attribute holds another object now.  It is ``benign``
   when the tensor the graph captured was still written in place since the
@@ -277,12 +277,20 @@ def _base_of(candidates: list[tuple[str, _Found]], t: torch.Tensor) -> tuple[str
 # ---------------------------------------------------------------- the watch
 
 
-def _compile_paths(leaves: list[tuple[object, tuple[Step, ...], torch.Tensor]]) -> Callable[[], bool]:
-    """One generated function: True when every path still reaches the tensor it held at capture."""
+def _compile_watch(
+    leaves: list[tuple[object, tuple[Step, ...], torch.Tensor]], tensors: list[torch.Tensor], tracked: list[bool]
+) -> tuple[Callable[[], tuple[bool, tuple[int, ...]]], Callable[[], list[int] | None]]:
+    """Two generated functions over the watched paths and tensors, unrolled (no loop per replay).
+
+    ``probe()`` returns (every path still reaches the tensor it held at capture, the flat state
+    ``(version, data pointer, version, data pointer, ...)`` of the watched tensors).
+    ``stale_paths()`` returns the leaves whose path no longer does, or None when resolving a path
+    raised (an attribute gone), and the caller resolves every path the slow way.
+    """
     names: dict[str, Any] = {}
-    lines = ["def paths_ok():", "    try:", "        pass"]
+    walk: list[str] = []
     nodes: dict[tuple[int, tuple[Step, ...]], str] = {}
-    checks: list[str] = []
+    ends: list[str] = []
     for n, (root, steps, held) in enumerate(leaves):
         var = nodes.get((id(root), ()))
         if var is None:
@@ -303,19 +311,29 @@ def _compile_paths(leaves: list[tuple[object, tuple[Step, ...], torch.Tensor]]) 
                     expr = f"{var}.{key}"
                 else:
                     expr = f"getattr({var}, {key!r})"
-                lines.append(f"        {child} = {expr}")
+                walk.append(f"        {child} = {expr}")
                 nodes[(id(root), prefix)] = child
             var = child
         names[f"h{n}"] = held
-        checks.append(f"{var} is h{n}")
-    lines += ["    except Exception:", "        return False", f"    return {' and '.join(checks) or 'True'}"]
+        ends.append(var)
+    for k, t in enumerate(tensors):
+        names[f"t{k}"] = t
+    state = "".join(f"t{k}._version, t{k}.data_ptr(), " if ok else f"-1, t{k}.data_ptr(), "
+                    for k, ok in enumerate(tracked))
+    same = " and ".join(f"{var} is h{n}" for n, var in enumerate(ends)) or "True"
+    lines = [
+        "def probe():", "    try:", "        pass", *walk, "    except Exception:", f"        return False, ({state})",
+        f"    return ({same}), ({state})",
+        "def stale_paths():", "    try:", "        pass", *walk, "    except Exception:", "        return None",
+        "    stale = []", *(f"    if {var} is not h{n}: stale.append({n})" for n, var in enumerate(ends)), "    return stale",
+    ]
     source = "\n".join(lines)
     code = _CODE.get(source)
     if code is None:  # graphs of one runner share their paths: compile each shape once
-        code = _CODE[source] = compile(source, "<graph input paths>", "exec")
+        code = _CODE[source] = compile(source, "<graph input watch>", "exec")
     scope: dict[str, Any] = dict(names)
     exec(code, scope)  # noqa: S102 - generated from walked attribute names, keys via repr
-    return scope["paths_ok"]
+    return scope["probe"], scope["stale_paths"]
 
 
 _CODE: dict[str, Any] = {}
@@ -367,41 +385,44 @@ def _changes(was: _Layout, now: _Layout) -> str:
 class StaleWatch:
     """What replay checks, before running the graph."""
 
-    __slots__ = ("_leaves", "_paths_ok", "_tensors", "_layouts", "_ptrs", "_seen", "_tracked", "_moved_ones")
+    __slots__ = ("_leaves", "_probe", "_stale_paths", "_tensors", "_layouts", "_ptrs", "_state", "_tracked",
+                 "_moved_ones")
 
     def __init__(self, leaves: list[_Leaf], tensors: list[torch.Tensor], layouts: list[_Layout]) -> None:
         self._leaves = leaves
-        self._paths_ok = _compile_paths([(leaf.root, leaf.steps, leaf.held) for leaf in leaves])
         self._tensors = tensors
         self._layouts = layouts
-        self._ptrs = [t.data_ptr() for t in tensors]  # at capture
+        self._ptrs = tuple(t.data_ptr() for t in tensors)  # at capture
         # inference tensors keep no version counter: they are compared in full at every replay
         self._tracked = [not t.is_inference() for t in tensors]
         # tensors found moved, or untracked: compared in full at every replay until they are back where they were
         self._moved_ones: set[int] = {i for i, ok in enumerate(self._tracked) if not ok}
-        # (version counter at the previous check, data pointer at capture) per tensor: the fast path's baseline
-        self._seen = self._read()
-
-    def _read(self) -> list[tuple[int, int]]:
-        if not self._moved_ones:
-            return [(t._version, t.data_ptr()) for t in self._tensors]
-        return [(t._version if ok else -1, t.data_ptr()) for t, ok in zip(self._tensors, self._tracked)]
+        self._probe, self._stale_paths = _compile_watch(
+            [(leaf.root, leaf.steps, leaf.held) for leaf in leaves], tensors, self._tracked)
+        # (version at the previous check, data pointer at capture) per tensor, flat: the fast path's baseline
+        self._state = self._probe()[1]
 
     def check(self) -> tuple[StaleInput, ...]:
-        """Before a replay: what moved since capture.  A few attribute reads per input when nothing did."""
-        now = self._read()
-        paths_ok = self._paths_ok()
-        if paths_ok and now == self._seen and not self._moved_ones:
+        """Before a replay: what moved since capture.  Two reads per input when nothing did."""
+        paths_ok, now = self._probe()
+        if paths_ok and now == self._state and not self._moved_ones:
             return ()
-        versions = [v for v, _ in now]
-        stale = [] if paths_ok else self._rebound(versions)
+        versions = now[0::2]
+        stale: list[StaleInput] = []
+        if not paths_ok:
+            bad = self._stale_paths()
+            stale.extend(self._rebound(range(len(self._leaves)) if bad is None else bad, versions))
         stale.extend(self._moved(now))
-        self._seen = [(v, ptr) for v, ptr in zip(versions, self._ptrs)]
+        if now[1::2] == self._ptrs:
+            self._state = now
+        else:  # baseline pointers stay those of capture: a moved tensor is reported at every replay
+            self._state = tuple(x for pair in zip(versions, self._ptrs) for x in pair)
         return tuple(stale)
 
-    def _rebound(self, versions: list[int]) -> list[StaleInput]:
+    def _rebound(self, indices: Iterable[int], versions: tuple[int, ...]) -> list[StaleInput]:
         out = []
-        for leaf in self._leaves:
+        for n in indices:
+            leaf = self._leaves[n]
             obj: Any = leaf.root
             try:
                 for get in leaf.getters:
@@ -411,15 +432,19 @@ class StaleWatch:
             if obj is leaf.held:
                 continue
             i = leaf.watched
-            refreshed = self._tracked[i] and versions[i] != self._seen[i][0]
+            refreshed = self._tracked[i] and versions[i] != self._state[2 * i]
             now = "<missing>" if obj is _MISSING else describe(obj)
             out.append(StaleInput(path=leaf.path, captured=leaf.captured, now=now, kind="rebound", benign=refreshed))
         return out
 
-    def _moved(self, now: list[tuple[int, int]]) -> list[StaleInput]:
+    def _moved(self, now: tuple[int, ...]) -> list[StaleInput]:
         out = []
-        for i, (t, was) in enumerate(zip(self._tensors, self._layouts)):
-            if now[i] == self._seen[i] and i not in self._moved_ones:
+        state = self._state
+        differs = {k >> 1 for k, (a, b) in enumerate(zip(now, state)) if a != b}
+        for i in sorted(differs | self._moved_ones):
+            t, was = self._tensors[i], self._layouts[i]
+            if now[2 * i + 1] == self._ptrs[i] and self._tracked[i] and t.shape == was.size and t.stride() == was.stride:
+                self._moved_ones.discard(i)  # written in place, nothing moved: the usual refresh
                 continue
             layout = _layout(was.path, t)
             changed = _changes(was, layout)
