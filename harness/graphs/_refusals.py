@@ -194,10 +194,6 @@ def _copy_to_host(args: tuple[Any, ...], kwargs: dict[str, Any], rec: Recorder) 
     return args[0].device.type == "cpu" and isinstance(args[1], torch.Tensor) and args[1].device.type == "cuda"
 
 
-def _explicit_generator(args: tuple[Any, ...], kwargs: dict[str, Any], rec: Recorder) -> bool:
-    return True  # check_op calls this rule only for a generator that is not the device's default
-
-
 def _tensor_to_host_string(args: tuple[Any, ...], kwargs: dict[str, Any], rec: Recorder) -> bool:
     device = kwargs.get("device", args[1] if len(args) > 1 else None)
     return isinstance(device, str) and torch.device(device).type == "cpu"
@@ -283,10 +279,10 @@ TABLE: dict[str, Rule] = {
     "aten::_to_copy": Rule(_D2H, "aten/src/ATen/native/cuda/Copy.cu: copy_kernel_cuda (device-to-host memcpy_and_sync)", _to_host),
     "aten::copy_": Rule(_D2H, "aten/src/ATen/native/cuda/Copy.cu: copy_kernel_cuda (device-to-host memcpy_and_sync)", _copy_to_host),
     # -- random numbers
+    # (check_op applies it to any op tagged nondeterministic_seeded given a generator other than the default)
     SEEDED: Rule(_NOT_REGISTERED,
                  "aten/src/ATen/cuda/CUDAGeneratorImpl.cpp: CUDAGeneratorImpl::philox_cuda_state "
-                 "(\"unexpected CUDA generator used during capture\"); CUDAGraph::capture_begin registers the default one",
-                 _explicit_generator),
+                 "(\"unexpected CUDA generator used during capture\"); CUDAGraph::capture_begin registers the default one"),
     # -- Python-level host reads (no aten op of their own)
     "Tensor.tolist": Rule(_HOST_READ + " (a Python list)", "torch/csrc/utils/tensor_list.cpp: tensor_to_list (copies to the CPU)"),
     "Tensor.numpy": Rule(_HOST_READ + " (numpy)", "torch/csrc/utils/tensor_numpy.cpp: tensor_to_numpy (CPU tensors only)"),
