@@ -278,16 +278,21 @@ def _base_of(candidates: list[tuple[str, _Found]], t: torch.Tensor) -> tuple[str
 
 
 def _compile_watch(
-    leaves: list[tuple[object, tuple[Step, ...], torch.Tensor]], tensors: list[torch.Tensor], tracked: list[bool]
-) -> tuple[Callable[[], tuple[bool, tuple[int, ...]]], Callable[[], list[int] | None]]:
+    leaves: list[tuple[object, tuple[Step, ...], torch.Tensor]],
+    tensors: list[torch.Tensor],
+    tracked: list[bool],
+    versions: list[int],
+    ptrs: tuple[int, ...],
+) -> tuple[Callable[[], tuple[bool, list[int]]], Callable[[], list[int] | None]]:
     """Two generated functions over the watched paths and tensors, unrolled (no loop per replay).
 
-    ``probe()`` returns (every path still reaches the tensor it held at capture, the flat state
-    ``(version, data pointer, version, data pointer, ...)`` of the watched tensors).
-    ``stale_paths()`` returns the leaves whose path no longer does, or None when resolving a path
-    raised (an attribute gone), and the caller resolves every path the slow way.
+    ``probe()`` returns (every path still reaches the tensor it held at capture, the watched
+    tensors whose version counter moved since ``versions`` or whose data pointer is not the one
+    of capture).  ``versions`` is read by reference: the caller updates it in place.
+    ``stale_paths()`` returns the leaves whose path no longer reaches its tensor, or None when
+    resolving a path raised (an attribute gone), and the caller resolves every path the slow way.
     """
-    names: dict[str, Any] = {}
+    names: dict[str, Any] = {"V": versions}
     walk: list[str] = []
     nodes: dict[tuple[int, tuple[Step, ...]], str] = {}
     ends: list[str] = []
@@ -316,14 +321,15 @@ def _compile_watch(
             var = child
         names[f"h{n}"] = held
         ends.append(var)
-    for k, t in enumerate(tensors):
-        names[f"t{k}"] = t
-    state = "".join(f"t{k}._version, t{k}.data_ptr(), " if ok else f"-1, t{k}.data_ptr(), "
-                    for k, ok in enumerate(tracked))
+    moved = []
+    for k, (t, ok) in enumerate(zip(tensors, tracked)):
+        names[f"t{k}"], names[f"p{k}"] = t, ptrs[k]
+        test = f"t{k}._version != V[{k}] or t{k}.data_ptr() != p{k}" if ok else "True"
+        moved.append(f"    if {test}: moved.append({k})")
     same = " and ".join(f"{var} is h{n}" for n, var in enumerate(ends)) or "True"
     lines = [
-        "def probe():", "    try:", "        pass", *walk, "    except Exception:", f"        return False, ({state})",
-        f"    return ({same}), ({state})",
+        "def probe():", "    try:", "        pass", *walk, "    except Exception:", "        same = False",
+        "    else:", f"        same = {same}", "    moved = []", *moved, "    return same, moved",
         "def stale_paths():", "    try:", "        pass", *walk, "    except Exception:", "        return None",
         "    stale = []", *(f"    if {var} is not h{n}: stale.append({n})" for n, var in enumerate(ends)), "    return stale",
     ]
@@ -385,7 +391,7 @@ def _changes(was: _Layout, now: _Layout) -> str:
 class StaleWatch:
     """What replay checks, before running the graph."""
 
-    __slots__ = ("_leaves", "_probe", "_stale_paths", "_tensors", "_layouts", "_ptrs", "_state", "_tracked",
+    __slots__ = ("_leaves", "_probe", "_stale_paths", "_tensors", "_layouts", "_ptrs", "_versions", "_tracked",
                  "_moved_ones")
 
     def __init__(self, leaves: list[_Leaf], tensors: list[torch.Tensor], layouts: list[_Layout]) -> None:
@@ -395,31 +401,30 @@ class StaleWatch:
         self._ptrs = tuple(t.data_ptr() for t in tensors)  # at capture
         # inference tensors keep no version counter: they are compared in full at every replay
         self._tracked = [not t.is_inference() for t in tensors]
-        # tensors found moved, or untracked: compared in full at every replay until they are back where they were
-        self._moved_ones: set[int] = {i for i, ok in enumerate(self._tracked) if not ok}
+        # version counters at the previous check: writes after it are refreshes before the next replay
+        self._versions = [t._version if ok else -1 for t, ok in zip(tensors, self._tracked)]
+        # tensors found moved: compared in full at every replay until they are back where they were
+        self._moved_ones: set[int] = set()
         self._probe, self._stale_paths = _compile_watch(
-            [(leaf.root, leaf.steps, leaf.held) for leaf in leaves], tensors, self._tracked)
-        # (version at the previous check, data pointer at capture) per tensor, flat: the fast path's baseline
-        self._state = self._probe()[1]
+            [(leaf.root, leaf.steps, leaf.held) for leaf in leaves], tensors, self._tracked, self._versions, self._ptrs)
 
     def check(self) -> tuple[StaleInput, ...]:
         """Before a replay: what moved since capture.  Two reads per input when nothing did."""
-        paths_ok, now = self._probe()
-        if paths_ok and now == self._state and not self._moved_ones:
+        paths_ok, differ = self._probe()
+        if paths_ok and not differ and not self._moved_ones:
             return ()
-        versions = now[0::2]
+        tensors, tracked = self._tensors, self._tracked
+        now = {i: tensors[i]._version for i in differ if tracked[i]}
         stale: list[StaleInput] = []
         if not paths_ok:
             bad = self._stale_paths()
-            stale.extend(self._rebound(range(len(self._leaves)) if bad is None else bad, versions))
-        stale.extend(self._moved(now))
-        if now[1::2] == self._ptrs:
-            self._state = now
-        else:  # baseline pointers stay those of capture: a moved tensor is reported at every replay
-            self._state = tuple(x for pair in zip(versions, self._ptrs) for x in pair)
+            stale.extend(self._rebound(range(len(self._leaves)) if bad is None else bad, now))
+        stale.extend(self._moved(differ))
+        for i, version in now.items():
+            self._versions[i] = version
         return tuple(stale)
 
-    def _rebound(self, indices: Iterable[int], versions: tuple[int, ...]) -> list[StaleInput]:
+    def _rebound(self, indices: Iterable[int], now: dict[int, int]) -> list[StaleInput]:
         out = []
         for n in indices:
             leaf = self._leaves[n]
@@ -432,18 +437,16 @@ class StaleWatch:
             if obj is leaf.held:
                 continue
             i = leaf.watched
-            refreshed = self._tracked[i] and versions[i] != self._state[2 * i]
-            now = "<missing>" if obj is _MISSING else describe(obj)
-            out.append(StaleInput(path=leaf.path, captured=leaf.captured, now=now, kind="rebound", benign=refreshed))
+            refreshed = i in now and now[i] != self._versions[i]
+            text = "<missing>" if obj is _MISSING else describe(obj)
+            out.append(StaleInput(path=leaf.path, captured=leaf.captured, now=text, kind="rebound", benign=refreshed))
         return out
 
-    def _moved(self, now: tuple[int, ...]) -> list[StaleInput]:
+    def _moved(self, differ: list[int]) -> list[StaleInput]:
         out = []
-        state = self._state
-        differs = {k >> 1 for k, (a, b) in enumerate(zip(now, state)) if a != b}
-        for i in sorted(differs | self._moved_ones):
+        for i in sorted(self._moved_ones.union(differ)):
             t, was = self._tensors[i], self._layouts[i]
-            if now[2 * i + 1] == self._ptrs[i] and self._tracked[i] and t.shape == was.size and t.stride() == was.stride:
+            if t.data_ptr() == self._ptrs[i] and self._tracked[i] and t.shape == was.size and t.stride() == was.stride:
                 self._moved_ones.discard(i)  # written in place, nothing moved: the usual refresh
                 continue
             layout = _layout(was.path, t)
@@ -452,7 +455,7 @@ class StaleWatch:
                 self._moved_ones.add(i)
                 out.append(StaleInput(path=was.path, captured=_layout_text(was, t), now=_layout_text(layout, t),
                                       kind="memory", changed=changed))
-            elif self._tracked[i]:
+            else:
                 self._moved_ones.discard(i)
         return out
 
