@@ -1,17 +1,44 @@
-"""Input audit: name every tensor a graph reads and notice when its attribute is rebound.
+"""Input audit: name every tensor a graph reads, and notice at replay what moved under it.
 
-A graph binds tensors by identity.  If the program later rebinds an attribute
-(``pool.loc = torch.empty(...)``) the graph keeps reading the old tensor; nothing
-fails, the numbers are just wrong.  At capture end we walk the caller's ``roots``
-to map each graph input to the attribute path that held it, and compile that path
-into a getter chain.  Replay re-resolves the chains (a handful of C-level
-``attrgetter``/``itemgetter`` calls) and reports paths that now hold another object.
+A graph binds memory.  Two things make it read other data than the program
+believes it reads.  The program rebinds an attribute (``pool.loc =
+torch.empty(...)``): the graph keeps reading the tensor it captured.  Or the
+program re-points the captured tensor itself (``t.data = ...``, ``t.set_(...)``,
+``t.resize_(...)``, ``t.t_()``): the graph keeps reading the old storage with the
+old layout.  Nothing fails either way; the numbers are just wrong.
+
+At capture end we walk the caller's ``roots`` (attributes, ``__slots__``,
+dataclass fields, module parameters/buffers/submodules, lists, tuples, and dicts
+with string or integer keys) to map each graph input to the attribute path that
+held it.  A view of a held tensor is named by its base's path plus the slice
+that makes it (``runner.out_cache_loc_swa[:4]``), and the base is what is
+watched.  Paths and inputs are compiled into a generated, unrolled probe that
+re-resolves every path with plain attribute and item access (module attributes
+straight from ``_parameters``/``_buffers``/``_modules``, never through
+``Module.__getattr__``) and reads each watched tensor's version counter and data
+pointer: a few microseconds before each replay.  Only when something differs
+from the previous replay is a report built (``StaleInput``):
+
+* ``kind="rebound"``: the attribute holds another object now.  It is ``benign``
+  when the tensor the graph captured was still written in place since the
+  previous replay began (its version counter moved, which every in-place write
+  through it or any view of it does, while a graph's own kernels move none): the
+  program refreshes the graph's buffer and only keeps another tensor under the
+  name.  Otherwise it is a finding: nothing
+  refreshes what the graph reads.
+* ``kind="memory"``: the captured tensor's storage, storage offset, size or
+  stride differs from capture (``changed`` says which).
+
+A re-pointing that changes neither the data pointer nor the version counter
+(``t.data = t.t()``: same address, new strides, and ``.data`` assignment bumps no
+version) goes unseen; every other re-pointing moves one of the two.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
+import keyword
 import types
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
@@ -36,8 +63,9 @@ _SKIPPED = (
     types.ModuleType, types.FunctionType, types.BuiltinFunctionType, types.MethodType,
     types.BuiltinMethodType, type, property, staticmethod, classmethod,
 )
+_MODULE_STORES = {"param": "_parameters", "buffer": "_buffers", "module": "_modules"}
 
-Step = tuple[str, Any]  # ("attr", name) | ("item", key)
+Step = tuple[str, Any]  # ("attr" | "param" | "buffer" | "module", name) | ("item", key)
 _ViewKey = tuple[Any, ...]
 
 
@@ -76,7 +104,7 @@ def _children(obj: object) -> Iterable[tuple[Step, object]]:
         for i, (k, v) in enumerate(obj.items()):
             if i >= _MAX_ITEMS:
                 break
-            if isinstance(k, str):
+            if isinstance(k, (str, int)):
                 yield ("item", k), v
         return
     if isinstance(obj, (list, tuple)):
@@ -86,12 +114,12 @@ def _children(obj: object) -> Iterable[tuple[Step, object]]:
     seen: set[str] = set()
     if isinstance(obj, torch.nn.Module):
         # Registered tensors live in private dicts; module.__getattr__ reaches them by name.
-        for store in ("_parameters", "_buffers", "_modules"):
+        for kind, store in _MODULE_STORES.items():
             for k, v in getattr(obj, store, {}).items():
                 if k not in seen:
                     seen.add(k)
-                    yield ("attr", k), v
-        seen.update(("_parameters", "_buffers", "_modules"))
+                    yield (kind, k), v
+        seen.update(_MODULE_STORES.values())
     if dataclasses.is_dataclass(obj):
         for f in dataclasses.fields(obj):
             if f.name not in seen and hasattr(obj, f.name):
@@ -112,25 +140,18 @@ def _children(obj: object) -> Iterable[tuple[Step, object]]:
 def _path_text(root: str, steps: tuple[Step, ...]) -> str:
     parts = [root]
     for kind, key in steps:
-        parts.append(f".{key}" if kind == "attr" else f"[{key}]")
+        parts.append(f"[{key}]" if kind == "item" else f".{key}")
     return "".join(parts)
 
 
-def _getters(steps: tuple[Step, ...]) -> tuple[Callable[[Any], Any], ...]:
-    """Compile a path; consecutive attribute steps fold into one ``attrgetter``."""
-    getters: list[Callable[[Any], Any]] = []
-    attrs: list[str] = []
-    for kind, key in steps:
-        if kind == "attr" and "." not in key:
-            attrs.append(key)
-            continue
-        if attrs:
-            getters.append(attrgetter(".".join(attrs)))
-            attrs = []
-        getters.append(itemgetter(key) if kind == "item" else (lambda o, _k=key: getattr(o, _k)))
-    if attrs:
-        getters.append(attrgetter(".".join(attrs)))
-    return tuple(getters)
+def _getter(step: Step) -> Callable[[Any], Any]:
+    kind, key = step
+    if kind == "item":
+        return itemgetter(key)
+    if kind in _MODULE_STORES:
+        store = attrgetter(_MODULE_STORES[kind])
+        return lambda o: store(o)[key]
+    return lambda o: getattr(o, key)
 
 
 class _Found:
@@ -140,10 +161,14 @@ class _Found:
         self.root, self.steps, self.held = root, steps, held
 
 
-def _walk(roots: Mapping[str, object]) -> tuple[dict[int, tuple[str, _Found]], dict[_ViewKey, tuple[str, _Found]]]:
+_Index = dict[Any, list[tuple[str, _Found]]]
+
+
+def _walk(roots: Mapping[str, object]) -> tuple[dict[int, tuple[str, _Found]], dict[_ViewKey, tuple[str, _Found]], _Index]:
     """Breadth-first, so each tensor gets its shortest path; the first root wins ties."""
     by_id: dict[int, tuple[str, _Found]] = {}
     by_view: dict[_ViewKey, tuple[str, _Found]] = {}
+    by_storage: _Index = {}
     visited: set[int] = set()
     queue: deque[tuple[str, object, tuple[Step, ...], object]] = deque(
         (name, root, (), root) for name, root in roots.items()
@@ -157,6 +182,7 @@ def _walk(roots: Mapping[str, object]) -> tuple[dict[int, tuple[str, _Found]], d
                 vk = _view_key(obj)
                 if vk is not None:
                     by_view.setdefault(vk, found)
+                    by_storage.setdefault(vk[0], []).append(found)
             continue
         if isinstance(obj, _LEAVES) or isinstance(obj, _SKIPPED) or id(obj) in visited:
             continue
@@ -172,35 +198,274 @@ def _walk(roots: Mapping[str, object]) -> tuple[dict[int, tuple[str, _Found]], d
             continue
         for step, child in children:
             queue.append((name, root, steps + (step,), child))
-    return by_id, by_view
+    return by_id, by_view, by_storage
+
+
+# ---------------------------------------------------------------- naming a view by its base
+
+
+def _extent(t: torch.Tensor) -> tuple[int, int]:
+    """[first, last] element offsets ``t`` covers in its storage."""
+    lo = hi = t.storage_offset()
+    for size, stride in zip(t.shape, t.stride()):
+        if size == 0:
+            return (lo, lo - 1)
+        span = (size - 1) * stride
+        lo, hi = (lo + span, hi) if span < 0 else (lo, hi + span)
+    return lo, hi
+
+
+def _slices(base: torch.Tensor, t: torch.Tensor) -> str | None:
+    """``[...]`` making ``t`` from ``base`` by basic indexing, if there is one."""
+    bsz, bst = tuple(base.shape), base.stride()
+    tsz, tst = tuple(t.shape), t.stride()
+    rel = t.storage_offset() - base.storage_offset()
+    if rel < 0:
+        return None
+    starts = [0] * len(bsz)
+    for k in sorted(range(len(bsz)), key=lambda k: -bst[k]):
+        if bst[k] > 0 and bsz[k] > 1:
+            starts[k] = min(rel // bst[k], bsz[k] - 1)
+            rel -= starts[k] * bst[k]
+    if rel != 0:
+        return None
+    parts: list[str] = []
+    sizes: list[int] = []
+    strides: list[int] = []
+    j = 0
+    for k, (size, stride, start) in enumerate(zip(bsz, bst, starts)):
+        step = tst[j] // stride if j < len(tsz) and stride > 0 and tst[j] % stride == 0 else 0
+        if j < len(tsz) and tsz[j] == 1 and step < 1:
+            step = 1
+        if j < len(tsz) and step >= 1 and start + (tsz[j] - 1) * step < size:
+            stop = start + (tsz[j] - 1) * step + 1
+            to_end = -(-(size - start) // step) == tsz[j]  # the slice runs to the end of the dim
+            text = f"{start or ''}:{'' if to_end else stop}" + (f":{step}" if step != 1 else "")
+            parts.append(text)
+            sizes.append(tsz[j])
+            strides.append(stride * step)
+            j += 1
+        else:
+            parts.append(str(start))
+    if j != len(tsz) or tuple(sizes) != tsz or any(s != ts for s, ts, n in zip(strides, tst, tsz) if n > 1):
+        return None
+    while parts and parts[-1] == ":":
+        parts.pop()
+    return f"[{', '.join(parts)}]" if parts else None
+
+
+def _index_text(base: torch.Tensor, t: torch.Tensor) -> str:
+    if base.dtype == t.dtype and (t.shape, t.stride(), t.storage_offset()) == (
+            base.shape, base.stride(), base.storage_offset()):
+        return "[:]"  # a view of all of it
+    if base.dtype == t.dtype:
+        found = _slices(base, t)
+        if found is not None:
+            return found
+        return f".as_strided({list(t.shape)}, {t.stride()}, {t.storage_offset()})"
+    return f".view({t.dtype}).as_strided({list(t.shape)}, {t.stride()}, {t.storage_offset()})"
+
+
+def _base_of(candidates: list[tuple[str, _Found]], t: torch.Tensor) -> tuple[str, _Found] | None:
+    lo, hi = _extent(t)
+    size = t.element_size()
+    for path, found in candidates:
+        b = found.held
+        blo, bhi = _extent(b)
+        es = b.element_size()
+        if blo * es <= lo * size and (hi + 1) * size <= (bhi + 1) * es:
+            return path, found
+    return candidates[0] if candidates else None
+
+
+# ---------------------------------------------------------------- the watch
+
+
+def _compile_watch(
+    leaves: list[tuple[object, tuple[Step, ...], torch.Tensor]],
+    tensors: list[torch.Tensor],
+    tracked: list[bool],
+    versions: list[int],
+    ptrs: tuple[int, ...],
+) -> tuple[Callable[[], tuple[bool, list[int]]], Callable[[], list[int] | None]]:
+    """Two generated functions over the watched paths and tensors, unrolled (no loop per replay).
+
+    ``probe()`` returns (every path still reaches the tensor it held at capture, the watched
+    tensors whose version counter moved since ``versions`` or whose data pointer is not the one
+    of capture).  ``versions`` is read by reference: the caller updates it in place.
+    ``stale_paths()`` returns the leaves whose path no longer reaches its tensor, or None when
+    resolving a path raised (an attribute gone), and the caller resolves every path the slow way.
+    """
+    names: dict[str, Any] = {"V": versions}
+    walk: list[str] = []
+    nodes: dict[tuple[int, tuple[Step, ...]], str] = {}
+    ends: list[str] = []
+    for n, (root, steps, held) in enumerate(leaves):
+        var = nodes.get((id(root), ()))
+        if var is None:
+            var = f"r{len(names)}"
+            names[var] = root
+            nodes[(id(root), ())] = var
+        for depth in range(1, len(steps) + 1):
+            prefix = steps[:depth]
+            child = nodes.get((id(root), prefix))
+            if child is None:
+                child = f"v{len(nodes)}"
+                kind, key = prefix[-1]
+                if kind == "item":
+                    expr = f"{var}[{key!r}]"
+                elif kind in _MODULE_STORES:
+                    expr = f"{var}.{_MODULE_STORES[kind]}[{key!r}]"
+                elif key.isidentifier() and not keyword.iskeyword(key) and not key.startswith("__"):
+                    expr = f"{var}.{key}"
+                else:
+                    expr = f"getattr({var}, {key!r})"
+                walk.append(f"        {child} = {expr}")
+                nodes[(id(root), prefix)] = child
+            var = child
+        names[f"h{n}"] = held
+        ends.append(var)
+    moved = []
+    for k, (t, ok) in enumerate(zip(tensors, tracked)):
+        names[f"t{k}"], names[f"p{k}"] = t, ptrs[k]
+        test = f"t{k}._version != V[{k}] or t{k}.data_ptr() != p{k}" if ok else "True"
+        moved.append(f"    if {test}: moved.append({k})")
+    same = " and ".join(f"{var} is h{n}" for n, var in enumerate(ends)) or "True"
+    lines = [
+        "def probe():", "    try:", "        pass", *walk, "    except Exception:", "        same = False",
+        "    else:", f"        same = {same}", "    moved = []", *moved, "    return same, moved",
+        "def stale_paths():", "    try:", "        pass", *walk, "    except Exception:", "        return None",
+        "    stale = []", *(f"    if {var} is not h{n}: stale.append({n})" for n, var in enumerate(ends)), "    return stale",
+    ]
+    source = "\n".join(lines)
+    code = _CODE.get(source)
+    if code is None:  # graphs of one runner share their paths: compile each shape once
+        code = _CODE[source] = compile(source, "<graph input watch>", "exec")
+    scope: dict[str, Any] = dict(names)
+    exec(code, scope)  # noqa: S102 - generated from walked attribute names, keys via repr
+    return scope["probe"], scope["stale_paths"]
+
+
+_CODE: dict[str, Any] = {}
 
 
 _MISSING = object()
 
 
+@dataclasses.dataclass(slots=True)
+class _Leaf:
+    path: str  # the input's path (the base's path plus the slice for a view)
+    root: object
+    steps: tuple[Step, ...]
+    getters: tuple[Callable[[Any], Any], ...]
+    held: torch.Tensor  # what the path held at capture
+    captured: str
+    watched: int  # index of ``held`` among the watched tensors
+
+
+@dataclasses.dataclass(slots=True)
+class _Layout:
+    path: str
+    key: int | None
+    storage_ptr: int
+    offset: int
+    size: tuple[int, ...]
+    stride: tuple[int, ...]
+
+
+def _layout(path: str, t: torch.Tensor) -> _Layout:
+    return _Layout(path, storage_key(t), t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride())
+
+
+def _changes(was: _Layout, now: _Layout) -> str:
+    found = []
+    if was.key != now.key:
+        found.append(f"storage {was.storage_ptr:#x} -> {now.storage_ptr:#x} (another storage)")
+    elif was.storage_ptr != now.storage_ptr:
+        found.append(f"storage {was.storage_ptr:#x} -> {now.storage_ptr:#x} (reallocated)")
+    if was.offset != now.offset:
+        found.append(f"storage offset {was.offset} -> {now.offset}")
+    if was.size != now.size:
+        found.append(f"size {list(was.size)} -> {list(now.size)}")
+    if was.stride != now.stride:
+        found.append(f"stride {was.stride} -> {now.stride}")
+    return "; ".join(found)
+
+
 class StaleWatch:
-    """Precomputed getter chains; ``check()`` is what replay calls."""
+    """What replay checks, before running the graph."""
 
-    __slots__ = ("_watch",)
+    __slots__ = ("_leaves", "_probe", "_stale_paths", "_tensors", "_layouts", "_ptrs", "_versions", "_tracked",
+                 "_moved_ones")
 
-    def __init__(self, watch: tuple[tuple[object, tuple[Callable[[Any], Any], ...], torch.Tensor, str, str], ...]) -> None:
-        self._watch = watch
+    def __init__(self, leaves: list[_Leaf], tensors: list[torch.Tensor], layouts: list[_Layout]) -> None:
+        self._leaves = leaves
+        self._tensors = tensors
+        self._layouts = layouts
+        self._ptrs = tuple(t.data_ptr() for t in tensors)  # at capture
+        # inference tensors keep no version counter: they are compared in full at every replay
+        self._tracked = [not t.is_inference() for t in tensors]
+        # version counters at the previous check: writes after it are refreshes before the next replay
+        self._versions = [t._version if ok else -1 for t, ok in zip(tensors, self._tracked)]
+        # tensors found moved: compared in full at every replay until they are back where they were
+        self._moved_ones: set[int] = set()
+        self._probe, self._stale_paths = _compile_watch(
+            [(leaf.root, leaf.steps, leaf.held) for leaf in leaves], tensors, self._tracked, self._versions, self._ptrs)
 
     def check(self) -> tuple[StaleInput, ...]:
-        stale: list[StaleInput] | None = None
-        for root, getters, held, path, captured in self._watch:
-            obj: Any = root
+        """Before a replay: what moved since capture.  Two reads per input when nothing did."""
+        paths_ok, differ = self._probe()
+        if paths_ok and not differ and not self._moved_ones:
+            return ()
+        tensors, tracked = self._tensors, self._tracked
+        now = {i: tensors[i]._version for i in differ if tracked[i]}
+        stale: list[StaleInput] = []
+        if not paths_ok:
+            bad = self._stale_paths()
+            stale.extend(self._rebound(range(len(self._leaves)) if bad is None else bad, now))
+        stale.extend(self._moved(differ))
+        for i, version in now.items():
+            self._versions[i] = version
+        return tuple(stale)
+
+    def _rebound(self, indices: Iterable[int], now: dict[int, int]) -> list[StaleInput]:
+        out = []
+        for n in indices:
+            leaf = self._leaves[n]
+            obj: Any = leaf.root
             try:
-                for get in getters:
+                for get in leaf.getters:
                     obj = get(obj)
-            except (AttributeError, LookupError, TypeError):
+            except Exception:  # noqa: BLE001 - whatever the path hits now, it no longer reaches the tensor
                 obj = _MISSING
-            if obj is not held:
-                if stale is None:
-                    stale = []
-                now = "<missing>" if obj is _MISSING else describe(obj)
-                stale.append(StaleInput(path=path, captured=captured, now=now))
-        return tuple(stale) if stale else ()
+            if obj is leaf.held:
+                continue
+            i = leaf.watched
+            refreshed = i in now and now[i] != self._versions[i]
+            text = "<missing>" if obj is _MISSING else describe(obj)
+            out.append(StaleInput(path=leaf.path, captured=leaf.captured, now=text, kind="rebound", benign=refreshed))
+        return out
+
+    def _moved(self, differ: list[int]) -> list[StaleInput]:
+        out = []
+        for i in sorted(self._moved_ones.union(differ)):
+            t, was = self._tensors[i], self._layouts[i]
+            if t.data_ptr() == self._ptrs[i] and self._tracked[i] and t.shape == was.size and t.stride() == was.stride:
+                self._moved_ones.discard(i)  # written in place, nothing moved: the usual refresh
+                continue
+            layout = _layout(was.path, t)
+            changed = _changes(was, layout)
+            if changed:
+                self._moved_ones.add(i)
+                out.append(StaleInput(path=was.path, captured=_layout_text(was, t), now=_layout_text(layout, t),
+                                      kind="memory", changed=changed))
+            else:
+                self._moved_ones.discard(i)
+        return out
+
+
+def _layout_text(layout: _Layout, t: torch.Tensor) -> str:
+    return f"{_dtype_name(t.dtype)}{list(layout.size)} stride {layout.stride} at {layout.storage_ptr:#x}+{layout.offset}"
 
 
 def build_audit(
@@ -211,19 +476,47 @@ def build_audit(
     static = list(static_inputs)
     static_ids = {id(t) for t in static}
     static_keys = {k for k in (storage_key(t) for t in static) if k is not None}
-    by_id, by_view = _walk(roots)
+    by_id, by_view, by_storage = _walk(roots)
     entries: list[GraphInput] = []
-    watch = []
-    for t in inputs:
+    leaves: list[_Leaf] = []
+    watched: dict[int, int] = {}
+    tensors: list[torch.Tensor] = []
+    layouts: list[_Layout] = []
+
+    def watch(t: torch.Tensor, path: str) -> int:
+        index = watched.get(id(t))
+        if index is None:
+            index = watched[id(t)] = len(tensors)
+            tensors.append(t)
+            layouts.append(_layout(path, t))
+        return index
+
+    for k, t in enumerate(inputs):
         found = by_id.get(id(t))
+        key = storage_key(t)
         if found is None:
             vk = _view_key(t)
             found = by_view.get(vk) if vk is not None else None
-        key = storage_key(t)
-        registered = id(t) in static_ids or (key is not None and key in static_keys)
         path = found[0] if found is not None else None
+        if found is None and key is not None:
+            base = _base_of(by_storage.get(key, []), t)
+            if base is not None:
+                found = base
+                path = base[0] + _index_text(base[1].held, t)
+        registered = id(t) in static_ids or (key is not None and key in static_keys)
         entries.append(GraphInput(path=path, shape=tuple(t.shape), dtype=_dtype_name(t.dtype), registered=registered))
-        if found is not None:
+        watch(t, path or f"<input {k}: {_dtype_name(t.dtype)}{list(t.shape)}>")
+        if found is not None and path is not None:
             f = found[1]
-            watch.append((f.root, _getters(f.steps), f.held, path, describe(t)))
-    return InputAudit(inputs=tuple(entries)), StaleWatch(tuple(watch))
+            held_index = watch(f.held, found[0])
+            leaves.append(_Leaf(path, f.root, f.steps, tuple(_getter(s) for s in f.steps), f.held, describe(t), held_index))
+        # A view held under its own name (pool.swa_loc) may also be a slice of a buffer another attribute owns
+        # (runner.out_cache_loc_swa): watch that owner too, so rebinding the buffer is named where it happens.
+        others = [h for h in by_storage.get(key, []) if found is not None and h[1].held is not found[1].held]
+        base = _base_of(others, t) if others else None
+        if base is not None:
+            b = base[1]
+            base_path = base[0] + _index_text(b.held, t)
+            leaves.append(_Leaf(base_path, b.root, b.steps, tuple(_getter(s) for s in b.steps), b.held, describe(t),
+                                watch(b.held, base[0])))
+    return InputAudit(inputs=tuple(entries)), StaleWatch(leaves, tensors, layouts)

@@ -1,155 +1,68 @@
 """Capture-time machinery shared by the tape and cuda engines.
 
-One ``Recorder`` sits under a capture as a ``TorchDispatchMode`` (sees every aten
-op below autograd) plus a ``TorchFunctionMode`` (sees ``Tensor.tolist`` and the
-``torch.tensor`` family, which either dispatch no aten op or dispatch one that is
-only wrong in context).  Depending on the engine it
+One ``Recorder`` sits under a warm-up run or a capture as a ``TorchDispatchMode``
+(it sees every aten op below autograd), together with wrappers around the few
+Python-level calls that dispatch no op of their own (``_refusals.HOOKS``).  It
 
-* checks ops against what CUDA refuses during stream capture (``check``),
-* snapshots pre-existing storages before the first write and restores them at
-  the end, so that capture does not compute (``undo``),
-* tracks which tensors capture produced and which it read (``observe``), for the
-  input audit and for poisoning capture-allocated storage,
-* appends an ``OpStep`` per op, the raw tape the tape engine compiles (``record``).
+* checks every call against what CUDA refuses during stream capture
+  (``_refusals.TABLE``), raising ``CaptureError`` with the user's source line;
+* undoes writes to storages that existed before it started (``undo``).  A
+  warm-up is a *rehearsal*: it also puts back the layout of tensors an op
+  resized or re-strided, and poisons storage an op grew, so that every warm-up
+  leaves pre-existing tensors exactly as it found them.  A capture only rolls
+  back contents (on CUDA a resize at capture really happens; its new memory is
+  graph memory, so it is poisoned);
+* tracks which tensors it produced and which it read (the graph's inputs, for
+  the input audit) and which storages ops allocated (``fresh``, poisoned after
+  capture);
+* with ``record``, appends an ``OpStep`` per op: the raw tape the tape engine
+  compiles.  Recorded steps never hold the program's tensors.  Each tensor is
+  represented by a *pin*: a tensor object of its own over the same storage with
+  the layout of that moment (``detach()``).  The tape therefore binds memory,
+  as a CUDA graph binds device addresses: a program that later swaps a
+  tensor's memory (``t.data = ...``, ``t.set_(...)``, ``t.t_()``) does not move
+  the tape, and an in-place layout change during capture leaves the steps
+  recorded before it alone.  Because the recorder holds only weak references to
+  the program's tensors, a tensor that is dead at capture end is one the program
+  can no longer read, which is what lets the tape reuse its memory.
 
-Storages are identified by ``(device, data_ptr)``.  That is only sound while both
-storages are alive, which is why the tape keeps every capture output alive and the
-cuda engine never asks about freed intermediates.
+Storages are identified by their ``StorageImpl`` (``torch._C._storage_id``),
+which a resize keeps.  In record mode every storage stays alive (through a pin,
+a snapshot or the program) so identities stay unique; the cuda engine's capture
+keeps nothing alive and only compares storages within one op.
+
+The protocol around a recorder (warm-up, islands, outputs) is in ``_protocol.py``.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import linecache
-import os
-import sys
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
-from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from .engine import CaptureError, _set_island_host, _tls
+from ._refusals import FUNCTION_HOOKS, HOOKS, Rule, _tls, check_op, op_rule
 
-StorageKey = tuple[torch.device, int]
+StorageKey = int
 
-_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
-_PKG_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
-
-
-def user_location() -> str:
-    """``file:line: code`` of the first caller outside torch and outside this package."""
-    frame = sys._getframe(1)
-    while frame is not None:
-        filename = frame.f_code.co_filename
-        if not (filename.startswith(_TORCH_DIR) or os.path.abspath(filename).startswith(_PKG_DIR)):
-            break
-        frame = frame.f_back
-    if frame is None:
-        return "<unknown>"
-    code = linecache.getline(filename, frame.f_lineno).strip()
-    shown = filename
-    try:
-        rel = os.path.relpath(filename)
-        if not rel.startswith(".."):
-            shown = rel
-    except ValueError:  # other drive on Windows
-        pass
-    return f"{shown}:{frame.f_lineno}: {code}"
-
-
-# ---------------------------------------------------------------- refusal checker
-
-_HOST_SYNC = "host sync: copies a device value into Python (.item(), bool(), int(), float())"
-_DATA_SIZED = "host sync: the output size depends on tensor values"
-_MASK_INDEX = "boolean-mask indexing goes through nonzero, whose output size depends on values"
-_FROM_DATA = "tensor built from Python data needs a host-to-device copy of host memory"
-_D2H = "device-to-host copy synchronizes the host"
-
-_REFUSED_OPS: dict[str, str] = {
-    "aten::_local_scalar_dense": _HOST_SYNC,
-    "aten::is_nonzero": _HOST_SYNC,
-    "aten::equal": "host sync: returns a Python bool",
-    "aten::nonzero": _DATA_SIZED,
-    "aten::masked_select": _DATA_SIZED,
-    "aten::_unique": _DATA_SIZED,
-    "aten::_unique2": _DATA_SIZED,
-    "aten::unique_dim": _DATA_SIZED,
-    "aten::unique_consecutive": _DATA_SIZED,
-    "aten::unique_dim_consecutive": _DATA_SIZED,
-    "aten::bincount": _DATA_SIZED,
-}
-_LIFT_OPS = frozenset({"aten::lift_fresh", "aten::lift_fresh_copy"})
-_INDEX_PUT_OPS = frozenset({"aten::index_put_", "aten::index_put", "aten::_index_put_impl_"})
-
-# Host reads that dispatch no aten op of their own.
-_HOST_READ_FUNCS: dict[Any, tuple[str, str]] = {
-    torch.Tensor.tolist: ("Tensor.tolist", "host sync: reads device values into a Python list"),
-    torch.Tensor.numpy: ("Tensor.numpy", "host sync: reads tensor values into numpy"),
-    torch.Tensor.__array__: ("Tensor.__array__", "host sync: reads tensor values into numpy"),
-}
-# Tensors built from Python data: their aten.lift_fresh is refused, while the
-# lift_fresh that indexing uses for a Python scalar value is not.
-_FROM_DATA_FUNCS = frozenset({torch.tensor, torch.as_tensor, torch.asarray, torch.Tensor.new_tensor})
-
-
-def _is_mask(t: object) -> bool:
-    return isinstance(t, torch.Tensor) and t.dtype in (torch.bool, torch.uint8)
-
-
-def _masked_fill_path(self: torch.Tensor, indices: list[Any], value: Any, accumulate: bool) -> bool:
-    """Whether index_put_ takes ATen's masked_fill shortcut, which needs no nonzero."""
-    if accumulate or not isinstance(value, torch.Tensor):
-        return False
-    if value.numel() != 1 or value.device.type != "cpu":
-        return False
-    masks = [i for i in indices if i is not None]
-    return len(masks) == 1 and _is_mask(masks[0]) and masks[0].device == self.device
-
-
-def check_refused(func: Any, name: str, args: tuple[Any, ...], kwargs: dict[str, Any], from_data: bool) -> None:
-    """Raise ``CaptureError`` if CUDA stream capture refuses this call."""
-    reason = _REFUSED_OPS.get(name)
-    if reason is None:
-        if name == "aten::repeat_interleave":
-            if func._schema.overload_name in ("Tensor", "self_Tensor") and kwargs.get("output_size") is None:
-                reason = _DATA_SIZED + "; pass output_size"
-        elif name == "aten::index":
-            if any(_is_mask(i) for i in args[1]):
-                reason = _MASK_INDEX
-        elif name in _INDEX_PUT_OPS:
-            indices = args[1]
-            if any(_is_mask(i) for i in indices):
-                accumulate = args[3] if len(args) > 3 else kwargs.get("accumulate", False)
-                if not _masked_fill_path(args[0], indices, args[2], bool(accumulate)):
-                    reason = _MASK_INDEX
-        elif name in _LIFT_OPS:
-            if from_data:
-                reason = _FROM_DATA
-        elif name == "aten::_to_copy":
-            device = kwargs.get("device")
-            if args[0].is_cuda and device is not None and torch.device(device).type == "cpu":
-                reason = _D2H
-        elif name == "aten::copy_":
-            if args[0].device.type == "cpu" and isinstance(args[1], torch.Tensor) and args[1].is_cuda:
-                reason = _D2H
-    if reason is not None:
-        raise CaptureError(str(func), user_location(), reason)
-
-
-# ---------------------------------------------------------------- small helpers
+_storage_id: Callable[[torch.Tensor], int] = getattr(torch._C, "_storage_id", None) or (
+    lambda t: t.untyped_storage()._cdata
+)
 
 
 def storage_key(t: torch.Tensor) -> StorageKey | None:
-    """Identity of ``t``'s storage; None for empty storage, which holds nothing to track."""
-    st = t.untyped_storage()
-    if st.nbytes() == 0:
+    """Identity of ``t``'s storage; None for a tensor without one (sparse, nested)."""
+    try:
+        return _storage_id(t)
+    except (RuntimeError, NotImplementedError):
         return None
-    return (t.device, st.data_ptr())
+
+
+# ---------------------------------------------------------------- small helpers
 
 
 def flat_tensors(obj: Any, into: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
@@ -193,40 +106,62 @@ def poison_value(dtype: torch.dtype) -> float | int | bool:
     return info.min
 
 
+def poison_bytes(storage: torch.UntypedStorage, dtype: torch.dtype, start: int = 0) -> None:
+    """Fill ``storage`` from byte ``start`` on with the poison of ``dtype``."""
+    size = dtype.itemsize
+    first = -(-start // size)
+    n = storage.nbytes() // size - first
+    if n <= 0:
+        return
+    flat = torch.empty(0, dtype=dtype, device=storage.device).set_(storage, first, (n,), (1,))
+    try:
+        flat.fill_(poison_value(dtype))
+    except (RuntimeError, TypeError):  # exotic dtypes: any loud bit pattern will do
+        torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage, first * size, (n * size,), (1,)).fill_(0xFF)
+
+
 def poison_storage(t: torch.Tensor) -> None:
     """Fill the whole storage behind ``t`` with the poison of ``t``'s dtype."""
-    st = t.untyped_storage()
-    n = st.nbytes() // t.element_size()
-    flat = torch.empty(0, dtype=t.dtype, device=t.device).set_(st, 0, (n,), (1,))
-    try:
-        flat.fill_(poison_value(t.dtype))
-    except (RuntimeError, TypeError):  # exotic dtypes: any loud bit pattern will do
-        torch.empty(0, dtype=torch.uint8, device=t.device).set_(st).fill_(0xFF)
+    poison_bytes(t.untyped_storage(), t.dtype)
 
 
 @dataclass(frozen=True, slots=True)
 class OpInfo:
     """What the schema says about an op, computed once per overload."""
 
+    func: Any
+    call: Callable[..., Any]  # the overload's C++ entry point (skips OpOverload.__call__)
     name: str
     writes: tuple[tuple[int, str], ...]  # (position, name) of arguments the op writes
     inplace_view: bool  # mutates metadata only (t_, resize_, set_, ...)
+    relayouts: bool  # may change the layout of an argument it writes (inplace views, out= resizes, set_data)
+    rule: Rule | None  # the refusal table's rule for this op
+    gen_pos: int | None  # position of a ``generator`` argument of a random op
+    seeded: bool  # draws random numbers
+    lift: bool  # turns a Python scalar into a tensor (a graph constant)
+    alloc: bool  # only allocates (empty*, new_empty*)
+    returns: bool  # has a return value (an op without one acts by its effect: an assert)
 
 
-_INFO_CACHE: dict[Any, OpInfo] = {}
+# Keyed by id: OpOverload.__hash__ is Python code, and overloads live as long as the process.
+_INFO_CACHE: dict[int, OpInfo] = {}
+_LIFT_OPS = frozenset({"aten::lift_fresh", "aten::lift_fresh_copy"})
 
 
 def op_info(func: Any) -> OpInfo:
-    info = _INFO_CACHE.get(func)
-    if info is None:
+    info = _INFO_CACHE.get(id(func))
+    if info is None or info.func is not func:
         schema = func._schema
-        writes = tuple(
-            (i, a.name)
-            for i, a in enumerate(schema.arguments)
-            if a.alias_info is not None and a.alias_info.is_write
-        )
-        info = OpInfo(schema.name, writes, torch.Tag.inplace_view in func.tags)
-        _INFO_CACHE[func] = info
+        args = schema.arguments
+        writes = tuple((i, a.name) for i, a in enumerate(args) if a.alias_info is not None and a.alias_info.is_write)
+        inplace_view = torch.Tag.inplace_view in func.tags
+        seeded = torch.Tag.nondeterministic_seeded in func.tags
+        gen_pos = next((i for i, a in enumerate(args) if a.name == "generator"), None) if seeded else None
+        relayouts = inplace_view or any(a.is_out for a in args) or (bool(writes) and not schema.returns)
+        alloc = schema.name.split("::", 1)[-1].startswith(("empty", "new_empty"))
+        info = OpInfo(func, getattr(func, "_op", func), schema.name, writes, inplace_view, relayouts,
+                      op_rule(schema.name), gen_pos, seeded, schema.name in _LIFT_OPS, alloc, bool(schema.returns))
+        _INFO_CACHE[id(func)] = info
     return info
 
 
@@ -238,17 +173,35 @@ def written_tensors(info: OpInfo, args: tuple[Any, ...], kwargs: dict[str, Any])
     return found
 
 
-@dataclass(frozen=True, slots=True)
-class OpStep:
-    """One recorded aten call, exactly as dispatched."""
+def _tensor_args(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
+    """The tensors an aten call takes (schemas nest at most one list deep)."""
+    found = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            found.append(a)
+        elif isinstance(a, (list, tuple)):
+            found.extend(x for x in a if isinstance(x, torch.Tensor))
+    if kwargs:
+        for a in kwargs.values():
+            if isinstance(a, torch.Tensor):
+                found.append(a)
+            elif isinstance(a, (list, tuple)):
+                found.extend(x for x in a if isinstance(x, torch.Tensor))
+    return found
+
+
+class OpStep(NamedTuple):
+    """One recorded aten call; every tensor in it is a pin."""
 
     func: Any
     info: OpInfo
     args: tuple[Any, ...]
     kwargs: dict[str, Any]
-    out: Any
-    outputs: tuple[Any, ...]  # flat_outputs(out)
+    outputs: tuple[Any, ...]  # flat_outputs of the return
     fresh: tuple[bool, ...]  # per output: storage newly allocated by this op
+    arg_keys: tuple[StorageKey, ...]  # storages of every tensor argument
+    out_keys: tuple[StorageKey | None, ...]  # per output: its storage (None for a non-tensor)
+    write_keys: tuple[StorageKey, ...]  # storages of the arguments the op writes
 
 
 @dataclass(frozen=True, slots=True)
@@ -264,6 +217,13 @@ class IslandStep:
 
 IslandImpl = Callable[["Recorder", Callable[..., Any], tuple[Any, ...], dict[str, Any]], Any]
 
+# What the recorder knows of one tensor object of the program:
+# (weakref to it, produced by this recording, its pin (record mode), serial, storage key).
+_Seen = tuple[weakref.ref, bool, "torch.Tensor | None", int, "StorageKey | None"]
+_REF, _PRODUCED, _PIN, _SERIAL, _KEY = range(5)
+_Tensor = torch.Tensor
+_ref = weakref.ref
+
 
 # ---------------------------------------------------------------- recorder
 
@@ -274,50 +234,50 @@ class Recorder:
     def __init__(
         self,
         *,
-        check: bool = True,
         undo: bool = False,
-        observe: bool = False,
+        rehearsal: bool = False,
         record: bool = False,
-        keep_fresh: bool = False,
+        capturing: bool = False,
         island_impl: IslandImpl | None = None,
     ) -> None:
-        self.check = check
-        self.undo = undo
-        self.observe = observe or record
+        self.undo = undo or rehearsal
+        self.rehearsal = rehearsal
         self.record = record
-        self.keep_fresh = keep_fresh or record
+        self.capturing = capturing
         self.island_impl = island_impl
         self.steps: list[OpStep | IslandStep] = []
-        # Captured-read tensors that capture did not produce, first-seen order.
+        # Captured-read tensors that this recording did not produce, first-seen order.
         self.inputs: dict[int, torch.Tensor] = {}
-        # Weak so that the audit-only mode does not keep intermediates alive (and
-        # so change how a CUDA graph's pool reuses memory); ids are compared with
-        # `is` so a recycled id cannot fool it.
-        self.produced: weakref.WeakValueDictionary[int, torch.Tensor] = weakref.WeakValueDictionary()
-        # Tensors made from Python data by indexing (a scalar value, an index list):
-        # constants of the graph, not inputs and not capture allocations.
-        self.constants: dict[int, torch.Tensor] = {}
+        # Storages allocated by ops during this recording: key -> a pin over it (record) or None.
         self.fresh: dict[StorageKey, torch.Tensor | None] = {}
-        self._snapshots: dict[StorageKey, tuple[torch.Tensor, torch.Tensor]] = {}
-        # Stand-ins that keep a tensor's pre-mutation metadata in earlier steps; alias id -> tensor.
-        self.aliases: dict[int, torch.Tensor] = {}
+        # record: every pin made, by storage, so the tape can move a storage's pins at once.
+        self.pins_by_key: dict[StorageKey, list[torch.Tensor]] = {}
+        # record: pin id -> serial of the program tensor it stands for (one name per tensor in traces).
+        self.serial_of_pin: dict[int, int] = {}
+        self.cpu_only_syncs = 0
+        self._seen: dict[int, _Seen] = {}
+        self._keys: set[StorageKey] = set()  # record: every storage seen, so "never seen" means fresh
+        self._constants: dict[int, torch.Tensor] = {}
+        self._snapshots: dict[StorageKey, tuple[torch.UntypedStorage, torch.Tensor, torch.dtype]] = {}
+        self._layouts: dict[int, tuple[torch.Tensor, torch.UntypedStorage, int, tuple[int, ...], tuple[int, ...]]] = {}
+        self._serial = 0
         self._paused = 0
-        self._from_data = 0
 
     # -- entering / leaving
 
     @contextmanager
     def active(self) -> Iterator[None]:
-        if getattr(_tls, "capturing", False):
+        if getattr(_tls, "recorder", None) is not None:
             raise RuntimeError("graph captures do not nest: a capture is already running on this thread")
-        _tls.capturing = True
-        previous = _set_island_host(self if self.island_impl is not None else None)
+        _tls.recorder = self
+        previous = getattr(_tls, "island_host", None)
+        _tls.island_host = self if self.island_impl is not None else None  # engine.eager_island looks here
         try:
-            with _HostReadHook(self), _OpHook(self):
+            with HOOKS.held(_ACTIVE_PATCHES), _OpHook(self):
                 yield
         finally:
-            _set_island_host(previous)
-            _tls.capturing = False
+            _tls.island_host = previous
+            _tls.recorder = None
 
     @contextmanager
     def paused(self) -> Iterator[None]:
@@ -328,154 +288,248 @@ class Recorder:
         finally:
             self._paused -= 1
 
-    def restore(self) -> None:
-        """Undo capture-time writes to storages that existed before capture."""
-        with torch.no_grad():
-            for whole, saved in self._snapshots.values():
-                whole.copy_(saved)
-        self._snapshots.clear()
+    def is_constant(self, t: torch.Tensor) -> bool:
+        """A scalar the program wrote as a Python number (a graph constant on the host)."""
+        return self._constants.get(id(t)) is t
 
-    def poison_fresh(self) -> None:
+    def restore(self) -> None:
+        """Undo writes to storages that existed before recording (and, rehearsing, their layouts)."""
         with torch.no_grad():
-            for t in self.fresh.values():
-                if t is not None:
-                    poison_storage(t)
+            for storage, saved, dtype in self._snapshots.values():
+                old, now = saved.numel(), storage.nbytes()
+                whole = torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
+                if now == old:
+                    whole.copy_(saved)
+                elif self.rehearsal:  # put the old bytes back; what the op added is poison
+                    n = min(now, old)
+                    whole[:n].copy_(saved[:n])
+                    poison_bytes(storage, dtype, n)
+                else:  # an op at capture moved this storage into graph memory: nothing computed stays
+                    poison_bytes(storage, dtype)
+            for t, storage, offset, size, stride in self._layouts.values():
+                t.set_(storage, offset, size, stride)
+        self._snapshots.clear()
+        self._layouts.clear()
 
     # -- bookkeeping
 
-    def note_inputs(self, tensors: list[torch.Tensor]) -> None:
-        for t in tensors:
-            tid = id(t)
-            if tid in self.inputs or tid in self.constants or self.produced.get(tid) is t:
-                continue
-            self.inputs[tid] = t
+    def _new(self, t: torch.Tensor, produced: bool, key: StorageKey | None) -> _Seen:
+        self._serial += 1
+        pin = None
+        if self.record:
+            pin = t.detach()
+            self._pinned(pin, key, self._serial)
+        e = (_ref(t), produced, pin, self._serial, key)
+        self._seen[id(t)] = e
+        return e
+
+    def _pinned(self, pin: torch.Tensor, key: StorageKey | None, serial: int) -> None:
+        self.serial_of_pin[id(pin)] = serial
+        if key is not None:
+            self._keys.add(key)
+            found = self.pins_by_key.get(key)
+            if found is None:
+                self.pins_by_key[key] = [pin]
+            else:
+                found.append(pin)
+
+    def _take(self, t: torch.Tensor) -> _Seen:
+        """The entry of a tensor the program handed to an op; a tensor not seen before is an input."""
+        e = self._seen.get(id(t))
+        if e is None or e[_REF]() is not t:
+            e = self._new(t, False, storage_key(t))
+            if self._constants.get(id(t)) is not t:
+                self.inputs[id(t)] = t
+        return e
+
+    def _repin(self, t: torch.Tensor) -> None:
+        """After an op changed ``t``'s layout or storage, later steps see it through a new pin."""
+        e = self._take(t)
+        pin = e[_PIN]
+        if pin is not None and not pin.is_set_to(t):
+            key = storage_key(t)
+            pin = t.detach()
+            self._pinned(pin, key, e[_SERIAL])
+            self._seen[id(t)] = (e[_REF], e[_PRODUCED], pin, e[_SERIAL], key)
 
     def adopt_fresh(self, tensors: tuple[torch.Tensor, ...]) -> None:
         """Register tensors allocated on the capture's behalf (island statics)."""
-        for t in tensors:
-            self.produced[id(t)] = t
-            key = storage_key(t)
-            if key is not None:
-                self.fresh[key] = t if self.keep_fresh else None
+        with self.paused():  # outside an op, making a pin would itself dispatch through the recorder
+            for t in tensors:
+                key = storage_key(t)
+                e = self._new(t, True, key)
+                if key is not None:
+                    self.fresh[key] = e[_PIN]
 
-    def _snapshot(self, t: torch.Tensor) -> None:
+    def held_keys(self) -> set[StorageKey]:
+        """Storages that a program tensor still alive aliases (record mode; the program can read them)."""
+        return {e[_KEY] for e in self._seen.values() if e[_KEY] is not None and e[_REF]() is not None}
+
+    def pin_of(self, t: torch.Tensor) -> torch.Tensor:
+        e = self._seen.get(id(t))
+        return e[_PIN] if e is not None and e[_REF]() is t and e[_PIN] is not None else t
+
+    def serial_of(self, t: torch.Tensor) -> int | None:
+        e = self._seen.get(id(t))
+        return e[_SERIAL] if e is not None and e[_REF]() is t else None
+
+    def _before_write(self, t: torch.Tensor, info: OpInfo) -> None:
         key = storage_key(t)
-        if key is None or key in self.fresh or key in self._snapshots:
+        if key is None or key in self.fresh:
             return
-        whole = torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage())
-        self._snapshots[key] = (whole, whole.clone())
-
-    def _freeze_metadata(self, t: torch.Tensor) -> None:
-        """Before ``t_``/``resize_``/``set_`` & co. change ``t``, point earlier steps at an alias.
-
-        A graph's kernels keep the layout they were captured with while Python
-        goes on with the new one, so steps recorded so far must keep seeing ``t``
-        as it is now.  The alias shares ``t``'s storage with today's metadata.
-        """
-        alias: torch.Tensor | None = None
-
-        def sub(v: Any) -> Any:
-            nonlocal alias
-            if v is t:
-                if alias is None:
-                    alias = torch.empty(0, dtype=t.dtype, device=t.device).set_(
-                        t.untyped_storage(), t.storage_offset(), t.shape, t.stride()
-                    )
-                    self.aliases[id(alias)] = t
-                return alias
-            if isinstance(v, list):
-                return [sub(x) for x in v]
-            if isinstance(v, tuple):
-                return tuple(sub(x) for x in v)
-            if isinstance(v, dict):
-                return {k: sub(x) for k, x in v.items()}
-            return v
-
-        for i, step in enumerate(self.steps):
-            if isinstance(step, OpStep):
-                if any(x is t for x in flat_tensors((step.args, step.kwargs, step.outputs))):
-                    self.steps[i] = dataclasses.replace(
-                        step, args=sub(step.args), kwargs=sub(step.kwargs), out=sub(step.out), outputs=sub(step.outputs)
-                    )
-            elif any(x is t for x in flat_tensors((step.args, step.kwargs, step.statics))):
-                self.steps[i] = dataclasses.replace(step, args=sub(step.args), kwargs=sub(step.kwargs), statics=sub(step.statics))
+        if key not in self._snapshots:
+            storage = t.untyped_storage()
+            whole = torch.empty(0, dtype=torch.uint8, device=t.device).set_(storage)
+            self._snapshots[key] = (storage, whole.clone(), t.dtype)
+        if self.rehearsal and info.relayouts and id(t) not in self._layouts:
+            # a tensor over storage that existed before warm-up: its layout is put back with its bytes
+            self._layouts[id(t)] = (t, t.untyped_storage(), t.storage_offset(), tuple(t.shape), t.stride())
 
     # -- hooks
 
     def on_op(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if self._paused:
             return func(*args, **kwargs)
-        info = op_info(func)
-        if self.check:
-            check_refused(func, info.name, args, kwargs, self._from_data > 0)
-        if self.undo and info.writes:
-            for t in written_tensors(info, args, kwargs):
-                self._snapshot(t)
-        if self.record and info.inplace_view:
-            for t in written_tensors(info, args, kwargs):
-                self._freeze_metadata(t)
-        out = func(*args, **kwargs)
-        if self.observe:
-            self._observe(func, info, args, kwargs, out)
+        info = _INFO_CACHE.get(id(func))
+        if info is None or info.func is not func:
+            info = op_info(func)
+        if info.rule is not None or info.gen_pos is not None:
+            check_op(func, info.rule, info.gen_pos, args, kwargs, self)
+        written = None
+        if info.writes:
+            written = written_tensors(info, args, kwargs)
+            if self.undo:
+                for t in written:
+                    self._before_write(t, info)
+        out = info.call(*args, **kwargs)
+        if info.lift:
+            for t in _tensor_args(args, kwargs):
+                self._constants[id(t)] = t
+        if self.record:
+            self._record(func, info, args, kwargs, out, written)
+        elif self.rehearsal:
+            self._note_fresh(args, kwargs, out)
+        else:
+            self._observe(args, kwargs, out)
         return out
 
-    def _observe(self, func: Any, info: OpInfo, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
-        ins = flat_tensors(args)
-        flat_tensors(kwargs, ins)
-        if info.name in _LIFT_OPS:
-            for t in ins:
-                self.constants[id(t)] = t
-        self.note_inputs(ins)
-        in_ids = {id(t) for t in ins}
-        in_keys = {storage_key(t) for t in ins}
-        outputs = flat_outputs(out)
-        fresh: list[bool] = []
-        for t in outputs:
-            if not isinstance(t, torch.Tensor):
-                fresh.append(False)
-                continue
-            if id(t) not in in_ids:
-                self.produced[id(t)] = t
-            key = storage_key(t)
-            is_fresh = key is not None and key not in in_keys and key not in self.fresh
-            if is_fresh:
-                self.fresh[key] = t if self.keep_fresh else None
-            fresh.append(is_fresh)
-        if self.record:
-            self.steps.append(OpStep(func, info, args, dict(kwargs), out, tuple(outputs), tuple(fresh)))
+    def _note_fresh(self, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
+        """Warm-up only needs to know which storages its ops allocated (they need no undo)."""
+        in_keys = {storage_key(t) for t in _tensor_args(args, kwargs)}
+        for o in (out,) if isinstance(out, _Tensor) else flat_outputs(out):
+            if isinstance(o, _Tensor):
+                key = storage_key(o)
+                if key is not None and key not in in_keys:
+                    self.fresh[key] = None
 
-    def on_function(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        if self._paused or not self.check:
-            return func(*args, **kwargs)
-        refused = _HOST_READ_FUNCS.get(func)
-        if refused is not None:
-            raise CaptureError(refused[0], user_location(), refused[1])
-        if func in _FROM_DATA_FUNCS:
-            data = args[1] if func is torch.Tensor.new_tensor and len(args) > 1 else (args[0] if args else kwargs.get("data"))
-            if not isinstance(data, torch.Tensor):
-                self._from_data += 1
-                try:
-                    return func(*args, **kwargs)
-                finally:
-                    self._from_data -= 1
-        return func(*args, **kwargs)
+    def _observe(self, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
+        """Inputs and fresh outputs without recording (cuda capture, warm-up): nothing is kept alive."""
+        seen = self._seen
+        in_keys = set()
+        for t in _tensor_args(args, kwargs):
+            e = seen.get(id(t))
+            if e is None or e[_REF]() is not t:
+                e = self._take(t)
+            in_keys.add(e[_KEY])
+        for o in (out,) if isinstance(out, _Tensor) else flat_outputs(out):
+            if isinstance(o, _Tensor):
+                e = seen.get(id(o))
+                if e is None or e[_REF]() is not o:
+                    key = storage_key(o)
+                    self._new(o, True, key)
+                    if key is not None and key not in in_keys:
+                        self.fresh[key] = None
+
+    def _pin_args(self, values: Any, keys: list[StorageKey]) -> Any:
+        seen = self._seen
+        out = []
+        for a in values:
+            if isinstance(a, _Tensor):
+                e = seen.get(id(a))
+                if e is None or e[_REF]() is not a:
+                    e = self._take(a)
+                if e[_KEY] is not None:
+                    keys.append(e[_KEY])
+                out.append(e[_PIN])
+            elif isinstance(a, (list, tuple)) and a:
+                out.append(type(a)(self._pin_args(a, keys)))
+            else:
+                out.append(a)
+        return out
+
+    def _record(self, func: Any, info: OpInfo, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any,
+                written: list[torch.Tensor] | None) -> None:
+        seen = self._seen
+        if written and info.relayouts:
+            for t in written:
+                self._repin(t)
+        keys: list[StorageKey] = []
+        pinned: list[Any] = []
+        for a in args:  # inline: this loop runs for every argument of every recorded op
+            if isinstance(a, _Tensor):
+                e = seen.get(id(a))
+                if e is None or e[_REF]() is not a:
+                    e = self._take(a)
+                if e[_KEY] is not None:
+                    keys.append(e[_KEY])
+                pinned.append(e[_PIN])
+            elif isinstance(a, (list, tuple)) and a:
+                pinned.append(type(a)(self._pin_args(a, keys)))
+            else:
+                pinned.append(a)
+        pinned_kwargs = dict(zip(kwargs, self._pin_args(kwargs.values(), keys))) if kwargs else {}
+        write_keys = tuple(k for k in (seen[id(t)][_KEY] for t in written) if k is not None) if written else ()
+        if isinstance(out, _Tensor):  # the common case, inlined: one new output
+            e = seen.get(id(out))
+            is_fresh = False
+            if e is None or e[_REF]() is not out:
+                key = storage_key(out)
+                pin = out.detach()
+                self._serial += 1
+                self.serial_of_pin[id(pin)] = self._serial
+                if key is None:
+                    pass
+                elif key in self._keys:
+                    self.pins_by_key[key].append(pin)
+                else:
+                    is_fresh = True
+                    self._keys.add(key)
+                    self.pins_by_key[key] = [pin]
+                    self.fresh[key] = pin
+                e = seen[id(out)] = (_ref(out), True, pin, self._serial, key)
+            self.steps.append(OpStep(func, info, tuple(pinned), pinned_kwargs, (e[_PIN],), (is_fresh,), tuple(keys),
+                                     (e[_KEY],), write_keys))
+            return
+        outputs: list[Any] = []
+        fresh: list[bool] = []
+        out_keys: list[StorageKey | None] = []
+        for o in flat_outputs(out):
+            if not isinstance(o, _Tensor):
+                outputs.append(o)
+                fresh.append(False)
+                out_keys.append(None)
+                continue
+            e = seen.get(id(o))
+            is_fresh = False
+            if e is None or e[_REF]() is not o:
+                key = storage_key(o)
+                is_fresh = key is not None and key not in self._keys
+                e = self._new(o, True, key)
+                if is_fresh:
+                    self.fresh[key] = e[_PIN]  # type: ignore[index]
+            outputs.append(e[_PIN])
+            fresh.append(is_fresh)
+            out_keys.append(e[_KEY])
+        self.steps.append(OpStep(func, info, tuple(pinned), pinned_kwargs, tuple(outputs), tuple(fresh), tuple(keys),
+                                 tuple(out_keys), write_keys))
 
     def run_island(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if self._paused or self.island_impl is None:  # an island inside an island is plain code
             return fn(*args, **kwargs)
-        if self.observe:
-            self.note_inputs(flat_tensors((args, kwargs)))
+        with self.paused():
+            for t in flat_tensors((args, kwargs)):
+                self._take(t)
         return self.island_impl(self, fn, args, kwargs)
-
-
-def island_outputs(fn: Callable[..., Any], result: Any) -> tuple[tuple[torch.Tensor, ...], bool]:
-    """Validate an island's return; (tensors, single)."""
-    if isinstance(result, torch.Tensor):
-        return (result,), True
-    if isinstance(result, tuple) and all(isinstance(t, torch.Tensor) for t in result):
-        return result, False
-    name = getattr(fn, "__qualname__", repr(fn))
-    raise TypeError(f"eager island {name} must return a tensor or a tuple of tensors, got {type(result).__name__}")
 
 
 class _OpHook(TorchDispatchMode):
@@ -488,45 +542,42 @@ class _OpHook(TorchDispatchMode):
 
     def __init__(self, recorder: Recorder) -> None:
         super().__init__()
-        self._recorder = recorder
+        self._on_op = recorder.on_op
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None) -> Any:
-        return self._recorder.on_op(func, args, kwargs or {})
+        return self._on_op(func, args, kwargs or {})
 
 
-class _HostReadHook(TorchFunctionMode):
-    def __init__(self, recorder: Recorder) -> None:
-        super().__init__()
-        self._recorder = recorder
-
-    def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None) -> Any:
-        return self._recorder.on_function(func, args, kwargs or {})
-
-def island_runner(step: IslandStep) -> Callable[[], None]:
-    """What replay runs for an island: its Python again, fresh results copied into the capture's statics."""
-    fn, args, kwargs, statics = step.fn, step.args, step.kwargs, step.statics
-
-    def run() -> None:
-        fresh, _ = island_outputs(fn, fn(*args, **kwargs))
-        if len(fresh) != len(statics):
-            raise RuntimeError(f"eager island {fn.__qualname__} returned {len(fresh)} tensors at replay, {len(statics)} at capture")
-        with torch.no_grad():
-            for static, new in zip(statics, fresh):
-                if new.shape != static.shape:
-                    raise RuntimeError(
-                        f"eager island {fn.__qualname__} returned shape {tuple(new.shape)} at replay, {tuple(static.shape)} at capture"
-                    )
-                static.copy_(new)
-
-    return run
+# ---------------------------------------------------------------- torch.cuda.is_current_stream_capturing
 
 
-def static_outputs(result: object) -> tuple[torch.Tensor, ...]:
-    """Validate what a captured callable returned."""
-    if result is None:
-        return ()
-    if isinstance(result, torch.Tensor):
-        return (result,)
-    if isinstance(result, (tuple, list)) and all(isinstance(t, torch.Tensor) for t in result):
-        return tuple(result)
-    raise TypeError(f"a captured callable must return a tensor, a tuple of tensors or None, got {type(result).__name__}")
+def _capture_query(original: Callable[[], bool]) -> Callable[[], bool]:
+    def is_current_stream_capturing() -> bool:
+        rec = getattr(_tls, "recorder", None)
+        if rec is not None:
+            return rec.capturing and not rec._paused
+        if getattr(_tls, "replaying", 0):
+            return False
+        return original()
+
+    is_current_stream_capturing.__doc__ = original.__doc__
+    return is_current_stream_capturing
+
+
+# Both names the query is reachable by; a program that imported the function itself is not reached.
+CAPTURE_QUERY = (
+    HOOKS.add(torch.cuda, "is_current_stream_capturing", _capture_query),
+    HOOKS.add(torch.cuda.graphs, "is_current_stream_capturing", _capture_query),
+)
+_ACTIVE_PATCHES = FUNCTION_HOOKS + CAPTURE_QUERY
+
+
+@contextmanager
+def replaying_island() -> Iterator[None]:
+    """While a replay runs an island's Python, the capture query answers False, as on a device (and on CPU-only torch)."""
+    _tls.replaying = getattr(_tls, "replaying", 0) + 1
+    try:
+        with HOOKS.held(CAPTURE_QUERY):
+            yield
+    finally:
+        _tls.replaying -= 1

@@ -2,12 +2,12 @@
 
 Capture follows what serving engines do:
 
-1. Warm-up: run ``fn`` twice on a side stream (lazy init, cuBLAS workspaces and
-   allocator growth must not happen inside capture), under the shared
-   ``Recorder`` in check+undo mode.  Refused ops raise the same ``CaptureError``
-   as the tape engine, before any capture is open, and warm-up writes to
-   pre-existing tensors are undone so that, as in the tape, capture computes
-   nothing.
+1. Warm-up: the protocol shared with the tape (``_protocol.warm_up``), run on a
+   side stream: ``WARMUP_RUNS`` eager runs (lazy init, cuBLAS workspaces and
+   allocator growth must not happen inside capture) under a rehearsing
+   ``Recorder``.  Refused ops raise the same ``CaptureError`` as the tape engine,
+   before any capture is open, and warm-up writes to pre-existing tensors are
+   undone so that, as in the tape, capture computes nothing.
 2. Capture on the same side stream into one private memory pool per engine
    instance (``graph_pool_handle()`` once, shared by every graph the engine
    captures, as serving engines share one pool across batch-size buckets), under
@@ -36,50 +36,27 @@ from typing import Any
 import torch
 
 from ._audit import StaleWatch, build_audit
-from ._record import (
-    IslandStep,
-    Recorder,
-    island_outputs,
+from ._protocol import (
+    WarmIslands,
+    island_identity,
     island_runner,
-    poison_storage,
+    no_cycle_collection,
     static_outputs,
-    storage_key,
+    warm_up,
 )
+from ._record import IslandStep, Recorder, poison_storage, storage_key
 from .engine import InputAudit, StaleInput
 
 __all__ = ["CudaEngine", "CudaGraph"]
 
-_WARMUP_RUNS = 2
 # Indirection so CPU tests can drive the orchestration with a stand-in backend.
 _cuda: Any = torch.cuda
-
-
-class _WarmIslands:
-    """Island handler for warm-up: run eagerly, remember the results of the last run."""
-
-    def __init__(self) -> None:
-        self.results: list[tuple[Any, tuple[torch.Tensor, ...], bool]] = []
-
-    def start_run(self) -> None:
-        self.results = []
-
-    def __call__(self, rec: Recorder, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        with rec.paused():
-            result = fn(*args, **kwargs)
-        tensors, single = island_outputs(fn, result)
-        self.results.append((_identity(fn), tensors, single))
-        return result
-
-
-def _identity(fn: Callable[..., Any]) -> Any:
-    # A lambda or closure defined inside fn is a new object every run; its code is not.
-    return getattr(fn, "__code__", fn)
 
 
 class _Segments:
     """Capture state: the open graph, the closed ones, and the islands between them."""
 
-    def __init__(self, pool: Any, warm: _WarmIslands | None) -> None:
+    def __init__(self, pool: Any, warm: WarmIslands | None) -> None:
         self._pool = pool
         self._warm = warm.results if warm is not None else []
         self.graphs: list[Any] = []
@@ -112,7 +89,7 @@ class _Segments:
 
     def island(self, rec: Recorder, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         k = len(self.islands)
-        if k >= len(self._warm) or self._warm[k][0] is not _identity(fn):
+        if k >= len(self._warm) or self._warm[k][0] is not island_identity(fn):
             name = getattr(fn, "__qualname__", repr(fn))
             raise RuntimeError(f"eager island {name} was not reached in the same order during warm-up and capture")
         _, tensors, single = self._warm[k]
@@ -185,28 +162,33 @@ class CudaEngine:
         static_inputs: Iterable[torch.Tensor],
         islands: bool = False,
     ) -> CudaGraph:
+        with no_cycle_collection():
+            return self._capture(fn, label=label, roots=roots, static_inputs=static_inputs, islands=islands)
+
+    def _capture(
+        self,
+        fn: Callable[[], object],
+        *,
+        label: str,
+        roots: Mapping[str, object],
+        static_inputs: Iterable[torch.Tensor],
+        islands: bool,
+    ) -> CudaGraph:
         self._ready()
         static = tuple(static_inputs)
         stream = self._stream
-        warm = _WarmIslands() if islands else None
+        warm = WarmIslands() if islands else None
 
-        warm_rec = Recorder(check=True, undo=True, observe=True, island_impl=warm)
         stream.wait_stream(_cuda.current_stream())
         try:
             with _cuda.stream(stream):
-                for _ in range(_WARMUP_RUNS):
-                    if warm is not None:
-                        warm.start_run()
-                    with warm_rec.active():
-                        static_outputs(fn())
+                warm_up(fn, warm)  # its undo runs on the side stream too, after the warm-up work
         finally:
             _cuda.current_stream().wait_stream(stream)
             _cuda.synchronize()
-            warm_rec.restore()
-            _cuda.synchronize()
 
         segments = _Segments(self._pool, warm)
-        rec = Recorder(check=True, observe=True, island_impl=segments.island if islands else None)
+        rec = Recorder(capturing=True, island_impl=segments.island if islands else None)
         with _cuda.stream(stream):
             segments.begin()
             try:

@@ -9,10 +9,11 @@ engines themselves live in :mod:`harness.graphs.tape` and
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from ._refusals import CaptureError, _tls
 
 if TYPE_CHECKING:
     import torch
@@ -33,50 +34,47 @@ class GraphInput:
     """A tensor the graph reads that was not allocated during capture."""
 
     path: str | None
+    """attribute path that held it (a view: its base's path plus the slice); None when no root reaches it"""
     shape: tuple[int, ...]
     dtype: str
     registered: bool
+    """shares storage with a tensor the caller passed as a static input"""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StaleInput:
-    """An attribute that, at replay, no longer holds the tensor the graph captured."""
+    """A graph input that, at replay, is no longer what the program reads under its name.
+
+    ``kind="rebound"``: the attribute at ``path`` now holds another object, while the graph
+    keeps reading the tensor it captured.  ``kind="memory"``: the captured tensor itself now
+    has another storage, storage offset, size or stride, while the graph keeps reading the
+    memory and layout it captured.
+    """
 
     path: str
+    """attribute path of the input (a view as its base's path plus the slice), or ``<input k: ...>``"""
     captured: str
+    """what the graph reads: the captured tensor, or for ``memory`` its layout at capture"""
     now: str
+    """what the program has now: the object at ``path``, or for ``memory`` the tensor's layout now"""
+    kind: str = "rebound"
+    """``"rebound"`` or ``"memory"``"""
+    benign: bool = False
+    """rebound only: the captured tensor was written in place since the previous replay, so the graph
+    still reads refreshed data (a finding when False: nothing refreshes what the graph reads)"""
+    changed: str = ""
+    """memory only: what differs, e.g. ``storage 0x7f..40 -> 0x7f..80 (another storage); size [4] -> [2]``"""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class InputAudit:
+    """Every tensor a graph reads that capture did not allocate, in first-read order."""
+
     inputs: tuple[GraphInput, ...]
 
     @property
     def unregistered(self) -> tuple[GraphInput, ...]:
         return tuple(i for i in self.inputs if not i.registered)
-
-
-class CaptureError(RuntimeError):
-    """An op CUDA refuses during stream capture.
-
-    ``op`` names the op (``aten._local_scalar_dense.default``, ``Tensor.tolist``);
-    ``location`` is the user source line that called it, as ``file:line: code``.
-    """
-
-    op: str
-    location: str
-    reason: str
-
-    def __init__(self, op: str, location: str, reason: str = "") -> None:
-        self.op = op
-        self.location = location
-        self.reason = reason
-        why = f" ({reason})" if reason else ""
-        super().__init__(f"{op} is not allowed during CUDA graph capture{why}\n  at {location}")
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        # The custom __init__ signature would otherwise break pickling (xdist, multiprocessing).
-        return (type(self), (self.op, self.location, self.reason))
 
 
 @runtime_checkable
@@ -108,16 +106,6 @@ class _IslandHost(Protocol):
     ) -> Any: ...
 
 
-# Dispatch modes are thread-local in torch, so the capture that owns islands is too.
-_tls = threading.local()
-
-
-def _set_island_host(host: _IslandHost | None) -> _IslandHost | None:
-    previous = getattr(_tls, "island_host", None)
-    _tls.island_host = host
-    return previous
-
-
 def eager_island(
     fn: Callable[..., torch.Tensor | tuple[torch.Tensor, ...]], *args: Any, **kwargs: Any
 ) -> Any:
@@ -130,7 +118,7 @@ def eager_island(
     its tensor outputs become static outputs (at replay the fresh results are copied
     into them).
     """
-    host = getattr(_tls, "island_host", None)
+    host: _IslandHost | None = getattr(_tls, "island_host", None)
     if host is None:
         return fn(*args, **kwargs)
     return host.run_island(fn, args, kwargs)

@@ -6,28 +6,36 @@ Design
 A CUDA graph records kernels, not Python.  Replaying it re-launches the same
 kernels on the same device addresses.  Everything that made a *decision* at
 capture (a branch, a Python number, an attribute read) is frozen; everything that
-is *memory* (a tensor's contents) is live.  The tape reproduces exactly that split
-by recording aten ops and replaying them on the very tensor objects they touched.
+is *memory* (the bytes at an address) is live.  The tape reproduces exactly that
+split by recording aten ops and replaying them on the memory they touched.
 
-Capture runs the callable once under a ``Recorder`` (``_record.py``): a
-``TorchDispatchMode`` that sees every aten op below autograd, plus a
-``TorchFunctionMode`` for host reads that dispatch no op (``Tensor.tolist``).
-For each op the recorder
+Capture follows the protocol of the ``cuda`` engine and of serving engines'
+graph runners.  First ``WARMUP_RUNS`` eager runs (``_protocol.warm_up``), checked
+like capture, their writes to pre-existing tensors undone, islands run eagerly.
+A program that caches something in Python during warm-up (a memo keyed on a
+tensor's ``data_ptr``) then captures against that cache, and the tape freezes
+the cached tensor as an input, as a real graph would.  Then the capture run,
+under a ``Recorder`` (``_record.py``): a ``TorchDispatchMode`` that sees every
+aten op below autograd, plus wrappers around the Python-level calls that
+dispatch none (``.tolist()``, ``torch.from_numpy``, printing).  While it runs,
+``torch.cuda.is_current_stream_capturing()`` answers True.  For each op the
+recorder
 
-1. refuses what CUDA refuses during stream capture (host syncs, data-dependent
-   output sizes, tensors built from Python data) with a ``CaptureError`` naming the
-   op and the user's source line;
+1. refuses what CUDA refuses during stream capture, by the one table in
+   ``_refusals.py``, with a ``CaptureError`` naming the op and the user's line;
 2. snapshots a pre-existing storage before the first write to it, so capture can
    be undone at the end ("capture does not compute");
 3. runs the op for real, so that the Python that follows sees real values and
    takes the branches it would take eagerly;
-4. notes which outputs are fresh storage and which alias an input, and appends
-   the call to the tape.
+4. appends the call to the tape with every tensor replaced by a *pin*: a tensor
+   object of the tape's own over the same storage, with the layout of that
+   moment.  A pin binds memory, not the program's Python object, so a program
+   that later re-points a tensor (``t.data = ...``, ``set_``, ``resize_``,
+   ``t_()``) does not move the tape, as it would not move a CUDA graph.
 
-At capture end the snapshots are restored, every capture-allocated storage is
-filled with poison (NaN, a negative sentinel, True) until the first replay, the
-input audit is built (``_audit.py``), and the tape is compiled into a flat list of
-``(callable, args, kwargs)`` triples, one per op that does work at replay:
+At capture end the snapshots are restored, the input audit is built
+(``_audit.py``) and the tape is compiled into a flat list of ``(callable, args,
+kwargs)`` triples, one per op that does work at replay:
 
 * views (the output shares storage with an input, nothing written) are free;
 * pure allocations (``empty*``, ``new_empty*``) are not re-run: like graph memory,
@@ -35,17 +43,31 @@ input audit is built (``_audit.py``), and the tape is compiled into a flat list 
 * in-place and ``out=`` ops are re-run as recorded;
 * every other op is redirected into the tensor captured as its output through the
   op's ``.out`` overload (found by schema), else computed and ``copy_``-ed in;
+* ops whose results nothing reads (not a later op, not an output, not a tensor
+  the program still holds) are dropped;
+* memory is pooled as a graph's private pool pools it: a storage allocated during
+  capture that the program no longer holds is *private*; once the last op reading
+  a private storage has run, a later private allocation may take its memory
+  (storage by storage, so views move with their base; never the memory of an
+  output, an island's static or anything the program holds);
+* each op runs through the public torch binding that dispatches exactly the
+  recorded overload (checked once per signature by intercepting the dispatch),
+  which is cheaper than calling the ``OpOverload``;
 * an eager island splits the tape: its Python re-runs between the pieces and its
   results are copied into the static tensors capture handed out.
 
-Replay is then a tight loop below autograd, with no Python decisions, no
-allocations and no clones; the only other work is re-resolving the audited
-attribute paths to report stale (rebound) inputs.
+After compiling, every storage allocated during capture is filled with poison
+(NaN, a negative sentinel, True) until the first replay: graph memory holds no
+computed value.
 
-Known simplifications: the tape keeps every capture output alive (a CUDA
-graph's private pool would reuse dead intermediates), which costs memory, not
-correctness; and an island's capture-time write to a storage that a captured op
-also wrote is rolled back with that op's write, since undo works per storage.
+Replay is then a tight loop below autograd, with no Python decisions, no
+allocations and no clones.  Before it, the input audit checks in a few
+microseconds that the attributes the graph read still hold the tensors it
+captured and that those tensors still sit where they sat (``StaleInput``).
+
+Known simplification: an island's capture-time write to a storage that a
+captured op also wrote is rolled back with that op's write, since undo works per
+storage.
 
 Example trace
 -------------
@@ -55,25 +77,39 @@ For ``y = (prog.x @ prog.w).relu(); prog.kv[prog.idx] = y; return y``::
     aten.mm.default(prog.x, prog.w) -> t0  [out]
     aten.relu.default(t0) -> t1  [out]
     aten.index_put_.default(prog.kv, [prog.idx], t1) -> prog.kv  [rerun]
+
+A step whose output takes over the memory of a dead intermediate says so
+(``[out, reuses t0]``).
 """
 
 from __future__ import annotations
 
+import bisect
+import heapq
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from ._audit import StaleWatch, build_audit
+from ._protocol import (
+    WarmIslands,
+    island_outputs,
+    island_runner,
+    no_cycle_collection,
+    static_outputs,
+    warm_up,
+)
 from ._record import (
     IslandStep,
     OpStep,
     Recorder,
+    StorageKey,
     flat_outputs,
-    island_outputs,
-    island_runner,
-    static_outputs,
+    poison_storage,
+    storage_key,
 )
 from .engine import InputAudit, StaleInput
 
@@ -81,10 +117,84 @@ __all__ = ["TapeEngine", "TapeGraph"]
 
 _Call = tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]
 _OPTION_ARGS = frozenset({"dtype", "layout", "device", "pin_memory"})
-_ALLOC_PREFIXES = ("empty", "new_empty")
 # Replayed ops were recorded below autograd and ADInplaceOrView; replaying at the
 # same level skips autograd bookkeeping (and, like a CUDA graph, version counters).
 _below_autograd = torch._C._AutoDispatchBelowADInplaceOrView
+
+
+# ---------------------------------------------------------------- fastest callables
+
+
+class _Stop(Exception):
+    pass
+
+
+class _Probe(TorchDispatchMode):
+    """Sees the first op a call dispatches, and stops it before it runs."""
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        return False
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: tuple[Any, tuple[Any, ...], dict[str, Any]] | None = None
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None) -> Any:
+        self.seen = (func, args, kwargs or {})
+        raise _Stop
+
+
+_NAMESPACES = (
+    torch._C._VariableFunctions, torch._C.TensorBase, torch._C._nn, torch._C._linalg, torch._C._special, torch._C._fft,
+)
+_FAST: dict[Any, tuple[Any, Callable[..., Any]]] = {}
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return a is b
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    return type(a) is type(b) and a == b
+
+
+def _fast_callable(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Callable[..., Any]:
+    """The public binding that dispatches exactly ``op`` for these arguments, else the op itself.
+
+    A binding parses Python arguments straight into a typed C++ call; an ``OpOverload`` goes
+    through the boxed, schema-driven path and is markedly slower.  Which binding overload
+    Python picks depends only on the arguments' types, so one probe per type signature is enough
+    (a list argument's element types are fixed by the op's schema).
+    """
+    signature = (id(op), tuple(map(type, args)), tuple(zip(kwargs, map(type, kwargs.values()))) if kwargs else ())
+    found = _FAST.get(signature)
+    if found is None or found[0] is not op:
+        found = (op, _probe_bindings(op, args, kwargs) or getattr(op, "_op", op))
+        _FAST[signature] = found
+    return found[1]
+
+
+def _probe_bindings(op: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Callable[..., Any] | None:
+    name = op.overloadpacket.__name__
+    for namespace in _NAMESPACES:
+        candidate = getattr(namespace, name, None)
+        if candidate is None:
+            continue
+        probe = _Probe()
+        try:
+            with probe:
+                candidate(*args, **kwargs)
+        except _Stop:
+            pass
+        except Exception:  # noqa: BLE001 - a binding that does not take these arguments
+            continue
+        seen = probe.seen
+        if seen is not None and seen[0] is op and _same(seen[1], args) and _same(seen[2], kwargs):
+            return candidate
+    return None
 
 
 # ---------------------------------------------------------------- .out overloads
@@ -146,34 +256,59 @@ def _out_plan(func: Any) -> _OutPlan | None:
     return plan
 
 
-def _bind_out(plan: _OutPlan, step: OpStep) -> _Call | None:
-    values: dict[str, Any] = dict(step.kwargs)
-    for a, v in zip(step.func._schema.arguments, step.args):
-        values[a.name] = v
-    positional: list[Any] = []
-    pending: list[Any] = []  # defaults that only matter if a later positional is given
+_Binder = tuple[tuple[tuple[int, Any], ...], tuple[tuple[str, int, Any], ...]]
+_BINDERS: dict[tuple[int, int, tuple[str, ...]], tuple[Any, _Binder | None]] = {}
+_ARG, _KW, _DEFAULT = 0, 1, 2
+
+
+def _binder(plan: _OutPlan, step: OpStep) -> _Binder | None:
+    """Where each argument of the ``.out`` call comes from, for calls shaped like ``step``."""
+    key = (id(step.func), len(step.args), tuple(step.kwargs))
+    found = _BINDERS.get(key)
+    if found is not None and found[0] is step.func:
+        return found[1]
+    source: dict[str, tuple[int, Any]] = {k: (_KW, k) for k in step.kwargs}
+    for i, a in enumerate(step.func._schema.arguments[: len(step.args)]):
+        source[a.name] = (_ARG, i)
+    positional: list[tuple[int, Any]] = []
+    pending: list[tuple[int, Any]] = []  # defaults that only matter if a later positional is given
+    binder: _Binder | None = None
     for name, has_default, default in plan.positional:
-        if name in values:
+        if name in source:
             positional.extend(pending)
             pending.clear()
-            positional.append(values[name])
+            positional.append(source[name])
         elif has_default:
-            pending.append(default)
+            pending.append((_DEFAULT, default))
         else:
-            return None
-    kwargs = {k: values[k] for k in plan.keywords if k in values}
+            break
+    else:
+        keywords = tuple((k, *source[k]) for k in plan.keywords if k in source)
+        binder = (tuple(positional), keywords)
+    _BINDERS[key] = (step.func, binder)
+    return binder
+
+
+def _bind_out(plan: _OutPlan, step: OpStep) -> _Call | None:
+    binder = _binder(plan, step)
+    if binder is None:
+        return None
+    positional, keywords = binder
+    sargs, skwargs = step.args, step.kwargs
+    args = tuple(sargs[at] if kind == _ARG else skwargs[at] if kind == _KW else at for kind, at in positional)
+    kwargs = {name: sargs[at] if kind == _ARG else skwargs[at] if kind == _KW else at for name, kind, at in keywords}
     if plan.list_out:
         kwargs[plan.outs[0]] = list(step.outputs)
     else:
         kwargs.update(zip(plan.outs, step.outputs))
-    return (getattr(plan.op, "_op", plan.op), tuple(positional), kwargs)
+    return (_fast_callable(plan.op, args, kwargs), args, kwargs)
 
 
 # ---------------------------------------------------------------- compile
 
 
 def _compute_then_copy(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], targets: tuple[tuple[int, torch.Tensor], ...]) -> Callable[[], None]:
-    call = getattr(func, "_op", func)
+    call = _fast_callable(func, args, kwargs)
 
     def run() -> None:
         flat = flat_outputs(call(*args, **kwargs))
@@ -183,87 +318,180 @@ def _compute_then_copy(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any],
     return run
 
 
+_RUNS = frozenset({"out", "rerun", "rerun+copy", "compute+copy"})
 
 
-def _plan_op(step: OpStep) -> tuple[_Call | None, str]:
-    """What replay does for one recorded op, and the trace note saying so."""
-    func, info = step.func, step.info
+def _plan_kind(step: OpStep) -> str:
+    """What replay does for one recorded op, as the trace note says it."""
+    info = step.info
     if info.inplace_view:
-        return None, "skip: inplace view"
-    tensor_outs = [i for i, t in enumerate(step.outputs) if isinstance(t, torch.Tensor)]
-    fresh_outs = tuple((i, step.outputs[i]) for i in tensor_outs if step.fresh[i])
-    call = getattr(func, "_op", func)
-    if info.writes or not func._schema.returns:  # mutations and pure effects (asserts)
-        if fresh_outs:
-            return (_compute_then_copy(func, step.args, step.kwargs, fresh_outs), (), {}), "rerun+copy"
-        return (call, step.args, step.kwargs), "rerun"
-    if not tensor_outs:
-        return None, "skip: no tensor output"
-    if not fresh_outs:
-        empty = all(step.outputs[i].untyped_storage().nbytes() == 0 for i in tensor_outs)
-        return None, "skip: empty" if empty else "skip: view"
-    if info.name.split("::", 1)[1].startswith(_ALLOC_PREFIXES):
-        return None, "skip: alloc"
-    if len(fresh_outs) == len(step.outputs):
+        return "skip: inplace view"
+    fresh = True in step.fresh
+    if info.writes or not info.returns:  # mutations and pure effects (asserts)
+        return "rerun+copy" if fresh else "rerun"
+    if fresh:
+        if info.alloc:
+            return "skip: alloc"
+        if False not in step.fresh:
+            plan = _out_plan(step.func)
+            if plan is not None and _binder(plan, step) is not None:
+                return "out"
+        return "compute+copy"
+    outs = [t for t in step.outputs if isinstance(t, torch.Tensor)]
+    if not outs:
+        return "skip: no tensor output"
+    return "skip: empty" if all(t.untyped_storage().nbytes() == 0 for t in outs) else "skip: view"
+
+
+def _plan_call(step: OpStep, kind: str) -> _Call:
+    func = step.func
+    if kind == "out":
         plan = _out_plan(func)
-        bound = _bind_out(plan, step) if plan is not None else None
-        if bound is not None:
-            return bound, "out"
-    return (_compute_then_copy(func, step.args, step.kwargs, fresh_outs), (), {}), "compute+copy"
+        assert plan is not None
+        bound = _bind_out(plan, step)
+        assert bound is not None
+        return bound
+    if kind == "rerun":
+        return (_fast_callable(func, step.args, step.kwargs), step.args, step.kwargs)
+    targets = tuple((i, t) for i, (t, fresh) in enumerate(zip(step.outputs, step.fresh)) if fresh)
+    return (_compute_then_copy(func, step.args, step.kwargs, targets), (), {})
+
+
+def _drop_dead(steps: list[OpStep | IslandStep], kinds: list[str], private: set[StorageKey]) -> None:
+    """Backward liveness over private storages: an op is dead when it only writes private memory nothing reads later."""
+    live: set[StorageKey] = set()
+    for i in range(len(steps) - 1, -1, -1):
+        if kinds[i] not in _RUNS:
+            continue
+        step = steps[i]
+        info = step.info  # type: ignore[union-attr]
+        defined = [k for k, fresh in zip(step.out_keys, step.fresh) if fresh]  # type: ignore[union-attr]
+        writes = defined + list(step.write_keys)  # type: ignore[union-attr]
+        if not (info.seeded or not info.returns) and all(k in private and k not in live for k in writes):
+            kinds[i] = "skip: dead"
+            continue
+        if not info.writes:  # a pure op defines its fresh outputs whole
+            live.difference_update(defined)
+        live.update(k for k in step.arg_keys if k in private)  # type: ignore[union-attr]
+
+
+class _Buffer:
+    __slots__ = ("storage", "nbytes", "device", "last", "owner")
+
+    def __init__(self, storage: torch.UntypedStorage, last: int, owner: torch.Tensor) -> None:
+        self.storage, self.nbytes, self.device, self.last, self.owner = storage, storage.nbytes(), storage.device, last, owner
+
+
+def _reuse_memory(rec: Recorder, steps: list[OpStep | IslandStep], kinds: list[str],
+                  private: set[StorageKey]) -> dict[int, list[torch.Tensor]]:
+    """Give each private storage a buffer, reusing the memory of storages whose last reader has run.
+
+    Returns, per step index, the tensors that first owned the memory the step's outputs took over.
+    Storages no replayed op touches are emptied.
+    """
+    defined: dict[StorageKey, int] = {}
+    last: dict[StorageKey, int] = {}
+    for i, step in enumerate(steps):
+        if isinstance(step, IslandStep):
+            continue
+        if True in step.fresh:
+            for k, fresh in zip(step.out_keys, step.fresh):
+                if fresh and k in private and k not in defined:
+                    defined[k] = i
+        if kinds[i] in _RUNS:
+            for k in step.arg_keys:
+                if k in private:
+                    last[k] = i
+            for k in step.out_keys:
+                if k in private:
+                    last[k] = i
+    reused: dict[int, list[torch.Tensor]] = {}
+    busy: list[tuple[int, int, _Buffer]] = []  # (last use, tie-breaker, buffer)
+    free: dict[torch.device, list[tuple[int, int, _Buffer]]] = {}  # per device, sorted by size
+    for n, (k, d) in enumerate(sorted(defined.items(), key=lambda kv: kv[1])):
+        pins = rec.pins_by_key.get(k, [])
+        if k not in last:  # nothing replayed touches it: hold no memory for it
+            for p in pins:
+                p.set_()
+            continue
+        while busy and busy[0][0] < d:
+            _, m, done = heapq.heappop(busy)
+            bisect.insort(free.setdefault(done.device, []), (done.nbytes, m, done))
+        own = rec.fresh[k]
+        assert own is not None
+        storage = own.untyped_storage()
+        candidates = free.get(storage.device)
+        at = bisect.bisect_left(candidates, (storage.nbytes(),)) if candidates else 0
+        if candidates and at < len(candidates):  # the smallest free buffer that fits
+            buf = candidates.pop(at)[2]
+            for p in pins:
+                p.set_(buf.storage, p.storage_offset(), p.size(), p.stride())
+            reused.setdefault(d, []).append(buf.owner)
+            buf.last = last[k]
+        else:
+            buf = _Buffer(storage, last[k], own)
+        heapq.heappush(busy, (buf.last, n, buf))
+    return reused
 
 
 _Segment = tuple[tuple[_Call, ...], Callable[[], None] | None]
 
 
-def _compile(steps: list[OpStep | IslandStep]) -> tuple[tuple[_Segment, ...], tuple[str, ...]]:
+@dataclass(slots=True)
+class _Compiled:
+    segments: tuple[_Segment, ...]
+    notes: tuple[str, ...]
+    reused: dict[int, list[torch.Tensor]]
+
+
+def _compile(rec: Recorder) -> _Compiled:
+    steps = rec.steps
+    private = set(rec.fresh) - rec.held_keys()
+    kinds = ["island" if isinstance(step, IslandStep) else _plan_kind(step) for step in steps]
+    _drop_dead(steps, kinds, private)
+    reused = _reuse_memory(rec, steps, kinds, private)
+    with torch.no_grad():
+        for k, pin in rec.fresh.items():
+            # a pin moved onto another storage's memory, or emptied, leaves the poisoning to that memory's owner
+            if pin is not None and storage_key(pin) == k and pin.untyped_storage().nbytes():
+                poison_storage(pin)
     segments: list[_Segment] = []
-    notes: list[str] = []
     ops: list[_Call] = []
-    for step in steps:
+    for step, kind in zip(steps, kinds):
         if isinstance(step, IslandStep):
-            segments.append((tuple(ops), island_runner(step)))
+            into = tuple(rec.pin_of(t) for t in step.statics)
+            segments.append((tuple(ops), island_runner(step, into)))
             ops = []
-            notes.append("island")
-            continue
-        call, note = _plan_op(step)
-        if call is not None:
-            ops.append(call)
-        notes.append(note)
+        elif kind in _RUNS:
+            ops.append(_plan_call(step, kind))
     if ops or not segments:
         segments.append((tuple(ops), None))
-    return tuple(segments), tuple(notes)
+    return _Compiled(tuple(segments), tuple(kinds), reused)
 
 
 # ---------------------------------------------------------------- trace text
 
 
 class _Namer:
-    def __init__(self, inputs: Iterable[torch.Tensor], audit: InputAudit, aliases: Mapping[int, torch.Tensor]) -> None:
-        self._names: dict[int, str] = {}
-        self._keep: list[torch.Tensor] = []
-        self._aliases = aliases
-        for k, (t, entry) in enumerate(zip(inputs, audit.inputs)):
-            self._bind(t, entry.path or f"in{k}")
+    def __init__(self, serials: Mapping[int, int], names: Mapping[int, str]) -> None:
+        self._serials = serials  # id(tensor) -> serial of the program tensor it stands for
+        self._names = dict(names)  # serial -> name
         self._next_t = 0
         self._next_c = 0
 
-    def _bind(self, t: torch.Tensor, name: str) -> str:
-        self._names[id(t)] = name
-        self._keep.append(t)  # ids must stay unique while naming
-        return name
-
     def name(self, t: torch.Tensor, *, produced: bool = False) -> str:
-        original = self._aliases.get(id(t))
-        if original is not None:  # a metadata-frozen stand-in reads as the tensor it stands for
-            return self.name(original, produced=produced)
-        found = self._names.get(id(t))
+        serial = self._serials.get(id(t), -id(t))
+        found = self._names.get(serial)
         if found is not None:
             return found
         if produced:
             self._next_t += 1
-            return self._bind(t, f"t{self._next_t - 1}")
-        self._next_c += 1
-        return self._bind(t, f"c{self._next_c - 1}")
+            name = f"t{self._next_t - 1}"
+        else:
+            self._next_c += 1
+            name = f"c{self._next_c - 1}"
+        self._names[serial] = name
+        return name
 
     def value(self, v: Any) -> str:
         if isinstance(v, torch.Tensor):
@@ -287,7 +515,7 @@ class _Namer:
 
 
 class TapeGraph:
-    """A captured tape; ``replay()`` re-runs it on the captured tensors."""
+    """A captured tape; ``replay()`` re-runs it on the captured memory."""
 
     def __init__(
         self,
@@ -295,22 +523,22 @@ class TapeGraph:
         label: str,
         audit: InputAudit,
         watch: StaleWatch,
-        segments: tuple[_Segment, ...],
+        compiled: _Compiled,
         steps: tuple[OpStep | IslandStep, ...],
-        notes: tuple[str, ...],
-        inputs: tuple[torch.Tensor, ...],
+        serials: Mapping[int, int],
+        input_names: Mapping[int, str],
         outputs: tuple[torch.Tensor, ...],
-        aliases: Mapping[int, torch.Tensor],
     ) -> None:
         self.label = label
         self.audit = audit
         self._watch = watch
-        self._segments = segments
+        self._segments = compiled.segments
+        self._notes = compiled.notes
+        self._reused = compiled.reused
         self._steps = steps
-        self._notes = notes
-        self._inputs = inputs
+        self._serials = serials
+        self._input_names = input_names
         self._outputs = outputs
-        self._aliases = aliases
 
     @property
     def outputs(self) -> tuple[torch.Tensor, ...]:
@@ -329,15 +557,18 @@ class TapeGraph:
 
     def trace(self) -> str:
         """One line per recorded step: the call, its outputs, and what replay does."""
-        namer = _Namer(self._inputs, self.audit, self._aliases)
+        namer = _Namer(self._serials, self._input_names)
         lines = []
-        for step, note in zip(self._steps, self._notes):
+        for i, (step, note) in enumerate(zip(self._steps, self._notes)):
             if isinstance(step, IslandStep):
                 head = f"island {getattr(step.fn, '__qualname__', repr(step.fn))}"
                 text = namer.call(head, step.args, step.kwargs, step.statics)
             else:
-                outs = step.outputs if step.func._schema.returns else None
+                outs = step.outputs if step.info.returns else None
                 text = namer.call(str(step.func), step.args, step.kwargs, outs)
+            donors = self._reused.get(i)
+            if donors:
+                note = f"{note}, reuses {', '.join(namer.name(t) for t in donors)}"
             lines.append(f"{text}  [{note}]")
         return "\n".join(lines)
 
@@ -356,8 +587,6 @@ def _tape_island(rec: Recorder, fn: Callable[..., Any], args: tuple[Any, ...], k
     return statics[0] if single else statics
 
 
-
-
 class TapeEngine:
     name = "tape"
 
@@ -370,29 +599,45 @@ class TapeEngine:
         static_inputs: Iterable[torch.Tensor],
         islands: bool = False,
     ) -> TapeGraph:
+        with no_cycle_collection():
+            return self._capture(fn, label=label, roots=roots, static_inputs=static_inputs, islands=islands)
+
+    def _capture(
+        self,
+        fn: Callable[[], object],
+        *,
+        label: str,
+        roots: Mapping[str, object],
+        static_inputs: Iterable[torch.Tensor],
+        islands: bool,
+    ) -> TapeGraph:
         static = tuple(static_inputs)
-        rec = Recorder(check=True, undo=True, record=True, island_impl=_tape_island if islands else None)
-        ok = False
+        warm_up(fn, WarmIslands() if islands else None)
+        rec = Recorder(undo=True, record=True, capturing=True, island_impl=_tape_island if islands else None)
         try:
             with rec.active():
                 result = fn()
             outputs = static_outputs(result)
-            ok = True
         finally:
             rec.restore()
-            if ok:
-                rec.poison_fresh()
+        del result
         inputs = tuple(rec.inputs.values())
         audit, watch = build_audit(inputs, roots, static)
-        segments, notes = _compile(rec.steps)
+        compiled = _compile(rec)
+        serials = dict(rec.serial_of_pin)
+        for step in rec.steps:
+            if isinstance(step, IslandStep):
+                for t in (*step.args, *step.kwargs.values(), *step.statics):
+                    if isinstance(t, torch.Tensor) and (serial := rec.serial_of(t)) is not None:
+                        serials[id(t)] = serial
+        input_names = {rec.serial_of(t): entry.path or f"in{k}" for k, (t, entry) in enumerate(zip(inputs, audit.inputs))}
         return TapeGraph(
             label=label,
             audit=audit,
             watch=watch,
-            segments=segments,
+            compiled=compiled,
             steps=tuple(rec.steps),
-            notes=notes,
-            inputs=inputs,
+            serials=serials,
+            input_names=input_names,
             outputs=outputs,
-            aliases=dict(rec.aliases),
         )

@@ -183,16 +183,16 @@ def _pictures(view: CaseView) -> tuple[tuple[PoolPicture, ...], tuple[PoolPictur
     return tuple(heatmaps), tuple(slotmaps)
 
 
-_FINDING_ORDER = {"stale": 0, "unregistered": 1, "rebound": 2}
+_FINDING_ORDER = {"stale": 0, "moved": 1, "unregistered": 2}
 
 
 def _finding_text(f: FindingView, replays: int) -> str:
     if f.kind == "stale":
         return (f"at {replays} replay{'s' if replays != 1 else ''} the attribute held another tensor ({f.now}) while "
                 f"the graph still read the one it captured ({f.captured}): nothing refreshes it")
-    if f.kind == "rebound":
-        return (f"rebound at {replays} replay{'s' if replays != 1 else ''}; the graph reads the registered buffer "
-                f"captured from it, correct only while that buffer is refreshed in place")
+    if f.kind == "moved":
+        return (f"at {replays} replay{'s' if replays != 1 else ''} the tensor's memory or layout had changed "
+                f"({f.now}) while the graph still read what it captured ({f.captured})")
     if f.kind == "unregistered":
         return "the graph reads this tensor, and no registered static buffer, weight or pool accounts for it"
     return finding_line(f)

@@ -66,9 +66,9 @@ def finding_line(f: FindingView) -> str:
     label = printable(f.graph)
     if f.kind == "unregistered":
         return f"{label}: unregistered graph input {path} {f.dtype}{list(f.shape)}"
-    if f.kind == "rebound":
-        return (f"{label}: {path} rebound at {f.replays} replay(s); the graph reads the registered buffer captured "
-                f"from it, correct only while that buffer is refreshed in place")
+    if f.kind == "moved":
+        return (f"{label}: {path} moved at {f.replays} replay(s): the graph still reads the memory it captured "
+                f"({printable(f.captured)}); now {printable(f.now)}")
     return (f"{label}: stale input {path} at {f.replays} replay(s): the graph still reads the tensor captured from "
             f"it ({printable(f.captured)}), nothing refreshes it; it now holds {printable(f.now)}")
 

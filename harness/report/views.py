@@ -45,7 +45,7 @@ class ErrorView:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class FindingView:
     kind: str
-    """"unregistered", "stale" or "rebound" (benign)"""
+    """one of "unregistered", "stale", "moved"."""
     graph: str
     path: str | None
     dtype: str

@@ -4,6 +4,7 @@ runners their buckets, captured graphs, static-buffer fill and log."""
 from __future__ import annotations
 
 import bisect
+import re
 from collections import Counter
 from collections.abc import Collection
 from dataclasses import dataclass
@@ -48,8 +49,8 @@ class GraphLog:
 
     def __init__(self) -> None:
         self._unregistered: list[AuditFinding] = []
-        self._stale: Counter[tuple[str, str, bool]] = Counter()
-        self._first_seen: dict[tuple[str, str, bool], tuple[StaleInput, str, tuple[int, ...]]] = {}
+        self._stale: Counter[tuple[str, str, FindingKind]] = Counter()
+        self._first_seen: dict[tuple[str, str, FindingKind], tuple[StaleInput, str, tuple[int, ...]]] = {}
         self.captures = 0
         self.replays = 0
         self.padded_replays = 0
@@ -75,23 +76,29 @@ class GraphLog:
             return
         inputs = {i.path: i for i in graph.audit.inputs if i.path}
         for item in stale:
+            if item.kind == "rebound" and item.benign:
+                continue  # the captured buffer is still refreshed in place before every replay: no finding
             seen = inputs.get(item.path)
-            key = (graph.label, item.path, bool(seen is not None and seen.registered))
+            kind = FindingKind.MOVED if item.kind == "memory" else FindingKind.STALE
+            key = (graph.label, item.path, kind)
             self._stale[key] += 1
             if key not in self._first_seen:
                 self._first_seen[key] = (item, seen.dtype if seen else "", seen.shape if seen else ())
 
     def observations(self) -> GraphObservations:
         findings = list(self._unregistered)
-        # Unregistered-and-stale first: those are the graph reading data that nothing refreshes.
-        for (label, path, registered), n in sorted(self._stale.items(), key=lambda kv: kv[0][2]):
-            first, dtype, shape = self._first_seen[(label, path, registered)]
-            findings.append(AuditFinding(
-                kind=FindingKind.REBOUND if registered else FindingKind.STALE, graph=label, path=path, dtype=dtype,
-                shape=shape, replays=n, captured=first.captured, now=first.now,
-            ))
+        for (label, path, kind), n in self._stale.items():
+            first, dtype, shape = self._first_seen[(label, path, kind)]
+            now = _no_addresses(first.changed or first.now) if kind is FindingKind.MOVED else first.now
+            findings.append(AuditFinding(kind=kind, graph=label, path=path, dtype=dtype, shape=shape, replays=n,
+                                         captured=_no_addresses(first.captured), now=now))
         return GraphObservations(captures=self.captures, replays=self.replays, padded_replays=self.padded_replays,
                                  eager_fallbacks=self.eager_fallbacks, findings=tuple(findings))
+
+
+def _no_addresses(text: str) -> str:
+    # a storage address differs from run to run; records of the same inputs must not
+    return re.sub(r"0x[0-9a-f][0-9a-f.]*", "<address>", text)
 
 
 def fill_static(static: torch.Tensor, real: torch.Tensor, bucket: int, pad: int) -> None:

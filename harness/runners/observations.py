@@ -16,9 +16,9 @@ class FindingKind(enum.StrEnum):
     STALE = "stale"
     """at replay an attribute holds another tensor than the one the graph captured, and nothing refreshes
     the captured one: the graph reads old data"""
-    REBOUND = "rebound"
-    """an attribute was rebound, but the captured tensor is a registered buffer refreshed in place before
-    every replay: benign"""
+    MOVED = "moved"
+    """the tensor the graph captured now has another storage, offset, size or stride (``t.data = ...``,
+    ``set_``, ``resize_``): the program reads new memory, the graph the old"""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

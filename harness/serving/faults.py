@@ -66,6 +66,10 @@ FAULTS: dict[str, Fault] = {
               modes=("eager", "full", "piecewise"),
               summary="a draft step reassigns out_cache_loc but keeps the old out_cache_loc_swa",
               reference="SGLang speculative worker; PR 24138"),
+        Fault(name="skip_memo_invalidate_at_capture", acts_on=Component.DECODE_GRAPH_RUNNER, modes=("full",),
+              summary="the decode runner captures without invalidating the memoized translation: the memo a "
+                      "warm-up run left (same static buffer, same data_ptr and numel) is frozen into the graph",
+              reference="SGLang PR 25824"),
         Fault(name="rebind_static_swa_loc", acts_on=Component.DECODE_GRAPH_RUNNER, modes=("full",),
               summary="the decode runner binds a new static out_cache_loc_swa at every replay instead of copying "
                       "into the captured one, which then holds whatever it held at the last copy",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 
+import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -51,3 +52,16 @@ _lib = torch.library.Library("harness_graphs_test", "DEF")
 _lib.define("twice(Tensor x) -> Tensor")
 _lib.impl("twice", lambda x: x * 2, "CompositeExplicitAutograd")
 twice = torch.ops.harness_graphs_test.twice.default
+
+
+# Engines a claim is checked on: the tape on the CPU always, real CUDA graphs where a GPU is.
+ENGINES = [
+    pytest.param(("tape", "cpu"), id="tape"),
+    pytest.param(("cuda", "cuda"), id="cuda", marks=[
+        pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]),
+]
+
+
+def sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()

@@ -39,9 +39,9 @@ REFUSED = [
     pytest.param(lambda s: torch.repeat_interleave(s.rep), "aten.repeat_interleave.Tensor", id="repeat_interleave-repeats-only"),
     pytest.param(lambda s: s.x[s.x > 0], "aten.index.Tensor", id="bool-mask-index"),
     pytest.param(lambda s: s.x.__setitem__(s.x > 0, s.x[:2] * 0), "aten.index_put_.default", id="bool-mask-put-tensor"),
-    pytest.param(lambda s: s.x + torch.tensor([1.0, 2.0, 3.0, 4.0]), "aten.lift_fresh.default", id="torch.tensor"),
-    pytest.param(lambda s: s.x + torch.as_tensor([1.0, 2.0, 3.0, 4.0]), "aten.lift_fresh.default", id="torch.as_tensor"),
-    pytest.param(lambda s: s.x + s.x.new_tensor([1.0, 2.0, 3.0, 4.0]), "aten.lift_fresh.default", id="new_tensor"),
+    pytest.param(lambda s: s.x + torch.tensor([1.0, 2.0, 3.0, 4.0]), "torch.tensor", id="torch.tensor"),
+    pytest.param(lambda s: s.x + torch.as_tensor([1.0, 2.0, 3.0, 4.0]), "torch.as_tensor", id="torch.as_tensor"),
+    pytest.param(lambda s: s.x + s.x.new_tensor([1.0, 2.0, 3.0, 4.0]), "Tensor.new_tensor", id="new_tensor"),
     pytest.param(lambda s: torch.equal(s.x, s.x), "aten.equal.default", id="equal"),
     pytest.param(lambda s: torch.bincount(s.i), "aten.bincount.default", id="bincount"),
 ]

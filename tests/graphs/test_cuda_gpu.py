@@ -9,6 +9,8 @@ import torch
 
 from harness.graphs import CaptureError, eager_island, get_engine
 
+from ._refusal_cases import CASES, state
+
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
@@ -154,3 +156,49 @@ def test_graphs_of_one_cuda_engine_share_its_pool_and_replay_independently():
     g3.replay()
     torch.cuda.synchronize()
     assert g3.outputs[0].tolist() == [15.0] * 4
+
+
+def _bare_capture(case) -> str:
+    """A bare torch.cuda.graph capture of the case's program, no harness involved: "refused" or "captured"."""
+    s = state("cuda")
+    try:
+        case.program(s)  # warm-up: library handles and workspaces must not be created inside capture
+    except Exception:  # noqa: BLE001 - the eager run may fail where capture will fail anyway (numpy of a CUDA tensor)
+        pass
+    s = state("cuda")
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            case.program(s)
+    except Exception:  # noqa: BLE001 - whatever CUDA or torch raises, the program cannot be captured
+        torch.cuda.synchronize()
+        return "refused"
+    torch.cuda.synchronize()
+    return "captured"
+
+
+def test_bare_cuda_capture_refuses_exactly_the_programs_the_refusal_table_refuses():
+    """How the table in harness/graphs/_refusals.py is checked against CUDA itself."""
+    wrong = [(c.id, "refused" if c.refused("cuda") else "captured", got)
+             for c in CASES if (got := _bare_capture(c)) != ("refused" if c.refused("cuda") else "captured")]
+    assert wrong == []
+
+
+def test_cuda_engine_refuses_exactly_the_programs_the_refusal_table_refuses():
+    wrong = []
+    for case in CASES:
+        s = state("cuda")
+        try:
+            get_engine("cuda").capture(lambda: _discard(case.program(s)), label=case.id, roots={}, static_inputs=[])
+            got = "captured"
+        except CaptureError:
+            got = "refused"
+        expected = "refused" if case.refused("cuda") else "captured"
+        if got != expected:
+            wrong.append((case.id, expected, got))
+    assert wrong == []
+
+
+def _discard(result: object) -> None:
+    return None

@@ -144,3 +144,77 @@ def test_audit_does_not_walk_into_graphs_a_root_holds():
     runner.graphs["first"] = capture(lambda: hidden + 1)
     g = capture(lambda: hidden * 2, roots={"runner": runner})
     assert [i.path for i in g.audit.inputs] == [None]
+
+
+# -- issue 8, point 6: an audit without noise
+
+
+def test_audit_names_a_view_by_its_base_path_and_the_slice():
+    runner = SimpleNamespace(out_cache_loc_swa=torch.arange(16), table=torch.arange(24.0).view(4, 6))
+    swa, rows, row, every_other = (runner.out_cache_loc_swa[:4], runner.table[1:3, :2], runner.table[2],
+                                   runner.out_cache_loc_swa[2::2])
+    g = capture(lambda: (swa + 1, rows * 1, row * 1, every_other + 1), roots={"runner": runner})
+    assert [i.path for i in g.audit.inputs] == [
+        "runner.out_cache_loc_swa[:4]", "runner.table[1:3, :2]", "runner.table[2]", "runner.out_cache_loc_swa[2::2]"]
+
+
+def test_audit_names_a_view_no_slice_makes_by_its_base_and_strides():
+    runner = SimpleNamespace(table=torch.arange(6.0).view(2, 3))
+    flipped = runner.table.t()
+    g = capture(lambda: flipped * 1, roots={"runner": runner})
+    assert [i.path for i in g.audit.inputs] == ["runner.table.as_strided([3, 2], (1, 3), 0)"]
+
+
+def test_audit_follows_int_keyed_dicts_and_the_lists_in_them():
+    backend = SimpleNamespace(graph_metadata={4: [torch.ones(4), torch.zeros(4)]}, by_layer={0: torch.ones(2)})
+    g = capture(lambda: (backend.graph_metadata[4][1] + backend.by_layer[0].sum()), roots={"backend": backend})
+    assert {i.path for i in g.audit.inputs} == {"backend.graph_metadata[4][1]", "backend.by_layer[0]"}
+
+
+def test_rebound_attribute_is_benign_while_the_captured_tensor_is_refreshed_before_each_replay():
+    runner = SimpleNamespace(loc=torch.zeros(8, dtype=torch.int64))
+    pool = SimpleNamespace(swa_loc=runner.loc[:4])
+    g = capture(lambda: pool.swa_loc + 1, roots={"pool": pool, "runner": runner}, static=[runner.loc])
+    pool.swa_loc = torch.zeros(2, dtype=torch.int64)  # the stateful shortcut now points elsewhere
+    runner.loc[:4].copy_(torch.arange(4))  # but the buffer the graph reads is refilled in place
+    (stale,) = g.replay()
+    assert (stale.path, stale.kind, stale.benign) == ("pool.swa_loc", "rebound", True)
+    (stale,) = g.replay()  # nothing refreshed the captured buffer since the previous replay
+    assert (stale.path, stale.kind, stale.benign) == ("pool.swa_loc", "rebound", False)
+
+
+def test_rebound_attribute_is_a_finding_when_nothing_refreshes_the_captured_tensor():
+    backend = SimpleNamespace(page_table=torch.zeros(4, dtype=torch.int64))
+    g = capture(lambda: backend.page_table * 2, roots={"backend": backend})
+    backend.page_table = torch.arange(4)  # rebuilt as a new tensor (SGLang PR 26019 review)
+    (stale,) = g.replay()
+    assert (stale.path, stale.kind, stale.benign) == ("backend.page_table", "rebound", False)
+    assert g.outputs[0].tolist() == [0, 0, 0, 0]
+
+
+def test_rebinding_the_base_of_a_captured_view_is_reported_under_the_view_path():
+    runner = SimpleNamespace(positions=torch.arange(8))
+    view = runner.positions[:4]
+    g = capture(lambda: view * 1, roots={"runner": runner})
+    runner.positions = torch.zeros(8, dtype=torch.int64)
+    (stale,) = g.replay()
+    assert (stale.path, stale.kind, stale.benign) == ("runner.positions[:4]", "rebound", False)
+
+
+def test_replay_resolves_module_attributes_without_module_getattr(monkeypatch):
+    net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 4))
+    s = SimpleNamespace(x=torch.ones(2, 4), net=net)
+
+    def fn():
+        with torch.no_grad():
+            return s.net(s.x)
+
+    g = capture(fn, roots={"s": s})
+    assert {i.path for i in g.audit.inputs} == {"s.x", "s.net.0.weight", "s.net.0.bias", "s.net.2.weight", "s.net.2.bias"}
+    calls = []
+    original = torch.nn.Module.__getattr__
+    monkeypatch.setattr(torch.nn.Module, "__getattr__", lambda self, name: calls.append(name) or original(self, name))
+    assert g.replay() == ()
+    assert calls == []
+    net[2].weight = torch.nn.Parameter(torch.zeros(4, 4))
+    assert [st.path for st in g.replay()] == ["s.net.2.weight"]

@@ -35,15 +35,15 @@ def test_trace_lists_each_recorded_step_and_what_replay_does():
             "aten.t.default(t1) -> t2  [skip: view]",
             "aten.t.default(t2) -> t3  [skip: view]",
             "aten.index_put_.default(prog.kv, [prog.idx], t3) -> prog.kv  [rerun]",
-            "aten.empty.memory_format([2], device=cpu, pin_memory=False) -> t4  [skip: alloc]",
-            "aten.detach.default(t4) -> t5  [skip: view]",
-            "island _double(t1) -> t6  [island]",
-            "aten.sum.dim_IntList(t6, [-1]) -> t7  [out]",
-            "aten.add.out(t7, 1, out=t5) -> t5  [rerun]",
-            "aten.clone.default(t5) -> t8  [out]",
-            "aten.unsqueeze_.default(t8, 0) -> t8  [skip: inplace view]",
-            "aten.sort.default(t1, 1) -> (t9, t10)  [out]",
-            "harness_graphs_test.twice.default(t8) -> t11  [compute+copy]",
+            # the scratch buffer takes the memory of mm's result, dead once relu has read it
+            "aten.empty.memory_format([2], device=cpu, pin_memory=False) -> t4  [skip: alloc, reuses t0]",
+            "island _double(t1) -> t5  [island]",
+            "aten.sum.dim_IntList(t5, [-1]) -> t6  [out]",
+            "aten.add.out(t6, 1, out=t4) -> t4  [rerun]",
+            "aten.clone.default(t4) -> t7  [out, reuses t6]",
+            "aten.unsqueeze_.default(t7, 0) -> t7  [skip: inplace view]",
+            "aten.sort.default(t1, 1) -> (t8, t9)  [out]",
+            "harness_graphs_test.twice.default(t7) -> t10  [compute+copy]",
         ]
     )
 

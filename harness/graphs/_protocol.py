@@ -1,0 +1,125 @@
+"""What both engines do around a recorder: warm up, run islands, check outputs.
+
+``warm_up`` is the warm-up protocol both engines run before capture, as serving
+engines' graph runners do (SGLang's and vLLM's run the function eagerly twice):
+``WARMUP_RUNS`` eager runs under a rehearsing ``Recorder``, checked like capture,
+islands run eagerly, and afterwards every pre-existing tensor exactly as it was.
+Whatever the program caches in Python during warm-up (a memo keyed on a tensor's
+``data_ptr``) is then part of the world capture sees, and a graph freezes it.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+from ._record import IslandStep, Recorder, replaying_island
+
+WARMUP_RUNS = 2
+"""Eager runs before capture, for both engines."""
+
+
+# ---------------------------------------------------------------- islands and outputs
+
+
+def island_outputs(fn: Callable[..., Any], result: Any) -> tuple[tuple[torch.Tensor, ...], bool]:
+    """Validate an island's return; (tensors, single)."""
+    if isinstance(result, torch.Tensor):
+        return (result,), True
+    if isinstance(result, tuple) and all(isinstance(t, torch.Tensor) for t in result):
+        return result, False
+    name = getattr(fn, "__qualname__", repr(fn))
+    raise TypeError(f"eager island {name} must return a tensor or a tuple of tensors, got {type(result).__name__}")
+
+
+def island_runner(step: IslandStep, into: tuple[torch.Tensor, ...] | None = None) -> Callable[[], None]:
+    """What replay runs for an island: its Python again, fresh results copied into the capture's statics.
+
+    ``into`` are tensors over the statics' memory to copy into (the tape's pins); by default the statics.
+    """
+    fn, args, kwargs, statics = step.fn, step.args, step.kwargs, step.statics
+    targets = into if into is not None else statics
+
+    def run() -> None:
+        with replaying_island():
+            fresh, _ = island_outputs(fn, fn(*args, **kwargs))
+        if len(fresh) != len(statics):
+            raise RuntimeError(f"eager island {fn.__qualname__} returned {len(fresh)} tensors at replay, {len(statics)} at capture")
+        with torch.no_grad():
+            for static, new in zip(targets, fresh):
+                if new.shape != static.shape:
+                    raise RuntimeError(
+                        f"eager island {fn.__qualname__} returned shape {tuple(new.shape)} at replay, {tuple(static.shape)} at capture"
+                    )
+                static.copy_(new)
+
+    return run
+
+
+def static_outputs(result: object) -> tuple[torch.Tensor, ...]:
+    """Validate what a captured callable returned."""
+    if result is None:
+        return ()
+    if isinstance(result, torch.Tensor):
+        return (result,)
+    if isinstance(result, (tuple, list)) and all(isinstance(t, torch.Tensor) for t in result):
+        return tuple(result)
+    raise TypeError(f"a captured callable must return a tensor, a tuple of tensors or None, got {type(result).__name__}")
+
+
+# ---------------------------------------------------------------- warm-up
+
+
+@contextmanager
+def no_cycle_collection() -> Iterator[None]:
+    """Pause the cyclic garbage collector (reference counting still frees everything it can).
+
+    A capture allocates thousands of small tuples and tensors that all survive to its end, which
+    makes the collector run over and over through every object of the process for nothing.
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+class WarmIslands:
+    """Island handler for warm-up: run eagerly, remember the results of the last run."""
+
+    def __init__(self) -> None:
+        self.results: list[tuple[Any, tuple[torch.Tensor, ...], bool]] = []
+
+    def start_run(self) -> None:
+        self.results = []
+
+    def __call__(self, rec: Recorder, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        with rec.paused():
+            result = fn(*args, **kwargs)
+        tensors, single = island_outputs(fn, result)
+        self.results.append((island_identity(fn), tensors, single))
+        return result
+
+
+def island_identity(fn: Callable[..., Any]) -> Any:
+    # A lambda or closure defined inside fn is a new object every run; its code is not.
+    return getattr(fn, "__code__", fn)
+
+
+def warm_up(fn: Callable[[], object], islands: WarmIslands | None) -> None:
+    """Run ``fn`` ``WARMUP_RUNS`` times as a rehearsal: checked, islands eager, pre-existing tensors restored."""
+    rec = Recorder(rehearsal=True, island_impl=islands)
+    try:
+        for _ in range(WARMUP_RUNS):
+            if islands is not None:
+                islands.start_run()
+            with rec.active():
+                static_outputs(fn())
+    finally:
+        rec.restore()

@@ -1,0 +1,113 @@
+"""What replay runs, and in which memory (issue 8, point 7).
+
+Like a CUDA graph's private pool, the tape lets a later intermediate take the memory of one
+whose last reader has run, never the memory of an output, of an island's static, of anything
+the program still holds, and never splitting a view from its base.  Ops whose results nothing
+reads are not replayed at all.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
+
+from harness.graphs import eager_island
+
+from ._helpers import OpLog, capture
+
+
+def _chain(s: SimpleNamespace) -> torch.Tensor:
+    a = s.x + 1  # dead once b is computed
+    b = a * 2
+    c = b - 3  # may take a's memory
+    return c * c
+
+
+def test_later_intermediate_takes_the_memory_of_one_whose_last_reader_has_run():
+    s = SimpleNamespace(x=torch.arange(8.0))
+    g = capture(lambda: _chain(s))
+    assert g.trace().splitlines()[2] == "aten.sub.Tensor(t1, 3) -> t2  [out, reuses t0]"
+    for k in range(3):
+        s.x.copy_(torch.randn(8))
+        g.replay()
+        assert torch.equal(g.outputs[0], _chain(s)), k
+
+
+def test_op_whose_result_nothing_reads_is_not_replayed():
+    s = SimpleNamespace(x=torch.arange(4.0))
+
+    def fn():
+        unused = s.x.exp()  # computed by the program, read by nothing
+        del unused
+        return s.x * 2
+
+    g = capture(fn, roots={"s": s})
+    with OpLog() as log:
+        g.replay()
+    assert log.ops == ["aten.mul.out"]
+    assert g.trace().splitlines()[0] == "aten.exp.default(s.x) -> t0  [skip: dead]"
+    assert g.outputs[0].tolist() == [0.0, 2.0, 4.0, 6.0]
+
+
+def test_intermediate_the_program_still_holds_keeps_its_memory_and_its_values():
+    s = SimpleNamespace(x=torch.arange(8.0))
+    kept = {}
+
+    def fn():
+        kept["a"] = held = s.x + 1  # the program keeps it: replay must keep it current
+        other = s.x * 5  # dead after the next line: its memory is free to take
+        b = held * 2 + other
+        c = b - 3
+        return c * c
+
+    g = capture(fn)
+    trace = g.trace()
+    assert "reuses t1" in trace  # `other`'s memory is reused...
+    assert "reuses t0" not in trace  # ...the held tensor's is not
+    s.x.copy_(torch.arange(8.0) * 3)
+    g.replay()
+    assert torch.equal(kept["a"], s.x + 1)
+    assert torch.equal(g.outputs[0], ((s.x + 1) * 2 + s.x * 5 - 3) ** 2)
+
+
+def test_outputs_and_island_statics_keep_their_memory():
+    s = SimpleNamespace(x=torch.arange(8.0))
+
+    def fn():
+        out = s.x + 1  # an output: never reused though nothing reads it after
+        static = eager_island(lambda t: t * 2, s.x)  # an island's static: never reused either
+        dead = static * 3
+        y = dead + 1
+        w = y * 2  # may take `dead`'s memory, not `out`'s or `static`'s
+        return out, w * out
+
+    g = capture(fn, islands=True)
+    trace = g.trace()
+    assert "reuses t2" in trace
+    assert "reuses t0" not in trace and "reuses t1" not in trace
+    s.x.copy_(torch.arange(8.0) - 4)
+    g.replay()
+    out, z = g.outputs
+    assert torch.equal(out, s.x + 1)
+    assert torch.equal(z, (s.x * 2 * 3 + 1) * 2 * (s.x + 1))
+
+
+def test_reused_memory_keeps_a_view_with_its_base():
+    s = SimpleNamespace(x=torch.arange(16.0).view(4, 4))
+
+    def fn():
+        a = s.x * 2  # dead after v's last read: a and its view v free their memory together
+        v = a[1:3].t()
+        b = v + 1
+        c = b * 3  # may take a's memory
+        d = c[:, ::2]  # a view of c: must live in c's memory
+        return d * 1, (b * 0).sum()
+
+    g = capture(fn)
+    assert "reuses t0" in g.trace()
+    for k in range(3):
+        s.x.copy_(torch.randn(4, 4))
+        g.replay()
+        expected = (((s.x * 2)[1:3].t() + 1) * 3)[:, ::2]
+        assert torch.equal(g.outputs[0], expected), k
