@@ -342,11 +342,10 @@ def _compile_watch(
         f"t{k}._version == V[{k}] and t{k}.data_ptr() == p{k}" if ok else "False" for k, ok in enumerate(tracked)
     ) or "True"
     lines = [
-        # the fast path, a single expression: None when nothing moved since the previous call
-        "def probe():", "    try:", "        pass", *walk, "    except Exception:", "        return details()",
-        f"    if ({same}) and ({unchanged}):", "        return None", "    return details()",
-        "def details():", "    stale = ()", "    try:", "        pass", *walk, "    except Exception:", "        stale = None",
-        "    else:", f"        if not ({same}):", "            stale = []",
+        "def probe():", "    stale = ()", "    try:", "        pass", *walk, "    except Exception:", "        stale = None",
+        f"    else:", f"        if {same}:",
+        f"            if {unchanged}:", "                return None",  # the fast path: nothing moved
+        "        else:", "            stale = []",
         *(f"            if {var} is not h{n}: stale.append({n})" for n, var in enumerate(ends)),
         "    refreshed = []", "    moved = []", *watch, "    return stale, refreshed, moved",
     ]
@@ -408,7 +407,7 @@ def _changes(was: _Layout, now: _Layout) -> str:
 class StaleWatch:
     """What replay checks, before running the graph."""
 
-    __slots__ = ("_leaves", "_probe", "_tensors", "_layouts", "_moved_ones")
+    __slots__ = ("_leaves", "_probe", "_tensors", "_layouts", "_moved_ones", "_last")
 
     def __init__(self, leaves: list[_Leaf], tensors: list[torch.Tensor], layouts: list[_Layout]) -> None:
         self._leaves = leaves
@@ -422,6 +421,8 @@ class StaleWatch:
                                      tracked, versions)
         # tensors found moved: compared in full at every replay until they are back where they were
         self._moved_ones: set[int] = set()
+        # per leaf, the last rebinding reported: (what the path reached, benign, the report), reused while it persists
+        self._last: dict[int, tuple[Any, bool, StaleInput]] = {}
 
     def check(self) -> tuple[StaleInput, ...]:
         """Before a replay: what moved since capture.  Two reads per input when nothing did."""
@@ -447,9 +448,13 @@ class StaleWatch:
                 obj = _MISSING
             if obj is leaf.held:
                 continue
-            now = "<missing>" if obj is _MISSING else describe(obj)
-            out.append(StaleInput(path=leaf.path, captured=leaf.captured, now=now, kind="rebound",
-                                  benign=leaf.watched in refreshed))
+            benign = leaf.watched in refreshed
+            last = self._last.get(n)
+            if last is None or last[0] is not obj or last[1] != benign:
+                now = "<missing>" if obj is _MISSING else describe(obj)
+                last = self._last[n] = (obj, benign, StaleInput(path=leaf.path, captured=leaf.captured, now=now,
+                                                                  kind="rebound", benign=benign))
+            out.append(last[2])
         return out
 
     def _moved(self, moved: list[int]) -> list[StaleInput]:
