@@ -284,17 +284,19 @@ def _base_of(candidates: list[tuple[str, _Found]], t: torch.Tensor) -> tuple[str
 def _compile_watch(
     leaves: list[tuple[object, tuple[Step, ...], torch.Tensor]],
     tensors: list[torch.Tensor],
+    layouts: list[_Layout],
     tracked: list[bool],
     versions: list[int],
-    ptrs: tuple[int, ...],
-) -> tuple[Callable[[], tuple[bool, list[int]]], Callable[[], list[int] | None]]:
-    """Two generated functions over the watched paths and tensors, unrolled (no loop per replay).
+) -> Callable[[], tuple[tuple[int, ...] | list[int] | None, list[int], list[int]] | None]:
+    """One generated, unrolled function (no loop per replay) that checks everything replay needs.
 
-    ``probe()`` returns (every path still reaches the tensor it held at capture, the watched
-    tensors whose version counter moved since ``versions`` or whose data pointer is not the one
-    of capture).  ``versions`` is read by reference: the caller updates it in place.
-    ``stale_paths()`` returns the leaves whose path no longer reaches its tensor, or None when
-    resolving a path raised (an attribute gone), and the caller resolves every path the slow way.
+    It returns None when every path still reaches the tensor it held and no watched tensor's
+    version counter or data pointer moved since the previous call.  Otherwise it returns
+    (stale leaves, refreshed tensors, moved tensors): the leaves whose path no longer
+    reaches the tensor it held at capture (``()`` when none, None when resolving a path raised,
+    an attribute gone, and the caller resolves every path the slow way); the watched tensors
+    whose version counter moved since the previous call (it updates ``versions``, read by
+    reference, in place); the tensors whose data pointer, size or stride may differ from capture.
     """
     names: dict[str, Any] = {"V": versions}
     walk: list[str] = []
@@ -325,17 +327,31 @@ def _compile_watch(
             var = child
         names[f"h{n}"] = held
         ends.append(var)
-    moved = []
-    for k, (t, ok) in enumerate(zip(tensors, tracked)):
-        names[f"t{k}"], names[f"p{k}"] = t, ptrs[k]
-        test = f"t{k}._version != V[{k}] or t{k}.data_ptr() != p{k}" if ok else "True"
-        moved.append(f"    if {test}: moved.append({k})")
+    watch: list[str] = []
+    for k, (t, was, ok) in enumerate(zip(tensors, layouts, tracked)):
+        names[f"t{k}"], names[f"p{k}"], names[f"s{k}"], names[f"d{k}"] = t, t.data_ptr(), was.size, was.stride
+        if not ok:  # no version counter (an inference tensor): compared in full every time
+            watch.append(f"    moved.append({k})")
+            continue
+        watch += [
+            f"    v = t{k}._version",
+            f"    if v != V[{k}]:",
+            f"        V[{k}] = v",
+            f"        refreshed.append({k})",
+            f"        if t{k}.shape != s{k} or t{k}.stride() != d{k}: moved.append({k})",
+            f"    if t{k}.data_ptr() != p{k}: moved.append({k})",
+        ]
     same = " and ".join(f"{var} is h{n}" for n, var in enumerate(ends)) or "True"
+    unchanged = " and ".join(
+        f"t{k}._version == V[{k}] and t{k}.data_ptr() == p{k}" if ok else "False" for k, ok in enumerate(tracked)
+    ) or "True"
     lines = [
-        "def probe():", "    try:", "        pass", *walk, "    except Exception:", "        same = False",
-        "    else:", f"        same = {same}", "    moved = []", *moved, "    return same, moved",
-        "def stale_paths():", "    try:", "        pass", *walk, "    except Exception:", "        return None",
-        "    stale = []", *(f"    if {var} is not h{n}: stale.append({n})" for n, var in enumerate(ends)), "    return stale",
+        "def probe():", "    stale = ()", "    try:", "        pass", *walk, "    except Exception:", "        stale = None",
+        f"    else:", f"        if {same}:",
+        f"            if {unchanged}:", "                return None",  # the fast path: nothing moved
+        "        else:", "            stale = []",
+        *(f"            if {var} is not h{n}: stale.append({n})" for n, var in enumerate(ends)),
+        "    refreshed = []", "    moved = []", *watch, "    return stale, refreshed, moved",
     ]
     source = "\n".join(lines)
     code = _CODE.get(source)
@@ -343,7 +359,7 @@ def _compile_watch(
         code = _CODE[source] = compile(source, "<graph input watch>", "exec")
     scope: dict[str, Any] = dict(names)
     exec(code, scope)  # noqa: S102 - generated from walked attribute names, keys via repr
-    return scope["probe"], scope["stale_paths"]
+    return scope["probe"]
 
 
 _CODE: dict[str, Any] = {}
@@ -395,40 +411,36 @@ def _changes(was: _Layout, now: _Layout) -> str:
 class StaleWatch:
     """What replay checks, before running the graph."""
 
-    __slots__ = ("_leaves", "_probe", "_stale_paths", "_tensors", "_layouts", "_ptrs", "_versions", "_tracked",
-                 "_moved_ones")
+    __slots__ = ("_leaves", "_probe", "_tensors", "_layouts", "_moved_ones", "_last")
 
     def __init__(self, leaves: list[_Leaf], tensors: list[torch.Tensor], layouts: list[_Layout]) -> None:
         self._leaves = leaves
         self._tensors = tensors
         self._layouts = layouts
-        self._ptrs = tuple(t.data_ptr() for t in tensors)  # at capture
         # inference tensors keep no version counter: they are compared in full at every replay
-        self._tracked = [not t.is_inference() for t in tensors]
+        tracked = [not t.is_inference() for t in tensors]
         # version counters at the previous check: writes after it are refreshes before the next replay
-        self._versions = [t._version if ok else -1 for t, ok in zip(tensors, self._tracked)]
+        versions = [t._version if ok else -1 for t, ok in zip(tensors, tracked)]
+        self._probe = _compile_watch([(leaf.root, leaf.steps, leaf.held) for leaf in leaves], tensors, layouts,
+                                     tracked, versions)
         # tensors found moved: compared in full at every replay until they are back where they were
         self._moved_ones: set[int] = set()
-        self._probe, self._stale_paths = _compile_watch(
-            [(leaf.root, leaf.steps, leaf.held) for leaf in leaves], tensors, self._tracked, self._versions, self._ptrs)
+        # per leaf, the last rebinding reported: (what the path reached, benign, the report), reused while it persists
+        self._last: dict[int, tuple[Any, bool, StaleInput]] = {}
 
     def check(self) -> tuple[StaleInput, ...]:
         """Before a replay: what moved since capture.  Two reads per input when nothing did."""
-        paths_ok, differ = self._probe()
-        if paths_ok and not differ and not self._moved_ones:
+        probed = self._probe()
+        if probed is None and not self._moved_ones:
             return ()
-        tensors, tracked = self._tensors, self._tracked
-        now = {i: tensors[i]._version for i in differ if tracked[i]}
-        stale: list[StaleInput] = []
-        if not paths_ok:
-            bad = self._stale_paths()
-            stale.extend(self._rebound(range(len(self._leaves)) if bad is None else bad, now))
-        stale.extend(self._moved(differ))
-        for i, version in now.items():
-            self._versions[i] = version
-        return tuple(stale)
+        stale_leaves, refreshed, moved = probed or ((), [], [])
+        if not stale_leaves and stale_leaves is not None and not moved and not self._moved_ones:
+            return ()
+        found = self._rebound(range(len(self._leaves)) if stale_leaves is None else stale_leaves, set(refreshed))
+        found.extend(self._moved(moved))
+        return tuple(found)
 
-    def _rebound(self, indices: Iterable[int], now: dict[int, int]) -> list[StaleInput]:
+    def _rebound(self, indices: Iterable[int], refreshed: set[int]) -> list[StaleInput]:
         out = []
         for n in indices:
             leaf = self._leaves[n]
@@ -440,19 +452,19 @@ class StaleWatch:
                 obj = _MISSING
             if obj is leaf.held:
                 continue
-            i = leaf.watched
-            refreshed = i in now and now[i] != self._versions[i]
-            text = "<missing>" if obj is _MISSING else describe(obj)
-            out.append(StaleInput(path=leaf.path, captured=leaf.captured, now=text, kind="rebound", benign=refreshed))
+            benign = leaf.watched in refreshed
+            last = self._last.get(n)
+            if last is None or last[0] is not obj or last[1] != benign:
+                now = "<missing>" if obj is _MISSING else describe(obj)
+                last = self._last[n] = (obj, benign, StaleInput(path=leaf.path, captured=leaf.captured, now=now,
+                                                                  kind="rebound", benign=benign))
+            out.append(last[2])
         return out
 
-    def _moved(self, differ: list[int]) -> list[StaleInput]:
+    def _moved(self, moved: list[int]) -> list[StaleInput]:
         out = []
-        for i in sorted(self._moved_ones.union(differ)):
+        for i in sorted(self._moved_ones.union(moved)):
             t, was = self._tensors[i], self._layouts[i]
-            if t.data_ptr() == self._ptrs[i] and self._tracked[i] and t.shape == was.size and t.stride() == was.stride:
-                self._moved_ones.discard(i)  # written in place, nothing moved: the usual refresh
-                continue
             layout = _layout(was.path, t)
             changed = _changes(was, layout)
             if changed:

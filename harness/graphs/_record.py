@@ -457,70 +457,43 @@ class Recorder:
                 out.append(a)
         return out
 
+    def _output(self, o: torch.Tensor) -> tuple[torch.Tensor | None, bool, StorageKey | None]:
+        """(pin, fresh, storage) of a tensor an op returned; a storage never seen before is fresh."""
+        e = self._seen.get(id(o))
+        if e is not None and e[_REF]() is o:  # an in-place op hands back its argument
+            return e[_PIN], False, e[_KEY]
+        key = storage_key(o)
+        fresh = key is not None and key not in self._keys
+        e = self._new(o, True, key)
+        if fresh:
+            self.fresh[key] = e[_PIN]  # type: ignore[index]
+        return e[_PIN], fresh, key
+
     def _record(self, func: Any, info: OpInfo, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any,
                 written: list[torch.Tensor] | None) -> None:
-        seen = self._seen
         if written and info.relayouts:
             for t in written:
                 self._repin(t)
         keys: list[StorageKey] = []
-        pinned: list[Any] = []
-        for a in args:  # inline: this loop runs for every argument of every recorded op
-            if isinstance(a, _Tensor):
-                e = seen.get(id(a))
-                if e is None or e[_REF]() is not a:
-                    e = self._take(a)
-                if e[_KEY] is not None:
-                    keys.append(e[_KEY])
-                pinned.append(e[_PIN])
-            elif isinstance(a, (list, tuple)) and a:
-                pinned.append(type(a)(self._pin_args(a, keys)))
-            else:
-                pinned.append(a)
+        pinned = tuple(self._pin_args(args, keys))
         pinned_kwargs = dict(zip(kwargs, self._pin_args(kwargs.values(), keys))) if kwargs else {}
-        write_keys = tuple(k for k in (seen[id(t)][_KEY] for t in written) if k is not None) if written else ()
-        if isinstance(out, _Tensor):  # the common case, inlined: one new output
-            e = seen.get(id(out))
-            is_fresh = False
-            if e is None or e[_REF]() is not out:
-                key = storage_key(out)
-                pin = out.detach()
-                self._serial += 1
-                self.serial_of_pin[id(pin)] = self._serial
-                if key is None:
-                    pass
-                elif key in self._keys:
-                    self.pins_by_key[key].append(pin)
-                else:
-                    is_fresh = True
-                    self._keys.add(key)
-                    self.pins_by_key[key] = [pin]
-                    self.fresh[key] = pin
-                e = seen[id(out)] = (_ref(out), True, pin, self._serial, key)
-            self.steps.append(OpStep(func, info, tuple(pinned), pinned_kwargs, (e[_PIN],), (is_fresh,), tuple(keys),
-                                     (e[_KEY],), write_keys))
+        write_keys = tuple(k for k in (self._seen[id(t)][_KEY] for t in written) if k is not None) if written else ()
+        if isinstance(out, _Tensor):  # the common case: one output
+            pin, fresh, key = self._output(out)
+            self.steps.append(OpStep(func, info, pinned, pinned_kwargs, (pin,), (fresh,), tuple(keys), (key,), write_keys))
             return
         outputs: list[Any] = []
-        fresh: list[bool] = []
+        flags: list[bool] = []
         out_keys: list[StorageKey | None] = []
         for o in flat_outputs(out):
-            if not isinstance(o, _Tensor):
-                outputs.append(o)
-                fresh.append(False)
-                out_keys.append(None)
-                continue
-            e = seen.get(id(o))
-            is_fresh = False
-            if e is None or e[_REF]() is not o:
-                key = storage_key(o)
-                is_fresh = key is not None and key not in self._keys
-                e = self._new(o, True, key)
-                if is_fresh:
-                    self.fresh[key] = e[_PIN]  # type: ignore[index]
-            outputs.append(e[_PIN])
-            fresh.append(is_fresh)
-            out_keys.append(e[_KEY])
-        self.steps.append(OpStep(func, info, tuple(pinned), pinned_kwargs, tuple(outputs), tuple(fresh), tuple(keys),
+            if isinstance(o, _Tensor):
+                pin, fresh, key = self._output(o)
+            else:
+                pin, fresh, key = o, False, None
+            outputs.append(pin)
+            flags.append(fresh)
+            out_keys.append(key)
+        self.steps.append(OpStep(func, info, pinned, pinned_kwargs, tuple(outputs), tuple(flags), tuple(keys),
                                  tuple(out_keys), write_keys))
 
     def run_island(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

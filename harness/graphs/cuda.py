@@ -153,6 +153,7 @@ class CudaEngine:
             self._pool = _cuda.graph_pool_handle()
             self._stream = _cuda.Stream()
 
+    @no_cycle_collection()
     def capture(
         self,
         fn: Callable[[], object],
@@ -161,18 +162,6 @@ class CudaEngine:
         roots: Mapping[str, object],
         static_inputs: Iterable[torch.Tensor],
         islands: bool = False,
-    ) -> CudaGraph:
-        with no_cycle_collection():
-            return self._capture(fn, label=label, roots=roots, static_inputs=static_inputs, islands=islands)
-
-    def _capture(
-        self,
-        fn: Callable[[], object],
-        *,
-        label: str,
-        roots: Mapping[str, object],
-        static_inputs: Iterable[torch.Tensor],
-        islands: bool,
     ) -> CudaGraph:
         self._ready()
         static = tuple(static_inputs)

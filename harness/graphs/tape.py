@@ -590,6 +590,7 @@ def _tape_island(rec: Recorder, fn: Callable[..., Any], args: tuple[Any, ...], k
 class TapeEngine:
     name = "tape"
 
+    @no_cycle_collection()
     def capture(
         self,
         fn: Callable[[], object],
@@ -598,18 +599,6 @@ class TapeEngine:
         roots: Mapping[str, object],
         static_inputs: Iterable[torch.Tensor],
         islands: bool = False,
-    ) -> TapeGraph:
-        with no_cycle_collection():
-            return self._capture(fn, label=label, roots=roots, static_inputs=static_inputs, islands=islands)
-
-    def _capture(
-        self,
-        fn: Callable[[], object],
-        *,
-        label: str,
-        roots: Mapping[str, object],
-        static_inputs: Iterable[torch.Tensor],
-        islands: bool,
     ) -> TapeGraph:
         static = tuple(static_inputs)
         warm_up(fn, WarmIslands() if islands else None)
