@@ -91,7 +91,7 @@ class ScenarioItem(pytest.Item):
         self.user_properties.append(("expected", view.expected))
         self.user_properties.append(("verdict", view.verdict))
         # the report session on the controller rebuilds the view from this (pytest-xdist sends it along)
-        self.user_properties.append((RECORD_PROPERTY, json.dumps(view.to_record())))
+        self.user_properties.append((RECORD_PROPERTY, json.dumps(view.to_record(timing=True))))
         if not view.ok:
             raise ScenarioMismatch(view)
 

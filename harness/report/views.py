@@ -162,7 +162,8 @@ class CaseView:
     reproduce_pytest: str
     """a shell command line, quoted"""
     reproduce_cli: str
-    duration_s: float
+    duration_s: float = 0.0
+    """seconds the run took (not in results.json records, which stay deterministic)"""
     setup: SetupView | None = None
     steps: tuple[StepView, ...] = ()
     """the run's timeline; empty for skipped cases"""
@@ -177,9 +178,15 @@ class CaseView:
     def unexpected_pass(self) -> bool:
         return self.verdict == "match" and self.expected != "match"
 
-    def to_record(self) -> dict[str, Any]:
-        """The JSON record (documented in README's "results.json" section)."""
+    def to_record(self, *, timing: bool = False) -> dict[str, Any]:
+        """The JSON record (documented in README's "results.json" section).
+
+        Records are deterministic: the same inputs give equal records. ``timing`` adds the run's duration,
+        for carrying a view between processes (pytest-xdist), never for results files.
+        """
         record = dataclasses.asdict(self)
+        if not timing:
+            del record["duration_s"]
         record["version"] = RECORD_VERSION
         record["ok"] = self.ok
         record["first_divergent_step"] = self.first.step if self.first else None

@@ -172,3 +172,12 @@ def test_the_bad_file_corpus_gives_one_line_each_under_the_cli_and_pytest(harnes
     text = result.stdout.str()
     for stem, fragment in fragments.items():
         assert f"{fragment}" in text, stem
+
+
+def test_two_runs_of_the_same_inputs_write_equal_records(cli_dir, capsys, write_scenario):
+    write_scenario(cli_dir, "tiny_stale_error")
+    run_cli(capsys, "run", "--jobs", "1", "--json", "a.json")
+    run_cli(capsys, "run", "--jobs", "2", "--json", "b.json")
+    a, b = (json.loads(Path(name).read_text()) for name in ("a.json", "b.json"))
+    assert a["records"] == b["records"] and a["records"]
+    assert "0x" not in json.dumps(a["records"])  # no memory address in any note
