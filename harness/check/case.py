@@ -83,16 +83,6 @@ class CaseResult:
         return self.verdict.outcome == self.case.expected
 
 
-def case_device(backend: str, device: str) -> tuple[str, str | None]:
-    """The device a backend's cases run on (its only one when it cannot run on ``device``) and, when the
-    backend cannot be found at all, why."""
-    try:
-        devices = backend_class(backend).devices
-    except KeyError as exc:
-        return device, str(exc.args[0])
-    return (device if device in devices else sorted(devices)[0]), None
-
-
 def cases(
     scenario: ScenarioSpec,
     *,
@@ -118,7 +108,13 @@ def cases(
     for backend in scenario.backends:
         if keep_backends is not None and backend not in keep_backends:
             continue
-        run_device, missing = case_device(backend, device)
+        try:
+            declared = backend_class(backend)
+        except KeyError as exc:  # not found, or fails to import: its cases are skipped, saying why
+            declared, missing, run_device = None, str(exc.args[0]), device
+        else:
+            # a backend that cannot run on the requested device runs on one it declares (marked gpu if CUDA)
+            missing, run_device = None, device if device in declared.devices else sorted(declared.devices)[0]
         run_engine = engine or (Engine.CUDA if run_device == Device.CUDA else Engine.TAPE)
         extras = [d for d in extra_designs if d not in scenario.designs]
         for design in (*scenario.designs, *extras):
@@ -127,7 +123,8 @@ def cases(
             for mode in scenario.modes:
                 if keep_modes is not None and mode not in keep_modes:
                     continue
-                reason = missing or _unsupported(backend, mode, run_device, scenario.kv_write)
+                reason = missing if declared is None else declared.unsupported(
+                    mode=mode, device=run_device, kv_write=scenario.kv_write)
                 common = dict(scenario=scenario, design=design, mode=mode, backend=backend, engine=run_engine,
                               device=run_device, unsupported=reason,
                               timeout_s=timeout_s if timeout_s is not None else scenario.timeout_s)
@@ -139,10 +136,3 @@ def cases(
                 if scenario.faults and exp.expected(mode=mode, backend=backend, with_faults=False) is not None:
                     out.append(Case(**common, with_faults=False))
     return out
-
-
-def _unsupported(backend: str, mode: str, device: str, kv_write: str) -> str | None:
-    try:
-        return backend_class(backend).unsupported(mode=mode, device=device, kv_write=kv_write)
-    except KeyError as exc:
-        return str(exc.args[0])

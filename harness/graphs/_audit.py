@@ -347,7 +347,7 @@ def _compile_watch(
     ) or "True"
     lines = [
         "def probe():", "    stale = ()", "    try:", "        pass", *walk, "    except Exception:", "        stale = None",
-        f"    else:", f"        if {same}:",
+        "    else:", f"        if {same}:",
         f"            if {unchanged}:", "                return None",  # the fast path: nothing moved
         "        else:", "            stale = []",
         *(f"            if {var} is not h{n}: stale.append({n})" for n, var in enumerate(ends)),

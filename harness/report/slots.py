@@ -177,16 +177,6 @@ def pool_label(pool: str) -> str:
     return "SWA" if pool == "swa" else pool
 
 
-def previous_clause(t: Tenure | None) -> str:
-    if t is None:
-        return ""
-    if t.freed_after is None:
-        return f"it last held {t.token}"
-    why = {"finished": f"when {t.token.rsplit('@', 1)[0]} finished", "evicted": "when it left the window",
-           "aborted": f"when {t.token.rsplit('@', 1)[0]} was aborted"}.get(t.reason, "")
-    return f"it last held {t.token}, freed {why} after step {t.freed_after}".replace("  ", " ")
-
-
 def first_divergence_sentence(view: CaseView) -> str:
     """The first divergence (or the error) in one sentence, e.g. ``step 6: SWA layer 0 slot 32, which
     belongs to d@9, holds the K/V of c@11 (overwritten)``."""

@@ -31,7 +31,6 @@ from ..serving.model import PRESETS, ModelSpec, model_spec
 from ..serving.pool import PoolSpec
 from ..serving.timeline import RequestSpec, TimelineSpec
 from .schema import (
-    REQUIRED,
     Check,
     Reader,
     choice,
@@ -307,4 +306,4 @@ def _read_backend_overrides(r: Reader, table: object, at: str) -> tuple[BackendE
     return tuple(out)
 
 
-__all__ = ["REQUIRED", "parse", "read_document"]
+__all__ = ["parse", "read_document"]

@@ -7,6 +7,7 @@ unknown; that is all this module checks. Ranges and relations between values are
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,10 +17,19 @@ REQUIRED: Any = object()
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
 
 
+def toml_string(text: str) -> str:
+    """``text`` as a TOML basic string: JSON's escapes are TOML's, and TOML also wants DEL escaped."""
+    return json.dumps(text, ensure_ascii=False).replace("\x7f", "\\u007f")
+
+
+def toml_key(key: str) -> str:
+    """``key`` as a TOML file writes it: bare when it can be, quoted otherwise (design import paths)."""
+    return key if _BARE_KEY.fullmatch(key) else toml_string(key)
+
+
 def join_key(where: str, key: str) -> str:
-    """The dotted key path of ``key`` inside ``where``, quoting keys TOML would quote (design import paths)."""
-    part = key if _BARE_KEY.fullmatch(key) else '"' + key.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    return f"{where}.{part}" if where else part
+    """The dotted key path of ``key`` inside ``where``."""
+    return f"{where}.{toml_key(key)}" if where else toml_key(key)
 
 
 def found(value: object) -> str:

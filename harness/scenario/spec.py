@@ -29,6 +29,7 @@ from ..serving.faults import FAULTS
 from ..serving.model import PRESETS, ModelSpec
 from ..serving.pool import PoolSpec
 from ..serving.timeline import TimelineSpec
+from .schema import toml_key
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -190,17 +191,17 @@ class ScenarioSpec:
         seen = {e.design for e in self.expectations}
         for design in self.designs:
             if design not in seen:
-                out.append(Problem(f"expect.{_key(design)}",
+                out.append(Problem(f"expect.{toml_key(design)}",
                                    "missing table; every design in run.designs needs an expected verdict"))
         for exp in self.expectations:
-            at = f"expect.{_key(exp.design)}"
+            at = f"expect.{toml_key(exp.design)}"
             if exp.design not in self.designs:
                 out.append(Problem(at, f"no such design in run.designs ({', '.join(self.designs)})"))
             if not exp.why.strip():
                 out.append(Problem(f"{at}.why", "expected a non-empty string"))
             out.extend(self._verdict_problems(at, exp.verdict, exp.by_mode, exp.without_faults))
             for override in exp.by_backend:
-                sub = f"{at}.by_backend.{_key(override.backend)}"
+                sub = f"{at}.by_backend.{toml_key(override.backend)}"
                 if override.backend not in self.backends:
                     out.append(Problem(sub, f"no such backend in run.backends ({', '.join(self.backends)})"))
                 if not override.why.strip():
@@ -254,10 +255,3 @@ def _backend_problem(key: str, name: str) -> Problem | None:
     if name.isidentifier() or is_import_path(name):
         return None  # whether it is registered is the loader's question (it needs the registry)
     return Problem(key, f"expected a backend name or an import path 'package.module:Class', got {name!r}")
-
-
-def _key(name: str) -> str:
-    """A TOML key as the file would write it (design import paths are quoted)."""
-    if name.replace("_", "").replace("-", "").isalnum() and name.isascii():
-        return name
-    return '"' + name.replace("\\", "\\\\").replace('"', '\\"') + '"'

@@ -8,7 +8,6 @@ what differs from a default is written, so a written file reads like a hand-writ
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 
 from ..runspec import TIMEOUT_DEFAULT_S, GraphSpec, KVWrite, Mode
@@ -16,6 +15,7 @@ from ..serving.designs import DESIGNS
 from ..serving.model import PRESETS
 from ..serving.pool import PoolSpec
 from ..serving.timeline import RequestSpec, TimelineSpec
+from .schema import toml_key, toml_string
 from .spec import Expectation, ScenarioSpec
 
 
@@ -31,19 +31,14 @@ def _value(v: object) -> str:
             return "inf" if v > 0 else "-inf"
         return repr(v)
     if isinstance(v, str):
-        # JSON's escapes are TOML's for basic strings; TOML also wants DEL escaped
-        return json.dumps(str(v), ensure_ascii=False).replace("\x7f", "\\u007f")
+        return toml_string(str(v))
     if isinstance(v, (tuple, list)):
         return "[" + ", ".join(_value(x) for x in v) + "]"
     raise TypeError(f"cannot write {type(v).__name__} to a scenario file")
 
 
-def _key(k: str) -> str:
-    return k if k.replace("_", "").replace("-", "").isalnum() and k.isascii() else _value(k)
-
-
 def _table(name: str, items: list[tuple[str, object]]) -> list[str]:
-    return [f"[{name}]", *(f"{_key(k)} = {_value(v)}" for k, v in items), ""]
+    return [f"[{name}]", *(f"{toml_key(k)} = {_value(v)}" for k, v in items), ""]
 
 
 def _changed(spec: object, base: object, skip: tuple[str, ...] = ()) -> list[tuple[str, object]]:
@@ -89,7 +84,7 @@ def scenario_toml(spec: ScenarioSpec) -> str:
 
 
 def _expectation(exp: Expectation) -> list[str]:
-    at = f"expect.{_key(exp.design)}"
+    at = f"expect.{toml_key(exp.design)}"
     items: list[tuple[str, object]] = [("verdict", exp.verdict), *exp.by_mode]
     if exp.without_faults is not None:
         items.append(("without_faults", exp.without_faults))
@@ -101,5 +96,5 @@ def _expectation(exp: Expectation) -> list[str]:
         sub += list(override.by_mode)
         if override.without_faults is not None:
             sub.append(("without_faults", override.without_faults))
-        lines += _table(f"{at}.by_backend.{_key(override.backend)}", [*sub, ("why", override.why)])
+        lines += _table(f"{at}.by_backend.{toml_key(override.backend)}", [*sub, ("why", override.why)])
     return lines
