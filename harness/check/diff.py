@@ -74,7 +74,7 @@ class DiffResult:
 
 
 # Classification codes, in rule order; detail None: it names a token, a slot or a size.
-POISONED, HOLDS_OTHER, CHANGED_UNWRITTEN, MISPLACED, KEPT_OLD, QUANT_DIFF, NAN, DRIFT = range(8)
+POISONED, HOLDS_OTHER, CHANGED_UNWRITTEN, MISPLACED, KEPT_OLD, QUANT_DIFF, DRIFT = range(7)
 _CLASSES: tuple[tuple[str, str | None], ...] = (
     ("unwritten", "slot still holds poison"),
     ("overwritten", None),
@@ -82,8 +82,7 @@ _CLASSES: tuple[tuple[str, str | None], ...] = (
     ("misplaced", None),
     ("unwritten", "slot kept its previous contents"),
     ("drift", "quantized bytes differ"),
-    ("drift", "computed NaN"),
-    ("drift", None),
+    ("drift", None),  # its detail, NaN or the size of the difference, is read only for reported rows
 )
 _WHAT = ("k", "v", "kv")
 
@@ -93,6 +92,18 @@ _CHUNK_BYTES = 32 << 20
 # Below this share of live slots, gathering the live rows costs less than streaming the whole layer
 # (measured: a gathered row costs 2.5 to 3.5 streamed rows on CPU).
 _GATHER_BELOW = 0.4
+
+
+# A row's first cache line is all the line hash reads: a sixteenth of a 1 KiB row, and in K data it
+# already tells rows apart.
+_LINE_BYTES = 64
+# A lookup whose line hashes prove useless (rows alike in their first line, unlike further on) starts
+# over with whole-row hashes once its failed byte comparisons pass this many plus one per query, or it
+# needs more than this many rounds.
+_LINE_MISSES = 1024
+_LINE_ROUNDS = 4
+_LAYER_SALT = 0x9E3779B97F4A7C15 - (1 << 64)  # odd, as int64
+
 
 
 def _words(rows: torch.Tensor) -> torch.Tensor:
@@ -131,6 +142,11 @@ def _chunk_rows(words: torch.Tensor) -> int:
     return max(1, _CHUNK_BYTES // max(1, words.shape[1] * words.element_size()))
 
 
+def _streams(rows: torch.Tensor | None, total: int) -> bool:
+    """Whether comparing ``rows`` of tensors of ``total`` rows reads them all in order rather than gathering."""
+    return rows is None or rows.numel() >= _GATHER_BELOW * total
+
+
 def _rows_differ(
     a: torch.Tensor,
     b: torch.Tensor,
@@ -138,11 +154,12 @@ def _rows_differ(
     b_rows: torch.Tensor | None = None,
     *,
     scratch: _Scratch,
+    lines: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """[n] bool: row ``a_rows[i]`` of ``a`` and row ``b_rows[i]`` of ``b`` differ (word tensors [*, w]; no
-    index means row i). Indexed rows are gathered a chunk at a time, never all at once."""
-    if a_rows is not None and a_rows is b_rows and a_rows.numel() >= _GATHER_BELOW * a.shape[0]:
-        return _rows_differ(a, b, scratch=scratch)[a_rows]
+    index means row i). Indexed rows are gathered a chunk at a time, never all at once. ``lines`` [n]
+    each, when given, receive the line hashes of the rows compared, taken while a chunk is in cache (which
+    costs next to nothing, against a sixth of the comparison for a separate pass)."""
     n = next((r.numel() for r in (a_rows, b_rows) if r is not None), a.shape[0])
     out = torch.empty(n, dtype=torch.bool)
     chunk = _chunk_rows(a)
@@ -157,6 +174,9 @@ def _rows_differ(
         flags = scratch.get("flags", (rows, a.shape[1]), torch.bool)
         torch.ne(x, y, out=flags)
         out[i : i + rows] = _any_per_row(flags)
+        if lines is not None:
+            _line_hash(x, out=lines[0][i : i + rows])
+            _line_hash(y, out=lines[1][i : i + rows])
     return out
 
 
@@ -175,9 +195,90 @@ def _row_hash(words: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def _line_hash(words: torch.Tensor, rows: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+    """[n] int64: the wrapping sum of the first and the last word of each row's first cache line (of
+    ``rows`` only).
+
+    Reading one line of a 1 KiB row costs a sixth of reading the row, and two words of it half as much
+    as summing the whole line (measured), which is what lets a layer be hashed whole for every lookup.
+    """
+    last = max(1, min(words.shape[1], _LINE_BYTES // words.element_size())) - 1
+    first, end = words[:, 0], words[:, last]
+    if rows is not None:
+        first, end = first[rows], end[rows]
+    if words.dtype != torch.int64:
+        first, end = first.to(torch.int64), end.to(torch.int64)
+    return torch.add(first, end, out=out)
+
+
+class _Rows:
+    """Rows ``index`` (every row when None) of a (K, V) pair of word tensors that hold a pool's layers one
+    after another (row ``layer * layer_rows + slot``), with a hash of each: the line hash of K (or the
+    one given), salted with the row's layer so that equal rows of different layers never share a hash.
+    ``strong()``: the same rows hashed whole, computed once when asked."""
+
+    __slots__ = ("kv", "index", "layer_rows", "hash", "_strong")
+
+    def __init__(
+        self, kv: tuple[torch.Tensor, torch.Tensor], index: torch.Tensor | None, layer_rows: int,
+        hash: torch.Tensor | None = None,
+    ):
+        self.kv = kv
+        self.index = index
+        self.layer_rows = layer_rows
+        self.hash = self.salted(_line_hash(kv[0], index)) if hash is None else hash
+        self._strong: _Rows | None = None
+
+    def __len__(self) -> int:
+        return self.hash.numel()
+
+    def rows(self, at: torch.Tensor) -> torch.Tensor:
+        """Row numbers in ``kv`` of the positions ``at``."""
+        return at if self.index is None else self.index[at]
+
+    def layer(self, at: torch.Tensor) -> torch.Tensor:
+        return torch.div(self.rows(at), self.layer_rows, rounding_mode="floor")
+
+    def salted(self, hashes: torch.Tensor) -> torch.Tensor:
+        if self.index is None:
+            return _salted_layers(hashes, self.layer_rows)
+        return _salted(hashes, self.rows(torch.arange(hashes.numel())), self.layer_rows)
+
+    def strong(self) -> _Rows:
+        if self._strong is None:
+            k = self.kv[0] if self.index is None else self.kv[0].index_select(0, self.index)
+            self._strong = _Rows(self.kv, self.index, self.layer_rows, self.salted(_row_hash(k)))
+        return self._strong
+
+
+def _salted_layers(hashes: torch.Tensor, layer_rows: int) -> torch.Tensor:
+    """``_salted`` for the hashes of every row of a pool's stacked layers, in order."""
+    layers = hashes.numel() // layer_rows
+    return (hashes.view(layers, -1) + torch.arange(layers)[:, None] * _LAYER_SALT).flatten()
+
+
+def _salted(hashes: torch.Tensor, rows: torch.Tensor, layer_rows: int) -> torch.Tensor:
+    """``hashes`` of ``rows`` plus an odd constant times each row's layer: rows of two layers then share a
+    hash only if their contents differ."""
+    return hashes + torch.div(rows, layer_rows, rounding_mode="floor") * _LAYER_SALT
+
+
+def _kv_differ(
+    a: tuple[torch.Tensor, torch.Tensor], a_rows: torch.Tensor, b: tuple[torch.Tensor, torch.Tensor], b_rows: torch.Tensor,
+    *, scratch: _Scratch,
+) -> torch.Tensor:
+    """[n] bool: the K or V words of row ``a_rows[i]`` of ``a`` and row ``b_rows[i]`` of ``b`` differ (V is
+    read only where K is equal)."""
+    out = _rows_differ(a[0], b[0], a_rows, b_rows, scratch=scratch)
+    same = (~out).nonzero().flatten()
+    if same.numel():
+        out[same] = _rows_differ(a[1], b[1], a_rows[same], b_rows[same], scratch=scratch)
+    return out
+
+
 @dataclass(frozen=True, slots=True)
 class _Matches:
-    """Row equalities found by ``_match``: ``hay[i]`` equals the rows of content group ``group[i]``."""
+    """Row equalities found by ``_match``: hay position ``hay[i]`` equals the rows of content group ``group[i]``."""
 
     hay: torch.Tensor
     group: torch.Tensor
@@ -193,59 +294,46 @@ class _Matches:
 
 
 def _hash_hits(keys: torch.Tensor, hashes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Every (i, j) with ``hashes[i] == keys[j]``, for distinct ``keys``.
+    """Every (i, j) with ``hashes[i] == keys[j]``, for distinct sorted ``keys``.
 
-    A table indexed by the hashes' low bits, four slots or more per key, says which buckets hold a key at
-    all; most rows are dismissed by one lookup in that cache-resident table (a binary search per row, as
-    ``searchsorted`` does, costs four times as much).
+    A table of flags indexed by the hashes' low bits, sixteen or more per key, dismisses all but a
+    sixteenth of the rows with no key in one lookup each, in a table small enough to stay in cache; only
+    the rest are searched for their key (a binary search for every row costs seven times as much).
     """
-    mask = (1 << max(10, (4 * keys.numel() - 1).bit_length())) - 1
-    key_bucket = keys & mask
-    by_bucket = torch.argsort(key_bucket)
-    count = torch.bincount(key_bucket, minlength=mask + 1)
-    start = torch.cumsum(count, 0) - count
-    bucket = hashes & mask
-    rows = count[bucket].nonzero().flatten()
-    each = count[bucket[rows]]
-    if rows.numel() and int(each.max()) > 1:
-        first = torch.cumsum(each, 0) - each
-        rows = torch.repeat_interleave(rows, each)
-        offset = torch.arange(rows.numel()) - torch.repeat_interleave(first, each)
-    else:
-        offset = 0
-    key = by_bucket[start[bucket[rows]] + offset]
-    hit = keys[key] == hashes[rows]
+    mask = (1 << max(10, (16 * keys.numel() - 1).bit_length())) - 1
+    present = torch.zeros(mask + 1, dtype=torch.bool)
+    present[keys & mask] = True
+    rows = present[hashes & mask].nonzero().flatten()
+    found = hashes[rows]
+    key = torch.searchsorted(keys, found).clamp_(max=keys.numel() - 1)
+    hit = keys[key] == found
     return rows[hit], key[hit]
 
 
-def _match(
-    hay: tuple[torch.Tensor, torch.Tensor],
-    hay_hash: torch.Tensor,
-    queries: tuple[torch.Tensor, torch.Tensor],
-    query_hash: torch.Tensor,
-    home: torch.Tensor | None = None,
-    *,
-    scratch: _Scratch,
-) -> _Matches:
+def _match(hay: _Rows, queries: _Rows, *, scratch: _Scratch, strong: bool = False) -> _Matches:
     """Every hay row whose K and V words equal a query's, found through hashes and verified byte for byte.
 
     Queries with equal hashes share one representative, so a row repeated many times in the hay (poison,
     zeros) is verified once per distinct query content, not once per query. A query whose bytes differ
     from its representative's (a hash collision) waits for a later round with a representative of its own
-    (so k distinct rows sharing one hash cost k rounds: fine for collisions, which are rare).
-    ``home[q]`` is a hay row known to equal query q (it was read from there), or -1; it is not re-read.
+    (so k distinct rows sharing one hash cost k rounds). When the line hashes collide that much, or
+    nominate many rows that turn out different, the lookup starts over on whole-row hashes: the time the
+    line hash saves is never paid back worse than one extra pass.
     """
-    nq = query_hash.numel()
-    if nq == 0 or hay_hash.numel() == 0:
+    nq = len(queries)
+    if nq == 0 or len(hay) == 0:
         empty = torch.empty(0, dtype=torch.int64)
         return _Matches(empty, empty, torch.zeros(nq, dtype=torch.int64), 1)
-    keys, bucket = torch.unique(query_hash, return_inverse=True)
-    cand, cand_bucket = _hash_hits(keys, hay_hash)
+    keys, bucket = torch.unique(queries.hash, return_inverse=True)
+    cand, cand_bucket = _hash_hits(keys, hay.hash)
     of_query = torch.empty(nq, dtype=torch.int64)
     hays, groups = [], []
-    n_groups = 0
+    n_groups = misses = rounds = 0
     pending = torch.arange(nq)
     while pending.numel():
+        rounds += 1
+        if not strong and rounds > _LINE_ROUNDS:
+            return _match(hay.strong(), queries.strong(), scratch=scratch, strong=True)
         pend_bucket = bucket[pending]
         rep = torch.full((keys.numel(),), nq, dtype=torch.int64).scatter_reduce_(0, pend_bucket, pending, "amin")
         active = rep < nq
@@ -257,26 +345,32 @@ def _match(
         other = (~same).nonzero().flatten()
         if other.numel():
             q, r = pending[other], rep_of[other]
-            same[other] = ~(
-                _rows_differ(queries[0], queries[0], q, r, scratch=scratch)
-                | _rows_differ(queries[1], queries[1], q, r, scratch=scratch)
+            same[other] = (queries.layer(q) == queries.layer(r)) & ~_kv_differ(
+                queries.kv, queries.rows(q), queries.kv, queries.rows(r), scratch=scratch
             )
         of_query[pending[same]] = group_of[pend_bucket[same]]
         sel = active[cand_bucket]
         c, cb = cand[sel], cand_bucket[sel]
         r = rep[cb]
-        equal = c == home[r] if home is not None else torch.zeros(c.numel(), dtype=torch.bool)
-        check = (~equal).nonzero().flatten()
-        if check.numel():
-            c_check, r_check = c[check], r[check]
-            equal[check] = ~(
-                _rows_differ(hay[0], queries[0], c_check, r_check, scratch=scratch)
-                | _rows_differ(hay[1], queries[1], c_check, r_check, scratch=scratch)
-            )
+        # a different layer is no match, whatever its bytes
+        near = (hay.layer(c) == queries.layer(r)).nonzero().flatten()
+        equal = torch.zeros(c.numel(), dtype=torch.bool)
+        # gathered in the hay's address order, which the candidates (found in hay order) seldom are
+        hay_rows, order = torch.sort(hay.rows(c[near]))
+        near = near[order]
+        equal[near] = ~_kv_differ(hay.kv, hay_rows, queries.kv, queries.rows(r[near]), scratch=scratch)
+        misses += c.numel() - int(equal.sum())
+        if not strong and misses > _LINE_MISSES + nq:
+            return _match(hay.strong(), queries.strong(), scratch=scratch, strong=True)
         hays.append(c[equal])
         groups.append(group_of[cb[equal]])
         pending = pending[~same]
     return _Matches(torch.cat(hays), torch.cat(groups), of_query, n_groups)
+
+
+def _stacked(pool: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """[L, S, H, D] -> [L * S, H, D]: a pool's layers one after another (a view of a snapshot's tensors)."""
+    return pool[0].flatten(0, 1), pool[1].flatten(0, 1)
 
 
 def _poison_words(dtype: torch.dtype, row_shape: torch.Size) -> torch.Tensor:
@@ -310,15 +404,28 @@ class _Differ:
         self.found: list[KVMismatch] = []
         self.total = 0
         self.seen: dict[str, torch.Tensor] = {}
+        self.last_lines: dict[str, torch.Tensor | None] = {}
+        """pool -> the subject's salted line hashes of every row at the last step compared, when streamed"""
         self.counts = torch.zeros(len(_CLASSES), dtype=torch.int64)
         self.hidden_classes: dict[str, int] = {}
 
     def bytes_only(self, dtype: torch.dtype) -> bool:
         return self.exact or dtype == torch.uint8
 
-    def differs(self, a: torch.Tensor, b: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
-        """[n] bool per row of ``a``, ``b`` [S, H, D] (only ``rows``): bytes differ, or beyond tolerance."""
-        bad = _rows_differ(_words(a), _words(b), rows, rows, scratch=self.scratch)
+    def differs(
+        self, a: torch.Tensor, b: torch.Tensor, rows: torch.Tensor | None = None,
+        lines: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        """[n] bool per row of ``a``, ``b`` [S, H, D] (only ``rows``): bytes differ, or beyond tolerance.
+
+        When ``_streams(rows, S)``, every row is read in order and ``lines``, if given ([S] each), receive
+        the line hashes of every row of ``a`` and ``b``; otherwise only ``rows`` are gathered and read."""
+        wa, wb = _words(a), _words(b)
+        if _streams(rows, a.shape[0]):
+            bad = _rows_differ(wa, wb, scratch=self.scratch, lines=lines)
+            bad = bad if rows is None else bad[rows]
+        else:
+            bad = _rows_differ(wa, wb, rows, rows, scratch=self.scratch)
         if self.bytes_only(a.dtype) or not bool(bad.any()):
             return bad
         # Equal bytes are always close (equal_nan), so tolerance is only ever checked where bytes differ.
@@ -340,129 +447,128 @@ class _Differ:
         slots: torch.Tensor,
         written: torch.Tensor,
     ) -> _Bad | None:
-        """Classify every bad live row of one pool; ``tokens`` are live indices, ``slots`` their slots here."""
+        """Classify every bad live row of one pool; ``tokens`` are live indices, ``slots`` their slots here.
+
+        The pool's layers are handled as one tensor of layers x slots rows (row ``layer * slots + slot``),
+        so that every step below runs once per pool, however many layers the model has."""
         if slots.numel() == 0 or sub[0].shape[0] == 0:
+            self.last_lines[pool] = None
             return None
         layers, size = sub[0].shape[:2]
-        bad_k = torch.stack([self.differs(sub[0][l], ref[0][l], slots) for l in range(layers)])
-        bad_v = torch.stack([self.differs(sub[1][l], ref[1][l], slots) for l in range(layers)])
+        n = slots.numel()
+        sub, ref = _stacked(sub), _stacked(ref)
+        prev = _stacked(prev) if prev is not None else None
+        rows = (torch.arange(layers)[:, None] * size + slots).flatten()
+        total = layers * size
+        bad_k = self.differs(sub[0], ref[0], rows)
+        bad_v = self.differs(sub[1], ref[1], rows)
         bad = bad_k | bad_v
         if not bool(bad.any()):
+            self.last_lines[pool] = None
             return None
+        # Line hashes of every row cost about a tenth of the comparison, so they are taken only when
+        # something differs; the subject's are kept for the previous-step rule of the next step.
+        lines = _salted_layers(_line_hash(_words(sub[0])), size) if _streams(rows, total) else None
+        before, self.last_lines[pool] = self.last_lines.get(pool), lines
         seen = self.seen.setdefault(pool, torch.zeros(size, dtype=torch.bool))
         if seen.numel() < size:
             seen = self.seen[pool] = torch.cat([seen, seen.new_zeros(size - seen.numel())])
-        seen[slots[bad.any(0)]] = True
-        parts = []
-        for l in bad.any(1).nonzero().flatten().tolist():
-            at = bad[l].nonzero().flatten()
-            at, code, arg = self._classify_layer(
-                at, bad[l], slots, (sub[0][l], sub[1][l]), (ref[0][l], ref[1][l]),
-                (prev[0][l], prev[1][l]) if prev is not None else None, written,
-            )
-            what = bad_k[l, at].long() + 2 * bad_v[l, at].long() - 1
-            holder = code == HOLDS_OTHER
-            arg[holder] = tokens[arg[holder]]
-            parts.append((torch.full_like(at, self.layer_ids[pool][l]), slots[at], tokens[at], what, code, arg))
-        return _Bad(*(torch.cat(cols) for cols in zip(*parts)))
+        seen[slots[bad.view(layers, n).any(0)]] = True
+        if prev is None or before is None or before.numel() != total:
+            before = None
+        at, code, arg = self._classify(bad.nonzero().flatten(), rows, n, size, sub, ref, prev, written, lines, before)
+        what = bad_k[at].long() + 2 * bad_v[at].long() - 1
+        holder = code == HOLDS_OTHER
+        arg[holder] = tokens[arg[holder]]
+        position = at % n
+        layer = torch.tensor(self.layer_ids[pool], dtype=torch.int64)[torch.div(at, n, rounding_mode="floor")]
+        return _Bad(layer, slots[position], tokens[position], what, code, arg)
 
-    def _classify_layer(
+    def _classify(
         self,
         at: torch.Tensor,
-        bad: torch.Tensor,
-        slots: torch.Tensor,
+        rows: torch.Tensor,
+        n: int,
+        size: int,
         sub: tuple[torch.Tensor, torch.Tensor],
         ref: tuple[torch.Tensor, torch.Tensor],
         prev: tuple[torch.Tensor, torch.Tensor] | None,
         written: torch.Tensor,
+        lines: torch.Tensor | None,
+        before: torch.Tensor | None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The bad rows ``at`` (positions in ``slots``) of one layer [S, H, D], reordered by slot (gathers in
-        address order run faster), with their codes and arguments."""
+        """The bad rows ``at`` (positions in ``rows``: layer ``at // n``, live position ``at % n``) of a
+        pool's stacked layers [layers * size, H, D], reordered by row (gathers in address order run faster),
+        with their codes and arguments (a live position for a holder, a slot for a misplaced row).
+
+        ``lines``: the salted line hashes of every row of the subject, ``before``: the same at the previous
+        step; each computed here when missing.
+        Full rows are read only to confirm what a line hash nominated and for the rules that need the bytes
+        (poison, the previous step); everything else is decided on line hashes, where a difference
+        already proves that two rows differ.
+        """
         scratch = self.scratch
-        s, order = torch.sort(slots[at], stable=True)
+        g, order = torch.sort(rows[at], stable=True)
         at = at[order]
-        size, m = sub[0].shape[0], at.numel()
-        layer = (_words(sub[0]), _words(sub[1]))
+        m = at.numel()
+        mine, theirs = (_words(sub[0]), _words(sub[1])), (_words(ref[0]), _words(ref[1]))
         code = torch.full((m,), DRIFT, dtype=torch.int64)
         arg = torch.full((m,), -1, dtype=torch.int64)
+        layer = _Rows(mine, None, size, lines)
 
-        # The layer's rows are hashed once; that serves the poison test as well as the lookups below.
-        layer_hash = _row_hash(layer[0])
-        got_hash = layer_hash[s]
         poison = _poison_words(sub[0].dtype, sub[0].shape[1:])
-        maybe = (got_hash == _row_hash(poison)).nonzero().flatten()
+        maybe = (layer.hash[g] == _salted(_line_hash(poison).expand(m), g, size)).nonzero().flatten()
         if maybe.numel():
             pattern = poison.expand(maybe.numel(), -1)
-            rows = s[maybe]
-            same = ~(_rows_differ(layer[0], pattern, rows, scratch=scratch) | _rows_differ(layer[1], pattern, rows, scratch=scratch))
+            r = g[maybe]
+            same = ~(_rows_differ(mine[0], pattern, r, scratch=scratch) | _rows_differ(mine[1], pattern, r, scratch=scratch))
             code[maybe[same]] = POISONED
         opened = (code != POISONED).nonzero().flatten()
         if opened.numel() == 0:
             return at, code, arg
-        k, so = opened.numel(), s[opened]
-        # Each row is read once: [0, m) of each buffer is what the reference has in the bad slots, [m, m + k)
-        # what the subject has in those that are not poison.
-        buffers = []
-        for name, mine, theirs in zip(("k", "v"), layer, (_words(ref[0]), _words(ref[1]))):
-            buf = scratch.get(f"bad {name}", (m + k, mine.shape[1]), mine.dtype)
-            torch.index_select(theirs, 0, s, out=buf[:m])
-            torch.index_select(mine, 0, so, out=buf[m:])
-            buffers.append(buf)
-        rows = (buffers[0], buffers[1])
-        want, got = (rows[0][:m], rows[1][:m]), (rows[0][m:], rows[1][m:])
-        want_hash, got_hash = _row_hash(want[0]), got_hash[opened]
 
-        # One lookup over the layer answers, for every bad row at once, which slots hold the row it should
-        # have and which hold the row it got (to name a live token whose row that is).
-        in_layer = _match(
-            layer, layer_hash, rows, torch.cat([want_hash, got_hash]),
-            home=torch.cat([torch.full_like(s, -1), so]), scratch=scratch,
-        )
+        # Which live token's row does each bad slot hold? The last one in live order whose reference row it is.
+        # Byte-exact, a token that is not bad has the same row in both runs, so the subject's hashes serve for
+        # it and only the bad tokens' reference rows are hashed.
+        want_hash = _Rows(theirs, g, size).hash
         if self.bytes_only(sub[0].dtype):
-            # A token that is not bad in this layer has the same bytes in both runs, so its reference row
-            # is among the subject's rows; a bad token's reference row is its expected row.
-            trusted = (~bad).nonzero().flatten()
-            owner_at = torch.full((size,), -1, dtype=torch.int64)
-            owner_at.scatter_reduce_(0, slots[trusted], trusted, "amax")
-            holder = in_layer.reduce(owner_at[in_layer.hay], "amax", -1)[m:]
-            among_bad = _match(want, want_hash, got, got_hash, scratch=scratch)
-            holder = torch.maximum(holder, among_bad.reduce(at[among_bad.hay], "amax", -1))
+            live_hash = layer.hash[rows]
+            live_hash[at] = want_hash
+            live = _Rows(theirs, rows, size, live_hash)
         else:
-            every = (_words(ref[0].index_select(0, slots)), _words(ref[1].index_select(0, slots)))
-            owners = _match(every, _row_hash(every[0]), got, got_hash, scratch=scratch)
-            holder = owners.reduce(owners.hay, "amax", -1)
+            live = _Rows(theirs, rows, size)
+        owners = _match(live, _Rows(mine, g[opened], size, layer.hash[g[opened]]), scratch=scratch)
+        holder = owners.reduce(owners.hay % n, "amax", -1)
         held = holder >= 0
         code[opened[held]] = HOLDS_OTHER
         arg[opened[held]] = holder[held]
 
-        # Still open: ``todo`` indexes the bad rows, ``g`` the got rows.
-        g = (~held).nonzero().flatten()
-        todo = opened[g]
-        elsewhere = in_layer.reduce(in_layer.hay, "amin", size)[:m][todo]
+        todo = opened[~held]
         kept = torch.zeros(todo.numel(), dtype=torch.bool)
-        if prev is not None:
-            ps = s[todo]
-            before = (_words(prev[0]), _words(prev[1]))
-            changed = _rows_differ(before[0], got[0], ps, g, scratch=scratch) | _rows_differ(
-                before[1], got[1], ps, g, scratch=scratch
-            )
-            was_written = written[at[todo]]
+        if prev is not None and todo.numel():
+            pg = g[todo]
+            before_kv = (_words(prev[0]), _words(prev[1]))
+            changed = (before[pg] if before is not None else _Rows(before_kv, pg, size).hash) != layer.hash[pg]
+            check = (~changed).nonzero().flatten()
+            if check.numel():
+                changed[check] = _kv_differ(before_kv, pg[check], mine, pg[check], scratch=scratch)
+            was_written = written[at[todo] % n]
             stale = ~was_written & changed
             code[todo[stale]] = CHANGED_UNWRITTEN
             kept = (was_written & ~changed)[~stale]
-            todo, g, elsewhere = todo[~stale], g[~stale], elsewhere[~stale]
-        # The bad slot itself never holds the expected row (its bytes differ), so the lowest match is elsewhere.
-        moved = elsewhere < size
-        code[todo[moved]] = MISPLACED
-        arg[todo[moved]] = elsewhere[moved]
-        todo, g, kept = todo[~moved], g[~moved], kept[~moved]
+            todo = todo[~stale]
+        if todo.numel():
+            # The bad slot itself never holds the expected row (its bytes differ), so the lowest match is elsewhere.
+            found = _match(layer, _Rows(theirs, g[todo], size, want_hash[todo]), scratch=scratch)
+            elsewhere = found.reduce(found.hay, "amin", len(layer))
+            moved = elsewhere < len(layer)
+            code[todo[moved]] = MISPLACED
+            arg[todo[moved]] = elsewhere[moved] % size
+            todo, kept = todo[~moved], kept[~moved]
         code[todo[kept]] = KEPT_OLD
-        todo, g = todo[~kept], g[~kept]
+        todo = todo[~kept]
         if sub[0].dtype == torch.uint8:
             code[todo] = QUANT_DIFF
-        elif todo.numel():
-            nan = torch.isnan(got[0][g].view(sub[0].dtype)).any(1) | torch.isnan(got[1][g].view(sub[1].dtype)).any(1)
-            code[todo[nan]] = NAN
         return at, code, arg
 
     def end_step(self, step: int, snap: KVSnapshot, ref: KVSnapshot, pools: dict[str, _Bad], hidden: list[KVMismatch]) -> None:
@@ -487,20 +593,43 @@ class _Differ:
         key = (layer * (int(slot.max()) + 1) + slot) * (code.numel() + 1) + torch.arange(code.numel())
         first = torch.topk(key, min(room, key.numel()), largest=False).indices if room < key.numel() else torch.arange(key.numel())
         first = first[torch.argsort(key[first])]
-        picked = zip(*(col[first].tolist() for col in (pool_of, layer, slot, token, what, code, arg)))
+        picked = list(zip(*(col[first].tolist() for col in (pool_of, layer, slot, token, what, code, arg))))
+        sizes = self._drift_sizes([(names[p], l, sl) for p, l, sl, _, _, c, _ in picked if c == DRIFT], snap, ref)
         for p, l, sl, t, w, c, a in picked:
             tok = snap.live[t]
             self.found.append(
                 KVMismatch(
                     step=step, pool=names[p], layer=l, slot=sl, rid=tok.rid, pos=tok.pos, what=_WHAT[w],
-                    classification=_CLASSES[c][0], detail=self._detail(c, a, names[p], l, sl, snap, ref),
+                    classification=_CLASSES[c][0], detail=self._detail(c, a, sizes.get((names[p], l, sl)), snap),
                     holder=f"{snap.live[a].rid}@{snap.live[a].pos}" if c == HOLDS_OTHER else None,
                     found_in=a if c == MISPLACED else None,
                 )
             )
         self.found.extend(hidden[: self.limit - len(self.found)])
 
-    def _detail(self, code: int, arg: int, pool: str, layer: int, slot: int, sub: KVSnapshot, ref: KVSnapshot) -> str:
+    def _drift_sizes(
+        self, where: list[tuple[str, int, int]], sub: KVSnapshot, ref: KVSnapshot
+    ) -> dict[tuple[str, int, int], float | None]:
+        """(pool, layer, slot) -> the largest |difference| of K and V there; None where the subject's row holds a NaN."""
+        out: dict[tuple[str, int, int], float | None] = {}
+        for pool in ("full", "swa"):
+            mine = [w for w in where if w[0] == pool]
+            if not mine:
+                continue
+            index = {layer: i for i, layer in enumerate(self.layer_ids[pool])}
+            li = torch.tensor([index[layer] for _, layer, _ in mine])
+            sl = torch.tensor([slot for _, _, slot in mine])
+            got = (sub.full_k, sub.full_v) if pool == "full" else (sub.swa_k, sub.swa_v)
+            want = (ref.full_k, ref.full_v) if pool == "full" else (ref.swa_k, ref.swa_v)
+            size, nan = torch.zeros(len(mine)), torch.zeros(len(mine), dtype=torch.bool)
+            for g, w in zip(got, want):
+                a, b = g[li, sl].float().flatten(1), w[li, sl].float().flatten(1)
+                size = torch.maximum(size, (a - b).abs().amax(1))
+                nan |= torch.isnan(a).any(1)
+            out.update((key, None if n else s) for key, s, n in zip(mine, size.tolist(), nan.tolist()))
+        return out
+
+    def _detail(self, code: int, arg: int, size: float | None, sub: KVSnapshot) -> str:
         fixed = _CLASSES[code][1]
         if fixed is not None:
             return fixed
@@ -509,14 +638,7 @@ class _Differ:
             return f"holds the K/V of {holder.rid}@{holder.pos}"
         if code == MISPLACED:
             return f"expected row found in slot {arg}"
-        li = self.layer_ids[pool].index(layer)
-        got_k, got_v = (sub.full_k, sub.full_v) if pool == "full" else (sub.swa_k, sub.swa_v)
-        want_k, want_v = (ref.full_k, ref.full_v) if pool == "full" else (ref.swa_k, ref.swa_v)
-        diff = torch.maximum(
-            (got_k[li, slot].float() - want_k[li, slot].float()).abs().max(),
-            (got_v[li, slot].float() - want_v[li, slot].float()).abs().max(),
-        )
-        return f"max |diff| {float(diff):.3g}"
+        return "computed NaN" if size is None else f"max |diff| {size:.3g}"
 
     def classes(self) -> tuple[tuple[str, int], ...]:
         out = dict(self.hidden_classes)
