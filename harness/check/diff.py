@@ -203,9 +203,12 @@ def _line_hash(words: torch.Tensor, rows: torch.Tensor | None = None, out: torch
     as summing the whole line (measured), which is what lets a layer be hashed whole for every lookup.
     """
     last = max(1, min(words.shape[1], _LINE_BYTES // words.element_size())) - 1
-    first, end = words[:, 0], words[:, last]
-    if rows is not None:
-        first, end = first[rows], end[rows]
+    if rows is None:
+        first, end = words[:, 0], words[:, last]
+    else:
+        # a row's first line copied whole, a memcpy per row, costs less than two strided reads of it
+        line = words.narrow(1, 0, last + 1).index_select(0, rows)
+        first, end = line[:, 0], line[:, last]
     if words.dtype != torch.int64:
         first, end = first.to(torch.int64), end.to(torch.int64)
     return torch.add(first, end, out=out)
@@ -310,37 +313,47 @@ def _hash_hits(keys: torch.Tensor, hashes: torch.Tensor) -> tuple[torch.Tensor, 
     return rows[hit], key[hit]
 
 
+def _verify(hay: _Rows, at: torch.Tensor, queries: _Rows, of: torch.Tensor, *, scratch: _Scratch) -> torch.Tensor:
+    """[n] bool: hay position ``at[i]`` holds the same K and V words, in the same layer, as query ``of[i]``."""
+    # a different layer is no match, whatever its bytes
+    near = (hay.layer(at) == queries.layer(of)).nonzero().flatten()
+    equal = torch.zeros(at.numel(), dtype=torch.bool)
+    # gathered in the hay's address order, which the candidates (found in hay order) seldom are
+    hay_rows, order = torch.sort(hay.rows(at[near]))
+    near = near[order]
+    equal[near] = ~_kv_differ(hay.kv, hay_rows, queries.kv, queries.rows(of[near]), scratch=scratch)
+    return equal
+
+
 def _match(hay: _Rows, queries: _Rows, *, scratch: _Scratch, strong: bool = False) -> _Matches:
     """Every hay row whose K and V words equal a query's, found through hashes and verified byte for byte.
 
-    Queries with equal hashes share one representative, so a row repeated many times in the hay (poison,
-    zeros) is verified once per distinct query content, not once per query. A query whose bytes differ
-    from its representative's (a hash collision) waits for a later round with a representative of its own
-    (so k distinct rows sharing one hash cost k rounds). When the line hashes collide that much, or
-    nominate many rows that turn out different, the lookup starts over on whole-row hashes: the time the
-    line hash saves is never paid back worse than one extra pass.
+    Queries with equal hashes share one representative (the lowest), so a row repeated many times in the
+    hay (poison, zeros) is verified once per distinct query content, not once per query. A query whose
+    bytes differ from its representative's (a hash collision) waits for a later round with a
+    representative of its own (so k distinct rows sharing one hash cost k rounds). When the line hashes
+    collide that much, or nominate many rows that turn out different, the lookup starts over on whole-row
+    hashes: the time the line hash saves is never paid back worse than one extra pass.
     """
     nq = len(queries)
     if nq == 0 or len(hay) == 0:
         empty = torch.empty(0, dtype=torch.int64)
         return _Matches(empty, empty, torch.zeros(nq, dtype=torch.int64), 1)
     keys, bucket = torch.unique(queries.hash, return_inverse=True)
-    cand, cand_bucket = _hash_hits(keys, hay.hash)
-    of_query = torch.empty(nq, dtype=torch.int64)
+    cand, cand_key = _hash_hits(keys, hay.hash)
+    # In the first round every key has a representative and is its own group; queries that collide with
+    # theirs get groups of their own in later rounds.
+    of_query, n_groups, key_group = bucket.clone(), keys.numel(), torch.arange(keys.numel())
     hays, groups = [], []
-    n_groups = misses = rounds = 0
     pending = torch.arange(nq)
+    misses = rounds = 0
     while pending.numel():
         rounds += 1
         if not strong and rounds > _LINE_ROUNDS:
             return _match(hay.strong(), queries.strong(), scratch=scratch, strong=True)
-        pend_bucket = bucket[pending]
-        rep = torch.full((keys.numel(),), nq, dtype=torch.int64).scatter_reduce_(0, pend_bucket, pending, "amin")
-        active = rep < nq
-        group_of = torch.full((keys.numel(),), -1, dtype=torch.int64)
-        group_of[active] = torch.arange(n_groups, n_groups + int(active.sum()))
-        n_groups += int(active.sum())
-        rep_of = rep[pend_bucket]
+        pend_key = bucket[pending]
+        rep = torch.full((keys.numel(),), nq, dtype=torch.int64).scatter_reduce_(0, pend_key, pending, "amin")
+        rep_of = rep[pend_key]
         same = rep_of == pending
         other = (~same).nonzero().flatten()
         if other.numel():
@@ -348,22 +361,21 @@ def _match(hay: _Rows, queries: _Rows, *, scratch: _Scratch, strong: bool = Fals
             same[other] = (queries.layer(q) == queries.layer(r)) & ~_kv_differ(
                 queries.kv, queries.rows(q), queries.kv, queries.rows(r), scratch=scratch
             )
-        of_query[pending[same]] = group_of[pend_bucket[same]]
-        sel = active[cand_bucket]
-        c, cb = cand[sel], cand_bucket[sel]
-        r = rep[cb]
-        # a different layer is no match, whatever its bytes
-        near = (hay.layer(c) == queries.layer(r)).nonzero().flatten()
-        equal = torch.zeros(c.numel(), dtype=torch.bool)
-        # gathered in the hay's address order, which the candidates (found in hay order) seldom are
-        hay_rows, order = torch.sort(hay.rows(c[near]))
-        near = near[order]
-        equal[near] = ~_kv_differ(hay.kv, hay_rows, queries.kv, queries.rows(r[near]), scratch=scratch)
+        c, ck = cand, cand_key
+        if rounds > 1:
+            active = rep < nq
+            key_group = torch.full((keys.numel(),), -1, dtype=torch.int64)
+            key_group[active] = torch.arange(n_groups, n_groups + int(active.sum()))
+            n_groups += int(active.sum())
+            of_query[pending[same]] = key_group[pend_key[same]]
+            sel = active[cand_key]
+            c, ck = cand[sel], cand_key[sel]
+        equal = _verify(hay, c, queries, rep[ck], scratch=scratch)
         misses += c.numel() - int(equal.sum())
         if not strong and misses > _LINE_MISSES + nq:
             return _match(hay.strong(), queries.strong(), scratch=scratch, strong=True)
         hays.append(c[equal])
-        groups.append(group_of[cb[equal]])
+        groups.append(key_group[ck[equal]])
         pending = pending[~same]
     return _Matches(torch.cat(hays), torch.cat(groups), of_query, n_groups)
 
