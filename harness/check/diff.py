@@ -154,12 +154,9 @@ def _rows_differ(
     b_rows: torch.Tensor | None = None,
     *,
     scratch: _Scratch,
-    lines: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """[n] bool: row ``a_rows[i]`` of ``a`` and row ``b_rows[i]`` of ``b`` differ (word tensors [*, w]; no
-    index means row i). Indexed rows are gathered a chunk at a time, never all at once. ``lines`` [n]
-    each, when given, receive the line hashes of the rows compared, taken while a chunk is in cache (which
-    costs next to nothing, against a sixth of the comparison for a separate pass)."""
+    index means row i). Indexed rows are gathered a chunk at a time, never all at once."""
     n = next((r.numel() for r in (a_rows, b_rows) if r is not None), a.shape[0])
     out = torch.empty(n, dtype=torch.bool)
     chunk = _chunk_rows(a)
@@ -174,9 +171,6 @@ def _rows_differ(
         flags = scratch.get("flags", (rows, a.shape[1]), torch.bool)
         torch.ne(x, y, out=flags)
         out[i : i + rows] = _any_per_row(flags)
-        if lines is not None:
-            _line_hash(x, out=lines[0][i : i + rows])
-            _line_hash(y, out=lines[1][i : i + rows])
     return out
 
 
@@ -195,7 +189,7 @@ def _row_hash(words: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def _line_hash(words: torch.Tensor, rows: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+def _line_hash(words: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
     """[n] int64: the wrapping sum of the first and the last word of each row's first cache line (of
     ``rows`` only).
 
@@ -211,7 +205,7 @@ def _line_hash(words: torch.Tensor, rows: torch.Tensor | None = None, out: torch
         first, end = line[:, 0], line[:, last]
     if words.dtype != torch.int64:
         first, end = first.to(torch.int64), end.to(torch.int64)
-    return torch.add(first, end, out=out)
+    return first + end
 
 
 class _Rows:
@@ -424,17 +418,12 @@ class _Differ:
     def bytes_only(self, dtype: torch.dtype) -> bool:
         return self.exact or dtype == torch.uint8
 
-    def differs(
-        self, a: torch.Tensor, b: torch.Tensor, rows: torch.Tensor | None = None,
-        lines: tuple[torch.Tensor, torch.Tensor] | None = None,
-    ) -> torch.Tensor:
+    def differs(self, a: torch.Tensor, b: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
         """[n] bool per row of ``a``, ``b`` [S, H, D] (only ``rows``): bytes differ, or beyond tolerance.
-
-        When ``_streams(rows, S)``, every row is read in order and ``lines``, if given ([S] each), receive
-        the line hashes of every row of ``a`` and ``b``; otherwise only ``rows`` are gathered and read."""
+        Every row is read in order when ``rows`` cover enough of them (``_streams``), else only ``rows``."""
         wa, wb = _words(a), _words(b)
         if _streams(rows, a.shape[0]):
-            bad = _rows_differ(wa, wb, scratch=self.scratch, lines=lines)
+            bad = _rows_differ(wa, wb, scratch=self.scratch)
             bad = bad if rows is None else bad[rows]
         else:
             bad = _rows_differ(wa, wb, rows, rows, scratch=self.scratch)
