@@ -103,6 +103,7 @@ _LINE_BYTES = 64
 _LINE_MISSES = 1024
 _LINE_ROUNDS = 4
 _LAYER_SALT = 0x9E3779B97F4A7C15 - (1 << 64)  # odd, as int64
+_SHARED = -2  # a bucket of ``_hash_hits``'s table that more than one key falls in
 
 
 
@@ -293,18 +294,29 @@ class _Matches:
 def _hash_hits(keys: torch.Tensor, hashes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Every (i, j) with ``hashes[i] == keys[j]``, for distinct sorted ``keys``.
 
-    A table of flags indexed by the hashes' low bits, sixteen or more per key, dismisses all but a
-    sixteenth of the rows with no key in one lookup each, in a table small enough to stay in cache; only
-    the rest are searched for their key (a binary search for every row costs seven times as much).
+    A table indexed by the hashes' low bits, sixteen or more entries per key, holds the key of each bucket
+    that has one: a row is dismissed, or given its only possible key, by one lookup in a table small enough
+    to stay in cache. The few buckets that two keys share are marked, and only the rows landing in them
+    search the keys (a binary search for every row costs four times the whole lookup; sorting is what
+    costs most here, so nothing is sorted).
     """
-    mask = (1 << max(10, (16 * keys.numel() - 1).bit_length())) - 1
-    present = torch.zeros(mask + 1, dtype=torch.bool)
-    present[keys & mask] = True
-    rows = present[hashes & mask].nonzero().flatten()
-    found = hashes[rows]
-    key = torch.searchsorted(keys, found).clamp_(max=keys.numel() - 1)
-    hit = keys[key] == found
-    return rows[hit], key[hit]
+    nk = keys.numel()
+    mask = (1 << max(10, (16 * nk - 1).bit_length())) - 1
+    key_bucket = keys & mask
+    table = torch.full((mask + 1,), -1, dtype=torch.int64)
+    table.index_put_((key_bucket,), torch.arange(nk))
+    count = torch.zeros(mask + 1, dtype=torch.int32).index_add_(0, key_bucket, torch.ones(nk, dtype=torch.int32))
+    shared = key_bucket[count.index_select(0, key_bucket) > 1]
+    if shared.numel():
+        table.index_fill_(0, shared, _SHARED)
+    key = table.index_select(0, hashes & mask)
+    rows = (key != -1).nonzero().flatten()
+    key, found = key.index_select(0, rows), hashes.index_select(0, rows)
+    crowded = (key == _SHARED).nonzero().flatten()
+    if crowded.numel():
+        key[crowded] = torch.searchsorted(keys, found[crowded]).clamp_(max=nk - 1)
+    hit = (keys.index_select(0, key) == found).nonzero().flatten()
+    return rows.index_select(0, hit), key.index_select(0, hit)
 
 
 def _verify(hay: _Rows, at: torch.Tensor, queries: _Rows, of: torch.Tensor, *, scratch: _Scratch) -> torch.Tensor:

@@ -8,9 +8,10 @@ one process, it times
   bandwidth: the strict baseline);
 * ``clone``: ``Tensor.clone`` of the same tensors, fresh memory each time, as a snapshot is taken;
 * ``identical``: ``diff_runs`` over ``steps`` steps whose subject is a byte-equal copy of the reference;
-* ``N mismatched slots``: the same with N live (pool, slot) pairs corrupted in every layer of their pool
-  and every step, cycling through poison, another live token's row, the expected row moved to a free
-  slot, and a small numeric change, so that every classification rule is exercised.
+* ``P% of slots mismatched`` and ``N mismatched slots``: the same with that share of the live (pool, slot)
+  pairs, or N of them, corrupted in every layer of their pool and every step, cycling through poison,
+  another live token's row, the expected row moved to a free slot, and a small numeric change, so that
+  every classification rule is exercised.
 
 Throughput is cache bytes per second: a copy moves ``cache_bytes`` per snapshot, the diff compares
 ``cache_bytes`` of subject (against as many of reference) per step, so ``vs_copy`` = (steps x copy time)
@@ -24,7 +25,8 @@ and read right after. torch allocates CPU tensors with malloc (large blocks are 
 directly), so the resident set follows live tensors; tracemalloc would not see them. Where the reset is
 not allowed the peak is reported as None.
 
-Memory needed: about (3 + len(mismatched_slots)) x ``cache_bytes``, every subject being built up front.
+Memory needed: about 4 x ``cache_bytes`` (the reference, the copy's buffers, one subject at a time and
+the clone's or the diff's transient memory).
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ __all__ = ["DiffBenchRow", "measure_diff"]
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DiffBenchRow:
     case: str
-    """"copy", "clone", "identical" or "N mismatched slots\""""
+    """"copy", "clone", "identical", "P% of slots mismatched" or "N mismatched slots\""""
     cache_bytes: int
     """one snapshot: both pools, every layer, K and V"""
     steps: int
@@ -56,7 +58,7 @@ class DiffBenchRow:
     live_slots: int
     """(pool, slot) pairs compared per step: full-pool live tokens plus SWA in-window tokens"""
     mismatched_slots: int
-    """requested differing (pool, slot) pairs; 0 for copy, clone and identical"""
+    """differing (pool, slot) pairs planted; 0 for copy, clone and identical"""
     found_slots: int
     """``DiffResult.mismatched_slots`` (equals the request when the diff is right)"""
     mismatches: int
@@ -89,13 +91,15 @@ def measure_diff(
     mismatched_slots: Sequence[int] = (1_000, 10_000, 100_000),
     seed: int = 0,
     *,
+    mismatched_shares: Sequence[float] = (0.01, 0.1),
     steps: int = 2,
     repeats: int = 3,
     num_kv_heads: int = 4,
     head_dim: int = 64,
     dtype: torch.dtype = torch.float32,
 ) -> list[DiffBenchRow]:
-    """Copy, clone, identical diff and one diff per entry of ``mismatched_slots`` on a cache of ~``cache_bytes``."""
+    """Copy, clone, identical diff, and one diff per share of the live slots in ``mismatched_shares`` and per
+    count in ``mismatched_slots``, on a cache of ~``cache_bytes``."""
     gen = torch.Generator().manual_seed(seed)
     cache = _build(cache_bytes, num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype, gen=gen)
     layer_is_swa = tuple(kind == "swa" for kind in _PATTERN)
@@ -110,26 +114,38 @@ def measure_diff(
             dst.copy_(src)
 
     copy()  # touch the destination pages once: the copy is timed into warm memory
-    calls: dict[str, Callable[[], object]] = {"copy": copy, "clone": lambda: [t.clone() for t in targets]}
+    # name -> what to do before timing, returning the call to time
+    prepare: dict[str, Callable[[], Callable[[], object]]] = {
+        "copy": lambda: copy, "clone": lambda: lambda: [t.clone() for t in targets],
+    }
     requested = {"copy": 0, "clone": 0}
     # a count beyond the live slots of a small cache becomes "all of them" rather than an error
-    counts = sorted({min(n, live) for n in mismatched_slots})
-    for name, n in [("identical", 0)] + [(f"{n} mismatched slots", n) for n in counts]:
-        subject = (_corrupted(cache, n, gen),) * steps
-        calls[name] = lambda subject=subject: diff_runs(subject, reference, layer_is_swa=layer_is_swa)
+    cases = [("identical", 0)]
+    cases += [(f"{share:.0%} of slots mismatched", max(1, round(share * live))) for share in mismatched_shares]
+    cases += [(f"{n} mismatched slots", n) for n in sorted({min(n, live) for n in mismatched_slots})]
+    for index, (name, n) in enumerate(cases):
+        # A subject is built right before its call and dropped after, the same every round (a seed of its
+        # own), so that memory does not grow with the number of cases.
+        def diff(n: int = n, case_seed: int = seed * 1_000 + index) -> Callable[[], object]:
+            subject = (_corrupted(cache, n, torch.Generator().manual_seed(case_seed)),) * steps
+            return lambda: diff_runs(subject, reference, layer_is_swa=layer_is_swa)
+
+        prepare[name] = diff
         requested[name] = n
 
-    best = dict.fromkeys(calls, float("inf"))
-    peaks: dict[str, int | None] = dict.fromkeys(calls)
+    best = dict.fromkeys(prepare, float("inf"))
+    peaks: dict[str, int | None] = dict.fromkeys(prepare)
     results: dict[str, object] = {}
     for _ in range(max(1, repeats)):
-        for name, call in calls.items():
+        for name, make in prepare.items():
+            call = make()
             seconds, peak, results[name] = _timed(call)
+            del call
             best[name] = min(best[name], seconds)
             if peak is not None:
                 peaks[name] = max(peaks[name] or 0, peak)
     rows = []
-    for name in calls:
+    for name in prepare:
         result = results[name]
         diffed = isinstance(result, DiffResult)
         n_steps = steps if diffed else 1
