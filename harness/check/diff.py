@@ -86,9 +86,12 @@ _CLASSES: tuple[tuple[str, str | None], ...] = (
 )
 _WHAT = ("k", "v", "kv")
 
-# Rows are compared and hashed this many bytes at a time: per-call overhead, thread wake-ups included,
-# vanishes at this size (measured: 2-8 MiB chunks cost 1.1-1.5x as much), and the buffers stay modest.
+# Rows are compared this many bytes at a time: per-call overhead, thread wake-ups included, vanishes at
+# this size (measured: 2-8 MiB chunks cost 1.1-1.5x as much). Gathered rows go through buffers of a
+# quarter of that: a gathered chunk costs the same from 4 MiB up, and every buffer is fresh memory in each
+# diff, paying a page fault per 4 KiB on first touch (32 MiB buffers cost a tenth of a diff of 1 GiB).
 _CHUNK_BYTES = 32 << 20
+_GATHER_CHUNK_BYTES = 4 << 20
 # Below this share of live slots, gathering the live rows costs less than streaming the whole layer
 # (measured: a gathered row costs 2.5 to 3.5 streamed rows on CPU).
 _GATHER_BELOW = 0.4
@@ -146,8 +149,8 @@ def _any_per_row(flags: torch.Tensor) -> torch.Tensor:
     return flags.view(torch.uint8).view(torch.int64).sum(1) != 0
 
 
-def _chunk_rows(words: torch.Tensor) -> int:
-    return max(1, _CHUNK_BYTES // max(1, words.shape[1] * words.element_size()))
+def _chunk_rows(words: torch.Tensor, gathered: bool = False) -> int:
+    return max(1, (_GATHER_CHUNK_BYTES if gathered else _CHUNK_BYTES) // max(1, words.shape[1] * words.element_size()))
 
 
 def _streams(rows: torch.Tensor | None, total: int) -> bool:
@@ -167,7 +170,7 @@ def _rows_differ(
     index means row i). Indexed rows are gathered a chunk at a time, never all at once."""
     n = next((r.numel() for r in (a_rows, b_rows) if r is not None), a.shape[0])
     out = torch.empty(n, dtype=torch.bool)
-    chunk = _chunk_rows(a)
+    chunk = _chunk_rows(a, gathered=a_rows is not None or b_rows is not None)
     for i in range(0, n, chunk):
         rows = min(chunk, n - i)
         x, y = (
