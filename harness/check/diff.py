@@ -301,7 +301,7 @@ class _Matches:
         return _take(out, self.of_query)
 
 
-def _hash_hits(keys: torch.Tensor, hashes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _hash_hits(keys: torch.Tensor, hashes: torch.Tensor, *, scratch: _Scratch) -> tuple[torch.Tensor, torch.Tensor]:
     """Every (i, j) with ``hashes[i] == keys[j]``, for distinct sorted ``keys``.
 
     A table indexed by the hashes' low bits, sixteen or more entries per key, holds the key of each bucket
@@ -313,20 +313,21 @@ def _hash_hits(keys: torch.Tensor, hashes: torch.Tensor) -> tuple[torch.Tensor, 
     nk = keys.numel()
     mask = (1 << max(10, (16 * nk - 1).bit_length())) - 1
     key_bucket = keys & mask
-    table = torch.full((mask + 1,), -1, dtype=torch.int64)
-    table.index_put_((key_bucket,), torch.arange(nk))
-    count = torch.zeros(mask + 1, dtype=torch.int32).index_add_(0, key_bucket, torch.ones(nk, dtype=torch.int32))
-    shared = key_bucket[count.index_select(0, key_bucket) > 1]
+    table = scratch.get("buckets", (mask + 1,), torch.int32).fill_(-1)
+    index = torch.arange(nk, dtype=torch.int32)
+    table.index_put_((key_bucket,), index)
+    # a key whose entry another key overwrote shares its bucket
+    shared = key_bucket[_take(table, key_bucket) != index]
     if shared.numel():
         table.index_fill_(0, shared, _SHARED)
-    key = table.index_select(0, hashes & mask)
+    key = _take(table, hashes & mask)
     rows = (key != -1).nonzero().flatten()
-    key, found = key.index_select(0, rows), hashes.index_select(0, rows)
+    key, found = _take(key, rows).long(), _take(hashes, rows)
     crowded = (key == _SHARED).nonzero().flatten()
     if crowded.numel():
         key[crowded] = torch.searchsorted(keys, found[crowded]).clamp_(max=nk - 1)
-    hit = (keys.index_select(0, key) == found).nonzero().flatten()
-    return rows.index_select(0, hit), key.index_select(0, hit)
+    hit = (_take(keys, key) == found).nonzero().flatten()
+    return _take(rows, hit), _take(key, hit)
 
 
 def _verify(hay: _Rows, at: torch.Tensor, queries: _Rows, of: torch.Tensor, *, scratch: _Scratch) -> torch.Tensor:
@@ -356,7 +357,7 @@ def _match(hay: _Rows, queries: _Rows, *, scratch: _Scratch, strong: bool = Fals
         empty = torch.empty(0, dtype=torch.int64)
         return _Matches(empty, empty, torch.zeros(nq, dtype=torch.int64), 1)
     keys, bucket = torch.unique(queries.hash, return_inverse=True)
-    cand, cand_key = _hash_hits(keys, hay.hash)
+    cand, cand_key = _hash_hits(keys, hay.hash, scratch=scratch)
     # In the first round every key has a representative and is its own group; queries that collide with
     # theirs get groups of their own in later rounds.
     of_query, n_groups, key_group = bucket.clone(), keys.numel(), torch.arange(keys.numel())
