@@ -180,9 +180,46 @@ def test_hash_collisions_are_resolved_by_comparing_bytes(monkeypatch):
         return [(m.slot, m.what, m.classification, m.detail[:10] if m.slot == 299 else m.detail) for m in d.mismatches]
 
     assert rows(diff_runs(sub, ref, layer_is_swa=SWA)) == want
-    # Every row now hashes alike: only the byte comparison tells them apart.
+    # Every row now hashes alike, by line and whole: only the byte comparison tells them apart.
+    monkeypatch.setattr(diff_module, "_line_hash", lambda words, rows=None: torch.zeros(
+        words.shape[0] if rows is None else rows.numel(), dtype=torch.int64))
+    assert rows(diff_runs(sub, ref, layer_is_swa=SWA)) == want
     monkeypatch.setattr(diff_module, "_row_hash", lambda words: torch.zeros(words.shape[0], dtype=torch.int64))
     assert rows(diff_runs(sub, ref, layer_is_swa=SWA)) == want
+
+
+def test_rows_alike_in_their_first_line_send_lookups_to_whole_row_hashes(monkeypatch):
+    import harness.check.diff as diff_module
+
+    # 600 live rows that all begin with the same cache line (zeros) and differ after it, as a model with a
+    # dead first head would write them; a hundred slots hold another live token's row.
+    gen = torch.Generator().manual_seed(3)
+    k, v = torch.randn(1, 601, 2, 32, generator=gen), torch.randn(1, 601, 2, 32, generator=gen)
+    k[:, :, 0, :16] = 0
+    live = [tok("a", i, i) for i in range(1, 601)]
+    sub_k, sub_v = k.clone(), v.clone()
+    for slot in range(1, 101):
+        sub_k[0, slot], sub_v[0, slot] = k[0, slot + 300], v[0, slot + 300]
+    strong = []
+    real = diff_module._row_hash
+    monkeypatch.setattr(diff_module, "_row_hash", lambda words: strong.append(words.shape[0]) or real(words))
+    d = diff_runs((big_snap(0, sub_k, sub_v, live),), (big_snap(0, k, v, live),), layer_is_swa=SWA, limit=1_000)
+    assert [(m.slot, m.detail) for m in d.mismatches] == [(s, f"holds the K/V of a@{s + 300}") for s in range(1, 101)]
+    assert strong, "the lookup kept the line hashes that nominate every row"
+
+
+def test_hash_lookup_finds_every_equal_pair_also_in_buckets_that_keys_share():
+    from harness.check.diff import _hash_hits, _Scratch
+
+    gen = torch.Generator().manual_seed(1)
+    base = torch.randint(-2**62, 2**62, (300,), generator=gen)
+    # keys equal in their low 40 bits share a bucket in any table this lookup builds
+    keys = torch.unique(torch.cat([base, base[:60] + (1 << 40), base[:60] + (2 << 40)]))
+    hashes = torch.cat([keys[torch.randint(0, keys.numel(), (3_000,), generator=gen)],
+                        torch.randint(-2**62, 2**62, (5_000,), generator=gen), base[:60] + (3 << 40)])
+    rows, key = _hash_hits(keys, hashes, scratch=_Scratch())
+    want = {(i, int((keys == h).nonzero())) for i, h in enumerate(hashes.tolist()) if bool((keys == h).any())}
+    assert set(zip(rows.tolist(), key.tolist())) == want and rows.numel() == len(want)
 
 
 def test_tolerance_mode_on_bf16_flags_only_differences_beyond_tolerance():

@@ -1,9 +1,10 @@
 """The vectorized diff against a literal, slot-at-a-time reading of the classification rules.
 
 Random small runs with everything the rules care about: poison, rows copied from other live tokens,
-rows moved to other slots (live or free), stale changes, slots kept from the previous step, NaN, fp8
-bytes, duplicate rows, two live tokens sharing a slot, tolerance mode. Each case is also diffed with a
-hash that collides for almost every row, which must change nothing.
+rows moved to other slots (live or free) or copied from another layer, rows alike in their first cache
+line and unlike after it, stale changes, slots kept from the previous step, NaN, fp8 bytes, duplicate
+rows, two live tokens sharing a slot, tolerance mode. Each case is also diffed with line and row hashes
+that collide for almost every row, which must change nothing.
 """
 
 from __future__ import annotations
@@ -95,7 +96,7 @@ def random_runs(seed: int):
     rng = random.Random(seed)
     dtype = rng.choice(DTYPES)
     layer_is_swa = tuple(rng.random() < 0.5 for _ in range(rng.randint(1, 4)))
-    heads, dim = rng.choice([(1, 2), (2, 4), (1, 8), (2, 2)])
+    heads, dim = rng.choice([(1, 2), (2, 4), (1, 8), (2, 2), (2, 32)])
     sizes = {"full": rng.randint(6, 24), "swa": rng.randint(6, 16)}
     n_layers = {"full": sum(not s for s in layer_is_swa), "swa": sum(layer_is_swa)}
     palette = [torch.randn(heads, dim) for _ in range(4)]
@@ -144,7 +145,7 @@ def random_runs(seed: int):
             for l in range(sk.shape[0]):
                 for _ in range(rng.randint(0, 4)):
                     s, j = rng.randrange(sizes[pool]), rng.randrange(sizes[pool])
-                    kind = rng.randrange(7)
+                    kind = rng.randrange(9)
                     if kind == 0:
                         poison_(sk[l, s]), poison_(sv[l, s])
                     elif kind == 1:
@@ -158,8 +159,19 @@ def random_runs(seed: int):
                         sv[l, s, 0, 0] = float("nan")
                     elif kind == 5:
                         sk[l, s] = row()
-                    else:
+                    elif kind == 6:
                         poison_(sk[l, s])
+                    elif kind == 7:
+                        # another slot's row in its first cache line (and beyond, for short rows), not after it
+                        twin = sk[l, j].clone().view(-1)
+                        line = 64 // twin.element_size()
+                        if twin.numel() > line:
+                            twin[line:] = row().view(-1)[line:]
+                        sk[l, s], sv[l, s] = twin.view(heads, dim), sv[l, j].clone()
+                    else:
+                        # the row of a slot in another layer of the pool: never the same row as this layer's
+                        other = rng.randrange(sk.shape[0])
+                        sk[l, s], sv[l, s] = sk[other, j].clone(), sv[other, j].clone()
         hidden = torch.randn(len(written), 4)
         for snaps, pools in ((ref_snaps, ref_pools), (sub_snaps, sub_pools)):
             snaps.append(KVSnapshot(
@@ -179,7 +191,11 @@ def _colliding_hash(words: torch.Tensor) -> torch.Tensor:
     return (words[:, 0].to(torch.int64) & 1) if words.shape[0] else torch.zeros(0, dtype=torch.int64)
 
 
-@pytest.mark.parametrize("seed", range(60))
+def _colliding_line_hash(words: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
+    return _colliding_hash(words if rows is None else words[rows])
+
+
+@pytest.mark.parametrize("seed", range(80))
 def test_vectorized_diff_classifies_like_the_literal_rules(seed, monkeypatch):
     sub, ref, layer_is_swa, dtype = random_runs(seed)
     tolerant = seed % 4 == 3 and dtype != torch.uint8
@@ -194,5 +210,8 @@ def test_vectorized_diff_classifies_like_the_literal_rules(seed, monkeypatch):
     assert got.classes == tuple(sorted(classes.items()))
     assert _as_rows(diff_runs(sub, ref, layer_is_swa=layer_is_swa, limit=5, **kw)) == want[:5]
 
+    # Line hashes that collide: lookups give up on them and start over on row hashes, which collide too.
+    monkeypatch.setattr(diff_module, "_line_hash", _colliding_line_hash)
+    assert _as_rows(diff_runs(sub, ref, layer_is_swa=layer_is_swa, limit=10_000, **kw)) == want
     monkeypatch.setattr(diff_module, "_row_hash", _colliding_hash)
     assert _as_rows(diff_runs(sub, ref, layer_is_swa=layer_is_swa, limit=10_000, **kw)) == want
