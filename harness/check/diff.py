@@ -16,13 +16,16 @@ A bad slot is classified by where its content came from, the first rule that app
 - ``drift``: none of the above, a numeric difference (its size is reported).
 
 Cost. Rows are compared as integer words (bitwise, so NaN payloads compare equal to themselves), a
-layer at a time, in large chunks through reused buffers; with nothing different that is the whole diff,
-one read of both caches. A layer with bad rows is classified with vectors: its subject rows are hashed
-once, and one hash lookup answers both "which live token's row is this" and "where did the expected row
-go" for every bad row at once, so the work grows with the layer once plus the bad rows, never with their
+pool at a time (its layers one after another), in large chunks; with nothing different that is the whole
+diff, one read of both caches. A pool with bad rows is classified with vectors, all its layers at once:
+each row of the subject's pool gets a line hash (two words of its first cache line, salted with its
+layer), and two lookups by hash answer "which live token's row is this" and "where did the expected row
+go" for every bad row together, so the work grows with the pool once plus the bad rows, never with their
 product. Hashes only nominate candidates; every candidate is compared byte for byte, so a hash collision
-costs time, never a wrong verdict. Mismatch records (with their detail text) are built only for the
-first ``limit``; the rest are counted.
+costs time, never a wrong verdict, and a lookup whose line hashes nominate too many wrong rows (rows alike
+in their first line) starts over on whole-row hashes. Full rows are read only for those comparisons and
+for the rules that need bytes; the previous step's line hashes are kept for the previous-step rule.
+Mismatch records (with their detail text) are built only for the first ``limit``; the rest are counted.
 """
 
 from __future__ import annotations
@@ -225,7 +228,7 @@ class _Rows:
     one given), salted with the row's layer so that equal rows of different layers never share a hash.
     ``strong()``: the same rows hashed whole, computed once when asked."""
 
-    __slots__ = ("kv", "index", "layer_rows", "hash", "_strong")
+    __slots__ = ("_strong", "hash", "index", "kv", "layer_rows")
 
     def __init__(
         self, kv: tuple[torch.Tensor, torch.Tensor], index: torch.Tensor | None, layer_rows: int,
