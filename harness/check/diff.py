@@ -100,8 +100,8 @@ _GATHER_CHUNK_BYTES = 4 << 20
 _GATHER_BELOW = 0.4
 
 
-# A row's first cache line is all the line hash reads: a sixteenth of a 1 KiB row, and in K data it
-# already tells rows apart.
+# A row's first cache line is all the line hash reads (a sixteenth of a 1 KiB row's bytes), and in K data
+# it already tells rows apart.
 _LINE_BYTES = 64
 # A lookup whose line hashes prove useless (rows alike in their first line, unlike further on) starts
 # over with whole-row hashes once its failed byte comparisons pass this many plus one per query, or it
@@ -110,7 +110,6 @@ _LINE_MISSES = 1024
 _LINE_ROUNDS = 4
 _LAYER_SALT = 0x9E3779B97F4A7C15 - (1 << 64)  # odd, as int64
 _SHARED = -2  # a bucket of ``_hash_hits``'s table that more than one key falls in
-
 
 
 def _take(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
@@ -253,7 +252,7 @@ class _Rows:
     def salted(self, hashes: torch.Tensor) -> torch.Tensor:
         if self.index is None:
             return _salted_layers(hashes, self.layer_rows)
-        return _salted(hashes, self.rows(torch.arange(hashes.numel())), self.layer_rows)
+        return _salted(hashes, self.index, self.layer_rows)
 
     def strong(self) -> _Rows:
         if self._strong is None:
