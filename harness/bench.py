@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from .check.diffbench import measure_diff
-from .check.run import Session, build_session
+from .check.assemble import RunParts, assemble
 from .report.bench import (
     DIFF_BEGIN,
     DIFF_END,
@@ -70,7 +70,7 @@ def _spec(preset: str, timeline: TimelineSpec, *, mode: str, graphs: GraphSpec, 
                    device=device, graphs=graphs)
 
 
-def _eager_over(session: Session) -> EagerRunner:
+def _eager_over(session: RunParts) -> EagerRunner:
     # the same model, backend and pool objects as the graph runner, so both paths do identical work
     return EagerRunner(RunnerContext(model=session.model, backend=session.backend, pool=session.pool,
                                      req_to_token_pool=session.req_to_token_pool))
@@ -81,7 +81,7 @@ def _decode_case(preset: str, bucket: int, real: int, engine: str, device: str) 
     # prompts past the window and of different lengths: SWA slots are already evicted and the page
     # table rows differ, as in a real decode batch
     requests = tuple(RequestSpec(rid=f"r{i}", prompt_len=window + 1 + i, output_len=2) for i in range(real))
-    session = build_session(_spec(preset, TimelineSpec(requests=requests, seed=31), mode="full",
+    session = assemble(_spec(preset, TimelineSpec(requests=requests, seed=31), mode="full",
                                   graphs=GraphSpec(decode_buckets=(bucket,)), engine=engine, device=device))
     eager = _eager_over(session)
     while (step := session.scheduler.next_step()) is not None and step.kind != "decode":
@@ -94,7 +94,7 @@ def _decode_case(preset: str, bucket: int, real: int, engine: str, device: str) 
 
 def _prefill_case(preset: str, bucket: int, engine: str, device: str) -> tuple[Runner, EagerRunner, ForwardBatch]:
     timeline = TimelineSpec(requests=(RequestSpec(rid="p", prompt_len=bucket, output_len=0),), seed=32)
-    session = build_session(_spec(preset, timeline, mode="piecewise", graphs=GraphSpec(prefill_buckets=(bucket,)),
+    session = assemble(_spec(preset, timeline, mode="piecewise", graphs=GraphSpec(prefill_buckets=(bucket,)),
                                   engine=engine, device=device))
     step = session.scheduler.next_step()
     if step is None or step.kind != "extend" or step.batch.num_tokens != bucket:

@@ -13,7 +13,7 @@ from typing import Sequence
 import torch
 
 from .check.case import Case, cases
-from .check.run import limit_threads, run_cases
+from .check.matrix import limit_threads, run_cases
 from .report.build import case_view
 from .report.compare import run_compare
 from .report.files import unwritable

@@ -17,7 +17,7 @@ import pytest
 
 from .check.case import Case, cases
 from .check.oracle import certify, dense_oracle
-from .check.run import run_case_isolated, scenario_reference
+from .check.matrix import run_case_isolated, scenario_reference
 from .report.build import case_view
 from .report.session import RECORD_PROPERTY
 from .report.text import failure_block, printable

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from .check.run import limit_threads
+from .check.matrix import limit_threads
 from .collect import is_scenario_file, scenario_file
 from .report.session import RECORD_PROPERTY, ReportSession
 

@@ -200,6 +200,12 @@ class RunSpec:
     kv_write: KVWrite = KVWrite.PLAIN
     graphs: GraphSpec = GraphSpec()
     device: Device = Device.CPU
+    serving: str = "miniature"
+    """the serving stack under test: a registered name or ``package.module:Class``"""
+    eviction: str = "tight"
+    """the SWA eviction policy: a registered name or ``package.module:Class``"""
+    runner: str | None = None
+    """a runner by registered name or ``package.module:Class``; None: the mode's built-in runner"""
 
     def reference(self) -> RunSpec:
         """The run every subject is compared against: eager, the forward_batch design, no faults."""

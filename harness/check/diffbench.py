@@ -1,7 +1,7 @@
 """Diff throughput and memory, side by side with a plain copy of the same cache.
 
 ``measure_diff`` builds two runs' snapshots of a hybrid cache of about ``cache_bytes`` directly (no model
-run): random K/V rows in every live slot, poison elsewhere, as ``build_session`` leaves a pool. Then, in
+run): random K/V rows in every live slot, poison elsewhere, as ``assemble`` leaves a pool. Then, in
 one process, it times
 
 * ``copy``: ``Tensor.copy_`` of one snapshot's four pool tensors into warm, preallocated buffers (memory

@@ -10,12 +10,13 @@ diff selects and checks live slots without a Python loop over tokens.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
 
-from ..serving.pool import HybridSWAKVPool
+from ..serving.stack import PoolBuffers
 from ..serving.timeline import LiveToken, TokenKey
 
 
@@ -73,7 +74,7 @@ class KVSnapshot:
         )
 
 
-def _stack(buffers: list[torch.Tensor], like: torch.Tensor) -> torch.Tensor:
+def _stack(buffers: Sequence[torch.Tensor], like: torch.Tensor) -> torch.Tensor:
     if not buffers:
         return torch.empty((0, *like.shape[1:]), dtype=like.dtype)
     out = torch.empty((len(buffers), *buffers[0].shape), dtype=buffers[0].dtype)
@@ -83,18 +84,18 @@ def _stack(buffers: list[torch.Tensor], like: torch.Tensor) -> torch.Tensor:
 
 
 def take_snapshot(
-    pool: HybridSWAKVPool, step: ScheduledStepLike, live: list[LiveToken], hidden: list[torch.Tensor]
+    buffers: PoolBuffers, step: ScheduledStepLike, live: list[LiveToken], hidden: list[torch.Tensor]
 ) -> KVSnapshot:
     """Copy both pools (each buffer once) and the step's hidden states to host memory."""
-    like = (pool.full_k_buffer or pool.swa_k_buffer)[0]
+    like = (buffers.full_k or buffers.swa_k)[0]
     return KVSnapshot(
         step=step.index,
         kind=step.kind,
         live=tuple(live),
-        full_k=_stack(pool.full_k_buffer, like),
-        full_v=_stack(pool.full_v_buffer, like),
-        swa_k=_stack(pool.swa_k_buffer, like),
-        swa_v=_stack(pool.swa_v_buffer, like),
+        full_k=_stack(buffers.full_k, like),
+        full_v=_stack(buffers.full_v, like),
+        swa_k=_stack(buffers.swa_k, like),
+        swa_v=_stack(buffers.swa_v, like),
         hidden=_concat(hidden),
         hidden_owners=tuple(key for forward in step.forwards for key in forward),
     )

@@ -58,7 +58,8 @@ def setup_view(scenario: ScenarioSpec) -> SetupView:
         model=model.name, layers=tuple(model.layer_pattern), window=model.window, full_size=pool.full_size,
         swa_size=pool.swa_size, kv_dtype=pool.kv_dtype, model_seed=model.seed, timeline_seed=timeline.seed,
         decode_buckets=tuple(graphs.decode_buckets), prefill_buckets=tuple(graphs.prefill_buckets),
-        chunk_size=timeline.chunk_size, draft_steps=timeline.draft_steps,
+        chunk_size=timeline.chunk_size, draft_steps=timeline.draft_steps, page_size=pool.page_size,
+        eviction=scenario.eviction, serving=scenario.serving,
     )
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ..serving.eviction import window_start
 from .views import CaseView, MismatchView, SetupView, StepView
 
 CLASS_ORDER = ("overwritten", "misplaced", "unwritten", "drift")
@@ -119,7 +120,7 @@ def _in_window(steps: Sequence[StepView], up_to: int, window: int) -> set[str]:
         if st.index > up_to:
             break
         for t in st.written:
-            if t.pos >= last[t.rid] + 1 - window + 1:
+            if t.pos >= window_start(last[t.rid] + 1, window):
                 out.add(token(t.rid, t.pos))
     return out
 

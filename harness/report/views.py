@@ -83,6 +83,12 @@ class SetupView:
     prefill_buckets: tuple[int, ...]
     chunk_size: int | None
     draft_steps: int
+    page_size: int = 1
+    """token slots per page (records written before pages existed: 1)"""
+    eviction: str = "tight"
+    """the SWA eviction policy's name"""
+    serving: str = "miniature"
+    """the serving stack under test"""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

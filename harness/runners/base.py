@@ -6,7 +6,7 @@ from __future__ import annotations
 import bisect
 import re
 from collections import Counter
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import ClassVar, Protocol
 
@@ -38,8 +38,18 @@ class RunnerContext:
 
 
 class Runner(Protocol):
+    """What a run asks of a runner: forwards, and afterwards what they did."""
+
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         """Final hidden states [num_tokens, hidden] of one forward of ``batch``."""
+        ...
+
+    def forward_log(self) -> Sequence[ForwardRecord]:
+        """How each completed forward ran, in order (a run's timeline reads them per step)."""
+        ...
+
+    def observations(self) -> GraphObservations | None:
+        """Graph statistics and input-audit findings; None for a runner without graphs."""
         ...
 
 
@@ -137,6 +147,9 @@ class GraphRunner:
 
     def observations(self) -> GraphObservations:
         return self.log.observations()
+
+    def forward_log(self) -> Sequence[ForwardRecord]:
+        return self.log.forwards
 
     def bucket_for(self, size: int) -> int | None:
         """The smallest bucket that holds ``size`` rows or tokens; None when none does."""

@@ -21,7 +21,7 @@ from collections.abc import Collection
 import torch
 
 from ..graphs.engine import GraphEngine
-from ..runspec import CapturePolicy
+from ..runspec import CapturePolicy, RunSpec
 from ..serving.batch import ForwardBatch, ForwardMode
 from ..serving.faults import Component
 from .base import GraphRunner, Runner, RunnerContext, fill_static
@@ -29,6 +29,11 @@ from .base import GraphRunner, Runner, RunnerContext, fill_static
 
 class DecodeGraphRunner(GraphRunner):
     component = Component.DECODE_GRAPH_RUNNER
+
+    @classmethod
+    def for_run(cls, ctx: RunnerContext, spec: RunSpec, *, eager: Runner, engine: GraphEngine) -> DecodeGraphRunner:
+        return cls(ctx, eager=eager, engine=engine, buckets=spec.graphs.decode_buckets, capture=spec.graphs.capture,
+                   faults=spec.faults)
 
     def __init__(
         self,

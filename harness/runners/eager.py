@@ -2,17 +2,34 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
+from ..graphs.engine import GraphEngine
+from ..runspec import RunSpec
 from ..serving.batch import ForwardBatch
-from .base import RunnerContext
+from .base import Runner, RunnerContext
+from .observations import ForwardPath, ForwardRecord, GraphObservations
 
 
 class EagerRunner:
+    @classmethod
+    def for_run(cls, ctx: RunnerContext, spec: RunSpec, *, eager: Runner | None = None,
+                engine: GraphEngine | None = None) -> EagerRunner:
+        return eager if isinstance(eager, EagerRunner) else cls(ctx)
+
     def __init__(self, ctx: RunnerContext) -> None:
         self.model = ctx.model
         self.backend = ctx.backend
         self.pool = ctx.pool
+        self._log: list[ForwardRecord] = []
+
+    def forward_log(self) -> Sequence[ForwardRecord]:
+        return self._log
+
+    def observations(self) -> GraphObservations | None:
+        return None
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         """Hidden states [num_tokens, hidden] of one eager forward."""
@@ -22,8 +39,10 @@ class EagerRunner:
         if batch.out_cache_loc_swa is not None:
             self.pool.set_swa_loc(batch.out_cache_loc_swa)
         self.backend.init_forward_metadata(batch)
-        return self.model.forward(
+        hidden = self.model.forward(
             batch.input_ids,
             batch.positions,
             lambda layer_id, q, k, v: self.backend.forward(q, k, v, layer_id, batch),
         )
+        self._log.append(ForwardRecord(path=ForwardPath.EAGER, rows=int(hidden.shape[0])))
+        return hidden

@@ -8,24 +8,22 @@ what went wrong by exception type, never by message.
 from __future__ import annotations
 
 from ..runspec import Problem
-from ..serving.allocator import SWATokenToKVPoolAllocator
-from ..serving.pool import HybridSWAKVPool, PoolExhausted, ReqToTokenPool
+from ..serving.pool import PoolExhausted
+from ..serving.registry import eviction_policy, stack_class
 from ..serving.scheduler import Scheduler, TimelineTooLong
+from ..serving.stack import StackSpec
 from .spec import ScenarioSpec
 
 
 def dry_run(spec: ScenarioSpec) -> list[Problem]:
     """The problem that stops the timeline, if any; run it only on a spec whose ``problems()`` are empty."""
-    pool = HybridSWAKVPool(spec=spec.pool, layer_is_swa=(), num_kv_heads=1, head_dim=1)
-    req_to_token_pool = ReqToTokenPool(
-        max_running_requests=spec.pool.max_running_requests, max_context_len=spec.pool.max_context_len
+    stack = stack_class(spec.serving).build(
+        StackSpec(pool=spec.pool, layer_is_swa=(), num_kv_heads=1, head_dim=1, poison_freed=False)
     )
     sched = Scheduler(
         spec.timeline,
-        pool=pool,
-        allocator=SWATokenToKVPoolAllocator(pool),
-        req_to_token_pool=req_to_token_pool,
-        window=spec.model.window,
+        stack=stack,
+        eviction=eviction_policy(spec.eviction, window=spec.model.window, page_size=spec.pool.page_size),
         vocab_size=spec.model.vocab_size,
     )
     try:

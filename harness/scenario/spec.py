@@ -120,6 +120,10 @@ class ScenarioSpec:
     """one per design, in the order of ``designs``"""
     timeout_s: float = TIMEOUT_DEFAULT_S
     """each run's time limit; past it the run is an ``error`` verdict and the others go on"""
+    serving: str = "miniature"
+    """the serving stack under test (``serving/registry.py``)"""
+    eviction: str = "tight"
+    """the SWA eviction policy (``serving/registry.py``)"""
 
     def expectation(self, design: str) -> Expectation:
         for exp in self.expectations:
@@ -148,7 +152,8 @@ class ScenarioSpec:
         return RunSpec(
             model=self.model, pool=self.pool, timeline=self.timeline, design=design, mode=Mode(mode),
             backend=backend, engine=Engine(engine), faults=frozenset(self.faults) if with_faults else frozenset(),
-            kv_write=self.kv_write, graphs=self.graphs, device=Device(device),
+            kv_write=self.kv_write, graphs=self.graphs, device=Device(device), serving=self.serving,
+            eviction=self.eviction,
         )
 
     def problems(self) -> list[Problem]:

@@ -1,10 +1,19 @@
-"""Slot allocators: request rows of ``req_to_token`` and token slots of both KV pools.
+"""Slot allocators: request rows of ``req_to_token`` and token slots of both KV pools, page by page.
 
-Free slots are handed out lowest first and returned to the free set at once, so a freed SWA slot is the
-next one reused. Reuse while other requests still run is exactly where stale write locations do damage.
+Both pools are allocated in lockstep, as SGLang's paged SWA allocator does: a token that opens a new page
+takes a full page and an SWA page together, and every later token of that page sits at the same offset in
+both, so ``full_to_swa_index_mapping`` maps a full page onto one SWA page. A request's next token continues
+its last page (the full slot after ``last_loc``) until the page is full. With pages of one token every token
+opens a page and this is plain slot allocation.
+
+Free pages are handed out lowest first and returned to the free set at once, so a freed SWA page is the
+next one reused. Reuse while other requests still run is exactly where stale write locations do damage. A
+page goes back only when every token that was given a slot in it has freed that slot.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 
@@ -18,25 +27,58 @@ class SWATokenToKVPoolAllocator:
         """``poison_freed`` re-poisons slots as they are freed: a correct run never reads a freed slot
         again, so a stale read shows up as poison instead of as plausible old data."""
         self.pool = pool
+        self.page_size = pool.page_size
         self.poison_freed = poison_freed
-        self._full = FreeList(pool.full_size, "full KV pool", "full_size")
-        self._swa = FreeList(pool.swa_size, "SWA KV pool", "swa_size")
+        self._full = FreeList(pool.full_size // self.page_size, "full KV pool", "full_size", unit=self.page_size)
+        self._swa = FreeList(pool.swa_size // self.page_size, "SWA KV pool", "swa_size", unit=self.page_size)
+        # slots handed out and not yet freed, per page: a page is free again when its count drops to zero
+        self._full_held = [0] * (pool.full_size // self.page_size)
+        self._swa_held = [0] * (pool.swa_size // self.page_size)
 
     def available_size(self) -> tuple[int, int]:
-        return len(self._full), len(self._swa)
+        """Free slots of each pool, counted in whole free pages."""
+        return len(self._full) * self.page_size, len(self._swa) * self.page_size
 
     def alloc(self, n: int) -> torch.Tensor:
-        """Full-pool slots for ``n`` new tokens; their SWA slots are recorded in the mapping."""
-        if n == 0:
-            return torch.empty(0, dtype=torch.int64, device=self.pool.device)
-        if n > len(self._swa):
+        """Full-pool slots for the first ``n`` tokens of one new request."""
+        return self.alloc_extend(prefix_lens=[0], extend_lens=[n], last_locs=[0])
+
+    def alloc_extend(self, *, prefix_lens: Sequence[int], extend_lens: Sequence[int],
+                     last_locs: Sequence[int]) -> torch.Tensor:
+        """Full-pool slots for ``extend_lens[i]`` new tokens of request i after its ``prefix_lens[i]`` cached
+        ones, continuing the page of its last slot ``last_locs[i]``; concatenated in request order. The SWA
+        slots are recorded in the mapping."""
+        p = self.page_size
+        opening = [_pages(pre + n, p) - _pages(pre, p) for pre, n in zip(prefix_lens, extend_lens)]
+        need = sum(opening)
+        if need > len(self._swa):
             raise PoolExhausted(
-                "swa_size", f"SWA KV pool: need {n} slots, {len(self._swa)} free of {self.pool.swa_size - 1}"
+                "swa_size",
+                f"SWA KV pool: need {need * p} slots, {len(self._swa) * p} free of {self.pool.swa_size - p}",
             )
-        full = self._full.take(n)
-        swa = self._swa.take(n)
-        full_t = torch.tensor(full, dtype=torch.int64, device=self.pool.device)
-        self.pool.full_to_swa_index_mapping[full_t] = torch.tensor(swa, dtype=torch.int64, device=self.pool.device)
+        full_pages = self._full.take(need)
+        swa_pages = self._swa.take(need)
+        full: list[int] = []
+        swa: list[int] = []
+        page = 0
+        for pre, n, last in zip(prefix_lens, extend_lens, last_locs):
+            last_swa = int(self.pool.full_to_swa_index_mapping[last]) if pre % p else 0
+            for pos in range(pre, pre + n):
+                if pos % p == 0:
+                    last, last_swa = full_pages[page] * p, swa_pages[page] * p
+                    page += 1
+                else:
+                    last, last_swa = last + 1, last_swa + 1
+                full.append(last)
+                swa.append(last_swa)
+        for slot in full:
+            self._full_held[slot // p] += 1
+        for slot in swa:
+            self._swa_held[slot // p] += 1
+        device = self.pool.device
+        full_t = torch.tensor(full, dtype=torch.int64, device=device)
+        if full:
+            self.pool.full_to_swa_index_mapping[full_t] = torch.tensor(swa, dtype=torch.int64, device=device)
         return full_t
 
     def free_swa(self, full_slots: torch.Tensor) -> None:
@@ -46,7 +88,7 @@ class SWATokenToKVPoolAllocator:
         mapping = self.pool.full_to_swa_index_mapping
         swa = mapping[full_slots.long()]
         freed = swa[swa > 0].tolist()
-        self._swa.give_back(freed)
+        self._swa.give_back(_released(freed, self._swa_held, self.page_size))
         mapping[full_slots.long()] = 0
         if self.poison_freed:
             self.pool.poison_slots([], freed)
@@ -57,6 +99,26 @@ class SWATokenToKVPoolAllocator:
             return
         self.free_swa(full_slots)
         freed = full_slots.long().tolist()
-        self._full.give_back(freed)
+        self._full.give_back(_released(freed, self._full_held, self.page_size))
         if self.poison_freed:
             self.pool.poison_slots(freed, [])
+
+
+def _pages(tokens: int, page_size: int) -> int:
+    return -(-tokens // page_size)
+
+
+def _released(slots: list[int], held: list[int], page_size: int) -> list[int]:
+    """Count ``slots`` off their pages; the pages whose last held slot this was."""
+    out = []
+    for slot in slots:
+        page = slot // page_size
+        if page == 0:
+            raise ValueError(f"cannot free reserved slot {slot}: it is in the dummy page")
+        if held[page] <= 0:
+            # SGLang's invariant checker aborts here too: a second free would hand the page out twice
+            raise ValueError(f"cannot free slot {slot}: its page {page} holds no allocated slot (a double free)")
+        held[page] -= 1
+        if held[page] == 0:
+            out.append(page)
+    return out

@@ -53,6 +53,8 @@ class PoolSpec:
     """longest request (prompt plus output) the pool's page tables are sized for"""
     max_running_requests: int = 16
     """rows of req_to_token, the dummy row 0 excluded"""
+    page_size: int = 1
+    """token slots per page; page 0 of each pool is the dummy page padded rows write to"""
 
     def problems(self) -> list[str]:
         """Every rule the spec breaks, as ``field: what is wrong``."""
@@ -63,6 +65,14 @@ class PoolSpec:
         ]
         if self.kv_dtype not in KV_DTYPES:
             out.append(f"kv_dtype: expected one of {', '.join(map(repr, KV_DTYPES))}, got {self.kv_dtype!r}")
+        if self.page_size not in SUPPORTED_PAGE_SIZES:
+            out.append(f"page_size: expected one of {', '.join(map(str, SUPPORTED_PAGE_SIZES))}, got {self.page_size}")
+        elif not out:
+            out.extend(
+                f"{name}: expected a multiple of page_size ({self.page_size}), got {getattr(self, name)}"
+                for name in ("full_size", "swa_size")
+                if getattr(self, name) % self.page_size
+            )
         if not out and (self.max_running_requests + 1) * self.max_context_len > _TABLE_CELLS:
             # req_to_token is allocated whole for every run (and the load-time dry run): bound its size
             out.append(
@@ -82,6 +92,9 @@ _POOL_BOUNDS = {
     "max_running_requests": (1, POOL_SIZE_LIMIT),
 }
 _TABLE_CELLS = 1 << 22
+# The allocator and the page tables work in pages of any size; the eviction policies and the SWA page frees
+# that make larger pages meaningful (whole-page frees, page-aligned frontiers) are not modelled yet.
+SUPPORTED_PAGE_SIZES = (1,)
 
 
 def storage_dtype(kv_dtype: str) -> torch.dtype:
@@ -118,6 +131,7 @@ class HybridSWAKVPool:
         self.store_dtype = storage_dtype(spec.kv_dtype)
         self.full_size = spec.full_size
         self.swa_size = spec.swa_size
+        self.page_size = spec.page_size
         self.layers_mapping: dict[int, tuple[int, bool]] = {}
         n_full = n_swa = 0
         for layer_id, is_swa in enumerate(layer_is_swa):
@@ -253,11 +267,15 @@ class PoolExhausted(RuntimeError):
 
 
 class FreeList:
-    """Sorted free slot ids; slot 0 is the reserved dummy and never free."""
+    """Sorted free ids (slots or pages); id 0 is the reserved dummy and never free.
 
-    def __init__(self, size: int, what: str, field: str) -> None:
+    ``unit`` is how many token slots one id stands for (the page size), so that messages count slots.
+    """
+
+    def __init__(self, size: int, what: str, field: str, *, unit: int = 1) -> None:
         self._free = list(range(1, size))
-        self._capacity = size - 1
+        self._unit = unit
+        self._capacity = (size - 1) * unit
         self._what = what
         self._field = field
 
@@ -266,15 +284,18 @@ class FreeList:
 
     def take(self, n: int) -> list[int]:
         if n > len(self._free):
-            raise PoolExhausted(self._field, f"{self._what}: need {n} slots, {len(self._free)} free of {self._capacity}")
+            raise PoolExhausted(
+                self._field,
+                f"{self._what}: need {n * self._unit} slots, {len(self._free) * self._unit} free of {self._capacity}",
+            )
         taken, self._free = self._free[:n], self._free[n:]
         return taken
 
-    def give_back(self, slots: list[int]) -> None:
-        for slot in slots:
-            if slot <= 0:
-                raise ValueError(f"{self._what}: cannot free reserved slot {slot}")
-            bisect.insort(self._free, slot)
+    def give_back(self, ids: list[int]) -> None:
+        for i in ids:
+            if i <= 0:
+                raise ValueError(f"{self._what}: cannot free reserved slot {i * self._unit}")
+            bisect.insort(self._free, i)
 
 
 class ReqToTokenPool:

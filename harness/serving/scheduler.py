@@ -3,7 +3,8 @@
 Policy, SGLang's default without mixed chunked prefill: a step runs an extend batch while any request
 still has prompt tokens to prefill (chunked by ``chunk_size``), otherwise one decode batch of every
 running request (or a speculative draft batch when ``draft_steps`` > 0). Between steps, finished and
-aborted requests free both pools and out-of-window tokens of live requests give back their SWA slots.
+aborted requests free both pools and live requests give back the SWA slots their eviction policy frees.
+Every slot, row and free goes through the run's serving stack (``stack.py``), never a pool directly.
 
 Tokens are teacher-forced from a seeded stream per request, so the schedule and every slot assignment
 depend on the timeline alone, never on model outputs: a subject run and its reference see identical
@@ -16,9 +17,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .allocator import SWATokenToKVPoolAllocator
 from .batch import ForwardBatch, ForwardMode, make_forward_batch
-from .pool import HybridSWAKVPool, ReqToTokenPool
+from .eviction import EvictionPolicy, RequestWindow
+from .stack import ServingStack
 from .timeline import LiveToken, RequestSpec, TimelineSpec, TokenKey, request_tokens
 
 
@@ -53,6 +54,7 @@ class _Req:
     row: int = -1
     seq_len: int = 0
     swa_evicted: int = 0
+    decoded: int = 0
     slots: list[int] = field(default_factory=list)
 
     @property
@@ -62,6 +64,14 @@ class _Req:
     @property
     def prefilling(self) -> bool:
         return self.seq_len < self.spec.prompt_len
+
+    @property
+    def last_loc(self) -> int:
+        return self.slots[-1] if self.slots else 0
+
+    def window(self) -> RequestWindow:
+        return RequestWindow(seq_len=self.seq_len, swa_evicted=self.swa_evicted, prefilling=self.prefilling,
+                             decoded=self.decoded)
 
 
 class TimelineTooLong(RuntimeError):
@@ -82,18 +92,14 @@ class Scheduler:
         self,
         timeline: TimelineSpec,
         *,
-        pool: HybridSWAKVPool,
-        allocator: SWATokenToKVPoolAllocator,
-        req_to_token_pool: ReqToTokenPool,
-        window: int,
+        stack: ServingStack,
+        eviction: EvictionPolicy,
         vocab_size: int,
     ) -> None:
         self.timeline = timeline
-        self.pool = pool
-        self.allocator = allocator
-        self.req_to_token_pool = req_to_token_pool
-        self.window = window
-        self.device = pool.device
+        self.stack = stack
+        self.eviction = eviction
+        self.device = stack.device
         tokens = request_tokens(timeline, vocab_size)
         self._pending = [
             _Req(spec=r, tokens=tokens[r.rid]) for r in sorted(timeline.requests, key=lambda r: r.arrive)
@@ -124,12 +130,12 @@ class Scheduler:
 
     def live_tokens(self) -> list[LiveToken]:
         """Every token of every running request, with its slots, as of now."""
-        mapping = self.pool.full_to_swa_index_mapping
         out = []
         for req in self._running:
             # the keys the request's next query will read; older ones may already be evicted
-            first_in_window = req.seq_len - self.window + 1
-            swa = mapping[torch.tensor(req.slots, dtype=torch.int64)].tolist() if req.slots else []
+            first_in_window = self.eviction.window_start(req.seq_len)
+            swa = self.stack.translate(torch.tensor(req.slots, dtype=torch.int64, device=self.device)).tolist() \
+                if req.slots else []
             for pos, (full, swa_slot) in enumerate(zip(req.slots, swa)):
                 out.append(
                     LiveToken(
@@ -139,7 +145,7 @@ class Scheduler:
         return out
 
     def finish_step(self) -> StepEnd:
-        """Free finished requests and evict tokens that left the window, then advance the clock."""
+        """Free finished requests and evict what the eviction policy frees, then advance the clock."""
         finished: list[str] = []
         evicted: list[TokenKey] = []
         for req in list(self._running):
@@ -147,10 +153,11 @@ class Scheduler:
                 self._free(req)
                 finished.append(req.spec.rid)
             else:
-                # The next query sits at position seq_len and sees seq_len-W+1 .. seq_len.
-                evict_to = max(req.swa_evicted, req.seq_len - self.window + 1)
+                evict_to = self.eviction.frontier(req.window())
                 if evict_to > req.swa_evicted:
-                    self.allocator.free_swa(torch.tensor(req.slots[req.swa_evicted : evict_to], dtype=torch.int64))
+                    self.stack.free_swa(
+                        torch.tensor(req.slots[req.swa_evicted : evict_to], dtype=torch.int64, device=self.device)
+                    )
                     evicted.extend(TokenKey(req.spec.rid, p) for p in range(req.swa_evicted, evict_to))
                     req.swa_evicted = evict_to
         self._step += 1
@@ -165,8 +172,8 @@ class Scheduler:
         self._waiting = [r for r in self._waiting if r.spec.abort is None or r.spec.abort > self._step]
 
     def _free(self, req: _Req) -> None:
-        self.allocator.free(torch.tensor(req.slots, dtype=torch.int64))
-        self.req_to_token_pool.free(req.row)
+        self.stack.free(torch.tensor(req.slots, dtype=torch.int64, device=self.device))
+        self.stack.free_req_row(req.row)
         self._running.remove(req)
 
     def _build(self) -> ScheduledStep | None:
@@ -188,16 +195,16 @@ class Scheduler:
             budget -= n
         while self._waiting and budget > 0:
             req = self._waiting.pop(0)
-            req.row = self.req_to_token_pool.alloc()
+            req.row = self.stack.alloc_req_row()
             self._running.append(req)
             n = min(req.spec.prompt_len, budget)
             chosen.append((req, n))
             budget -= n
         ids, positions, rows, prefix_lens, extend_lens, locs, owners = [], [], [], [], [], [], []
         for req, n in chosen:
-            slots = self.allocator.alloc(n)
             start = req.seq_len
-            self.req_to_token_pool.write(req.row, start, slots)
+            slots = self.stack.alloc_extend(prefix_lens=[start], extend_lens=[n], last_locs=[req.last_loc])
+            self.stack.write_req_to_token(req.row, start, slots)
             req.slots.extend(slots.tolist())
             ids.append(req.tokens[start : start + n])
             positions.append(torch.arange(start, start + n))
@@ -215,8 +222,8 @@ class Scheduler:
             prefix_lens=prefix_lens,
             extend_lens=extend_lens,
             out_cache_loc=torch.cat(locs),
-            req_to_token_pool=self.req_to_token_pool,
-            pool=self.pool,
+            req_to_token_pool=self.stack.req_to_token_pool,
+            pool=self.stack.pool,
         )
         return ScheduledStep(index=self._step, batch=batch, forwards=(tuple(owners),))
 
@@ -226,14 +233,17 @@ class Scheduler:
         if self.timeline.draft_steps > 0:
             steps = min(self.timeline.draft_steps, *(r.total_len - r.seq_len for r in reqs))
         # step-major allocation: all of draft step 0's slots, then step 1's ...
-        loc_rows = [self.allocator.alloc(len(reqs)) for _ in range(steps)]
         ids = torch.zeros((steps, len(reqs)), dtype=torch.int64)
         forwards: list[tuple[TokenKey, ...]] = []
-        for i, locs in enumerate(loc_rows):
+        loc_rows = []
+        for i in range(steps):
+            locs = self.stack.alloc_extend(prefix_lens=[r.seq_len + i for r in reqs], extend_lens=[1] * len(reqs),
+                                           last_locs=[r.last_loc for r in reqs])
+            loc_rows.append(locs)
             owners = []
             for b, req in enumerate(reqs):
                 pos = req.seq_len + i
-                self.req_to_token_pool.write(req.row, pos, locs[b : b + 1])
+                self.stack.write_req_to_token(req.row, pos, locs[b : b + 1])
                 req.slots.append(int(locs[b]))
                 ids[i, b] = req.tokens[pos]
                 owners.append(TokenKey(req.spec.rid, pos))
@@ -241,6 +251,7 @@ class Scheduler:
         prefix_lens = [r.seq_len for r in reqs]
         for req in reqs:
             req.seq_len += steps
+            req.decoded += 1
         draft = self.timeline.draft_steps > 0
         batch = make_forward_batch(
             forward_mode=ForwardMode.DRAFT if draft else ForwardMode.DECODE,
@@ -250,8 +261,8 @@ class Scheduler:
             prefix_lens=prefix_lens,
             extend_lens=[1] * len(reqs),
             out_cache_loc=loc_rows[0],
-            req_to_token_pool=self.req_to_token_pool,
-            pool=self.pool,
+            req_to_token_pool=self.stack.req_to_token_pool,
+            pool=self.stack.pool,
             draft_out_cache_loc=torch.stack(loc_rows) if draft else None,
             draft_input_ids=ids.to(self.device) if draft else None,
         )

@@ -6,7 +6,7 @@ import dataclasses
 
 import torch
 
-from harness.check.run import build_session
+from harness.check.assemble import assemble
 from harness.runspec import GraphSpec, RunSpec
 from harness.serving.model import model_spec
 from harness.serving.pool import PoolSpec
@@ -35,7 +35,7 @@ def nan_before_replay(runner) -> None:
 
 def drive(spec: RunSpec, *, poison_outputs: bool = False):
     """Run a spec step by step; returns (hidden states per step, pool snapshots per step, runner)."""
-    session = build_session(spec)
+    session = assemble(spec)
     if poison_outputs and hasattr(session.runner, "graphs"):
         nan_before_replay(session.runner)
     hidden, pools = [], []

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from harness.check.case import cases
-from harness.check.run import run_case
+from harness.check.matrix import run_case
 from harness.scenario import load_scenario
 
 ROOT = Path(__file__).resolve().parents[2] / "scenarios"

@@ -5,7 +5,7 @@ import dataclasses
 import pytest
 import torch
 
-from harness.check.run import execute
+from harness.check.drive import execute
 from harness.check.verdict import judge
 
 from ._flows import heterogeneous_decode, heterogeneous_prefill, spec_for

@@ -38,9 +38,9 @@ def test_graph_replays_equal_eager_bitwise(preset, mode, timeline):
 def test_nan_outputs_before_replay_would_show_if_replay_skipped_a_row():
     # The NaN fill is a real check: a graph that skips writing its output leaves NaN in the hidden states.
     spec = spec_for("gpt-oss-mini", heterogeneous_decode, "full")
-    from harness.check.run import build_session
+    from harness.check.assemble import assemble
 
-    session = build_session(spec)
+    session = assemble(spec)
     runner = session.runner
     for graph in runner.graphs.values():
         graph.replay = lambda: ()  # a replay that does nothing

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from harness.check.run import execute
+from harness.check.drive import execute
 from harness.check.verdict import judge
 from harness.runspec import GraphSpec, RunSpec
 from harness.serving.model import PRESETS, model_spec

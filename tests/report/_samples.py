@@ -11,7 +11,7 @@ import dataclasses
 from pathlib import Path
 
 from harness.check.case import cases
-from harness.check.run import run_case
+from harness.check.matrix import run_case
 from harness.report.build import case_view
 from harness.report.views import CaseView
 from harness.scenario import load_scenario

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from harness.check.case import cases
-from harness.check.run import run_case
+from harness.check.matrix import run_case
 from harness.report.build import case_view
 from harness.report.text import failure_block
 from harness.report.views import CaseView

@@ -4,7 +4,7 @@
 import pytest
 
 from harness.check.oracle import certify, dense_oracle
-from harness.check.run import execute
+from harness.check.drive import execute
 from harness.runspec import RunSpec
 from harness.serving.model import PRESETS, SyntheticModel, model_spec
 from harness.serving.pool import PoolSpec

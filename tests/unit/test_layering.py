@@ -18,6 +18,7 @@ FORBIDDEN = {
     "scenario": {"check", "report", "runners", "graphs", "backends.torch_native"},
     "check": {"report", "collect", "plugin", "cli", "bench"},
     "report": {"collect", "plugin", "cli", "bench"},
+    "imports": {"serving", "graphs", "backends", "runners", "check", "scenario", "report", "runspec"},
 }
 
 
@@ -54,3 +55,12 @@ def test_the_concrete_backend_is_named_only_in_its_module_and_the_registry():
         if path.parent.name == "backends" and path.name in ("torch_native.py", "registry.py"):
             continue
         assert "TorchNativeBackend" not in path.read_text(), path
+
+
+@pytest.mark.parametrize("cls", ["HybridSWAKVPool", "SWATokenToKVPoolAllocator", "ReqToTokenPool"])
+def test_the_miniatures_memory_layer_is_built_only_by_its_serving_stack(cls):
+    # every run gets its pools through a serving stack, so another stack (the installed SGLang) replaces all
+    for path in ROOT.rglob("*.py"):
+        if path.parent.name == "serving" and path.name in ("miniature.py", "pool.py", "allocator.py"):
+            continue
+        assert f"{cls}(" not in path.read_text(), f"{path.relative_to(ROOT.parent)} builds a {cls}"

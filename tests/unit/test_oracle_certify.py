@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from harness.check.oracle import Certification, certify, dense_oracle, tolerance
-from harness.check.run import execute
+from harness.check.drive import execute
 from harness.runspec import RunSpec
 from harness.serving.model import SyntheticModel, model_spec
 from harness.serving.pool import PoolSpec, dequantize_fp8

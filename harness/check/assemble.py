@@ -1,0 +1,90 @@
+"""The composition root of one run: the serving stack, model, backend, scheduler and runner a ``RunSpec``
+names, each found through its registry, wired together once.
+
+Nothing else in the harness constructs these pieces for a run, so a new serving stack, eviction policy,
+backend or runner reaches every run (the CLI, pytest, the benchmark) through its registry name alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..backends.base import AttentionBackend
+from ..backends.registry import backend_class
+from ..graphs.registry import get_engine
+from ..runners.base import Runner, RunnerContext
+from ..runners.eager import EagerRunner
+from ..runners.registry import runner_class
+from ..runspec import Mode, RunSpec
+from ..serving.designs import resolve_design
+from ..serving.model import SyntheticModel
+from ..serving.pool import HybridSWAKVPool, ReqToTokenPool
+from ..serving.registry import eviction_policy, stack_class
+from ..serving.scheduler import Scheduler
+from ..serving.speculative import SpeculativeWorker
+from ..serving.stack import ServingStack, StackSpec
+
+
+@dataclass(slots=True)
+class RunParts:
+    """Everything one run is built from; tests use it to drive steps by hand."""
+
+    spec: RunSpec
+    model: SyntheticModel
+    stack: ServingStack
+    scheduler: Scheduler
+    backend: AttentionBackend
+    runner: Runner
+    worker: SpeculativeWorker
+
+    @property
+    def pool(self) -> HybridSWAKVPool:
+        return self.stack.pool
+
+    @property
+    def req_to_token_pool(self) -> ReqToTokenPool:
+        return self.stack.req_to_token_pool
+
+    def run_batch(self, batch) -> list[torch.Tensor]:
+        """Hidden states of every forward the batch takes (one per draft step for a draft batch)."""
+        return self.worker.run(self.runner.forward, batch)
+
+
+def assemble(spec: RunSpec) -> RunParts:
+    """Build every part of the run ``spec`` describes (graphs captured at startup are captured), then poison
+    the pools: nothing has run yet."""
+    device = torch.device(spec.device)
+    model = SyntheticModel(spec.model, device)
+    stack = stack_class(spec.serving).build(StackSpec(
+        pool=spec.pool, layer_is_swa=tuple(spec.model.layer_is_swa), num_kv_heads=spec.model.num_kv_heads,
+        head_dim=spec.model.head_dim, kv_scales=tuple(model.kv_scales()), device=str(device),
+    ))
+    scheduler = Scheduler(
+        spec.timeline,
+        stack=stack,
+        eviction=eviction_policy(spec.eviction, window=spec.model.window, page_size=spec.pool.page_size),
+        vocab_size=spec.model.vocab_size,
+    )
+    backend = backend_class(spec.backend)(
+        model_spec=spec.model,
+        pool=stack.pool,
+        req_to_token=stack.req_to_token_pool.req_to_token,
+        design=resolve_design(spec.design),
+        kv_write=spec.kv_write,
+        faults=spec.faults,
+    )
+    ctx = RunnerContext(model=model, backend=backend, pool=stack.pool, req_to_token_pool=stack.req_to_token_pool)
+    runner = make_runner(spec, ctx)
+    stack.poison()
+    return RunParts(spec, model, stack, scheduler, backend, runner, SpeculativeWorker(spec.faults))
+
+
+def make_runner(spec: RunSpec, ctx: RunnerContext) -> Runner:
+    """The runner the spec names (its mode's built-in one by default), over an eager runner to fall back on."""
+    eager = EagerRunner(ctx)
+    name = spec.runner or Mode(spec.mode).value
+    if name == Mode.EAGER and spec.runner is None:
+        return eager
+    return runner_class(name).for_run(ctx, spec, eager=eager, engine=get_engine(spec.engine))

@@ -1,0 +1,77 @@
+"""The run driver: a built run's timeline stepped through its runner, every step snapshotted and recorded.
+
+An exception ends the run and becomes part of its result (the verdict ``error``), never a raise: a design
+that calls ``sys.exit()`` is a finding about the design.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from ..runners.observations import ForwardRecord
+from ..runspec import RunSpec
+from ..serving.scheduler import ScheduledStep, StepEnd
+from ..serving.timeline import LiveToken, TokenKey
+from .assemble import RunParts, assemble
+from .result import RunError, RunResult, StepRecord
+from .snapshot import KVSnapshot, take_snapshot
+
+
+def execute(spec: RunSpec) -> RunResult:
+    """Run the timeline; an exception ends the run and is returned, never raised."""
+    snapshots: list[KVSnapshot] = []
+    steps: list[StepRecord] = []
+    step_index: int | None = None
+    parts: RunParts | None = None
+    running: tuple[ScheduledStep, int] | None = None
+    try:
+        parts = assemble(spec)
+        while (step := parts.scheduler.next_step()) is not None:
+            step_index = step.index
+            running = (step, len(parts.runner.forward_log()))
+            hidden = parts.run_batch(step.batch)
+            live = parts.scheduler.live_tokens()
+            snapshots.append(take_snapshot(parts.stack.kv_buffers(), step, live, hidden))
+            end = parts.scheduler.finish_step()
+            steps.append(_step_record(step, live, _forwards(parts, running[1]), end))
+            running = None
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - any failure of the subject (sys.exit too) is a verdict
+        if parts is not None and running is not None:
+            steps.extend(_failed_step_record(parts, *running))
+        return RunResult(
+            spec=spec,
+            snapshots=tuple(snapshots),
+            error=RunError(type=type(exc).__name__, message=str(exc), step=step_index),
+            observations=parts.runner.observations() if parts is not None else None,
+            steps=tuple(steps),
+        )
+    return RunResult(spec=spec, snapshots=tuple(snapshots), observations=parts.runner.observations(),
+                     steps=tuple(steps))
+
+
+def _forwards(parts: RunParts, mark: int) -> tuple[ForwardRecord, ...]:
+    """How the step's forwards ran: the runner's log from ``mark`` on."""
+    return tuple(parts.runner.forward_log()[mark:])
+
+
+def _step_record(step: ScheduledStep, live: list[LiveToken], forwards: tuple[ForwardRecord, ...],
+                 end: StepEnd | None) -> StepRecord:
+    owners = [key for forward in step.forwards for key in forward]
+    tokens = Counter(key.rid for key in owners)  # insertion order: batch order
+    written = set(owners)
+    return StepRecord(
+        index=step.index, kind=step.kind, batch_size=step.batch.batch_size, tokens=tuple(tokens.items()),
+        forwards=forwards, written=tuple(t for t in live if TokenKey(t.rid, t.pos) in written),
+        evicted=end.evicted if end else (), finished=end.finished if end else (), aborted=step.aborted,
+    )
+
+
+def _failed_step_record(parts: RunParts, step: ScheduledStep, mark: int) -> list[StepRecord]:
+    """The step that raised: what was batched and the forwards that ran before the exception (none when the
+    scheduler's state is too broken to say)."""
+    try:
+        return [_step_record(step, parts.scheduler.live_tokens(), _forwards(parts, mark), None)]
+    except Exception:  # noqa: BLE001 - the timeline of a failed run is best effort; the error is the verdict
+        return []

@@ -1,0 +1,106 @@
+"""The matrix executor: the cases of a selection run, each isolated in a child process under its time limit,
+each judged against its scenario's reference run, computed once per process and inherited by the forks."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+
+import torch
+
+from ..runspec import Outcome, RunSpec
+from ..scenario.spec import ScenarioSpec
+from .case import Case, CaseResult
+from .drive import execute
+from .result import RunError, RunResult
+from .verdict import Verdict, judge
+from .workers import WorkerDied, run_isolated, run_one_isolated
+
+
+def limit_threads() -> None:
+    """One intra-op thread per process: the tensors are tiny, and pytest-xdist or --jobs already use every
+    core; oversubscribed torch threads made runs fifty times slower on a loaded 2-core machine."""
+    torch.set_num_threads(1)
+
+
+_REFERENCES: OrderedDict[RunSpec, RunResult] = OrderedDict()
+_REFERENCES_KEPT = 32
+
+
+def scenario_reference(scenario: ScenarioSpec, *, backend: str, device: str = "cpu",
+                       isolate: bool = False, timeout_s: float | None = None) -> RunResult:
+    """The reference run of a scenario, whichever designs and modes it lists, cached per process.
+
+    With ``isolate`` it runs in a child process (a third-party backend may crash or hang too) and comes back
+    to the cache here, so that case runs forked afterwards inherit it.
+    """
+    spec = scenario.run_spec(design=scenario.designs[0], mode=scenario.modes[0], backend=backend, device=device,
+                             with_faults=False).reference()
+    if spec not in _REFERENCES:
+        if isolate and _forkable(spec.device):
+            outcome = run_one_isolated(execute, spec, timeout_s=timeout_s or scenario.timeout_s)
+            _REFERENCES[spec] = _died_run(spec, outcome) if isinstance(outcome, WorkerDied) else outcome
+        else:
+            _REFERENCES[spec] = execute(spec)
+        while len(_REFERENCES) > _REFERENCES_KEPT:
+            _REFERENCES.popitem(last=False)
+    return _REFERENCES[spec]
+
+
+def run_case(case: Case) -> CaseResult:
+    """Run the subject, judge it against the (cached) reference run. Never raises for a run's failure."""
+    reference = scenario_reference(case.scenario, backend=case.backend, device=case.device)
+    return CaseResult(case=case, verdict=judge(execute(case.run_spec()), reference))
+
+
+def run_case_isolated(case: Case) -> CaseResult:
+    """``run_case`` in a child process with the case's time limit: a crash or a hang is an ``error``."""
+    return run_cases([case], jobs=1)[0]
+
+
+def run_cases(cases: Sequence[Case], *, jobs: int, done: Callable[[int, CaseResult], None] | None = None
+              ) -> list[CaseResult]:
+    """Every case, each in its own child process (``jobs`` at a time) under its time limit.
+
+    References are computed (isolated too) in this process just before the first case that needs one
+    forks, so each is computed once. Cases on CUDA run here, in order: a CUDA context cannot be forked.
+    """
+    forked = [c for c in cases if _forkable(c.device)]
+    position = {id(c): i for i, c in enumerate(cases)}
+    results: dict[int, CaseResult] = {}
+
+    def finished(index: int, outcome: CaseResult | WorkerDied) -> None:
+        case = forked[index]
+        result = _died_case(case, outcome) if isinstance(outcome, WorkerDied) else outcome
+        results[id(case)] = result
+        if done is not None:
+            done(position[id(case)], result)
+
+    def reference_first(case: Case) -> None:
+        scenario_reference(case.scenario, backend=case.backend, device=case.device, isolate=True,
+                           timeout_s=case.timeout_s)
+
+    run_isolated(run_case, forked, jobs=jobs, timeout_s=lambda c: c.timeout_s, done=finished,
+                 before_start=reference_first)
+    for index, case in enumerate(cases):
+        if id(case) not in results:
+            results[id(case)] = run_case(case)
+            if done is not None:
+                done(index, results[id(case)])
+    return [results[id(c)] for c in cases]
+
+
+def _forkable(device: str) -> bool:
+    return device == "cpu"
+
+
+def _died_error(died: WorkerDied) -> RunError:
+    return RunError(type="Timeout" if died.timed_out else "WorkerDied", message=died.reason, step=None)
+
+
+def _died_run(spec: RunSpec, died: WorkerDied) -> RunResult:
+    return RunResult(spec=spec, snapshots=(), error=_died_error(died))
+
+
+def _died_case(case: Case, died: WorkerDied) -> CaseResult:
+    return CaseResult(case=case, verdict=Verdict(outcome=Outcome.ERROR, diff=None, error=_died_error(died)))

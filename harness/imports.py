@@ -1,0 +1,45 @@
+"""Named extension points: a registered short name, or ``package.module:attr`` for code outside the harness.
+
+Designs, backends, serving stacks, eviction policies and runners are all found this way, so a third-party
+one is named on the command line or in a scenario exactly like a built-in one. Importing the module is no
+safer than importing it yourself; a module that raises or exits at import is reported as a bad name.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+
+
+def is_import_path(name: str) -> bool:
+    """``package.module:attr``, as opposed to a registered short name."""
+    module, sep, attr = name.partition(":")
+    return bool(sep) and all(p.isidentifier() for p in module.split(".")) and attr.isidentifier()
+
+
+def load_named(name: str, table: Mapping[str, str], *, kind: str, check: Callable[[object], str | None]) -> object:
+    """The object ``name`` designates: ``table[name]`` (itself an import path) or ``name`` as an import path.
+
+    ``check`` returns why a loaded object is not a ``kind`` (None when it is). Every failure is a KeyError
+    whose message names the kind, the name and what would be accepted.
+    """
+    path = table.get(name, name)
+    if not is_import_path(path):
+        raise KeyError(f"unknown {kind} {name!r}; known: {', '.join(table)}, or an import path 'package.module:attr'")
+    module_name, _, attr = path.partition(":")
+    try:
+        obj = getattr(importlib.import_module(module_name), attr)
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - a module that exits or raises at import is a bad name, not a crash
+        raise KeyError(f"{kind} {name!r} cannot be imported: {type(exc).__name__}: {exc}") from None
+    if (why := check(obj)) is not None:
+        raise KeyError(f"{kind} {name!r} {why}")
+    return obj
+
+
+def subclass_of(base: type) -> Callable[[object], str | None]:
+    """A ``check`` for ``load_named``: the object must be a subclass of ``base``."""
+    def check(obj: object) -> str | None:
+        return None if isinstance(obj, type) and issubclass(obj, base) else f"is not a {base.__name__} subclass"
+    return check

@@ -1,0 +1,33 @@
+"""Runners by name: how batches reach the model in each mode. One of this package is one module plus one
+line here; a third-party runner is named by ``package.module:Class`` (``RunSpec.runner``).
+
+The contract a runner keeps (``base.Runner``): ``forward(batch)`` returns the final hidden states of one
+forward; ``forward_log()`` says how each completed forward ran; ``observations()`` gives graph statistics
+and audit findings (None without graphs). It is built by the classmethod
+``for_run(ctx, spec, *, eager, engine)`` from the run's context (model, backend, stack), its ``RunSpec``
+(buckets, capture policy, faults), the eager runner to fall back on, and a fresh graph engine.
+"""
+
+from __future__ import annotations
+
+from ..imports import load_named
+from ..runspec import Mode
+
+RUNNERS: dict[str, str] = {
+    Mode.EAGER: "harness.runners.eager:EagerRunner",
+    Mode.FULL: "harness.runners.decode_graph:DecodeGraphRunner",
+    Mode.PIECEWISE: "harness.runners.piecewise:PiecewisePrefillRunner",
+}
+"""the built-in runner of each mode"""
+
+
+def runner_class(name: str) -> type:
+    """The runner class a registered name or ``package.module:Class`` names; KeyError otherwise."""
+    return load_named(name, RUNNERS, kind="runner", check=_is_runner_class)  # type: ignore[return-value]
+
+
+def _is_runner_class(obj: object) -> str | None:
+    if not isinstance(obj, type):
+        return "is not a class"
+    missing = [m for m in ("for_run", "forward", "forward_log", "observations") if not callable(getattr(obj, m, None))]
+    return f"lacks the runner contract's {', '.join(missing)}" if missing else None
