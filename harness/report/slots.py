@@ -150,7 +150,7 @@ def slot_map(view: CaseView, pool: str, step: int) -> list[SlotState]:
     for slot in range(size):
         held = current.get(slot)
         mismatches = sorted(bad.get(slot, []), key=lambda m: (m.layer or 0))
-        if slot == 0:
+        if slot < setup.page_size:  # the dummy page: padded rows write here, never compared
             status = "dummy"
         elif mismatches:
             status = min((m.classification for m in mismatches), key=_class_rank)

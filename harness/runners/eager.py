@@ -17,7 +17,7 @@ class EagerRunner:
     @classmethod
     def for_run(cls, ctx: RunnerContext, spec: RunSpec, *, eager: Runner | None = None,
                 engine: GraphEngine | None = None) -> EagerRunner:
-        return eager if isinstance(eager, EagerRunner) else cls(ctx)
+        return cls(ctx)
 
     def __init__(self, ctx: RunnerContext) -> None:
         self.model = ctx.model
