@@ -16,6 +16,7 @@ import dataclasses
 import enum
 from dataclasses import dataclass
 
+from .serving.eviction import EvictionSpec
 from .serving.faults import FAULTS
 from .serving.model import MAX_POSITIONS, ModelSpec
 from .serving.pool import PoolSpec
@@ -41,6 +42,8 @@ class Outcome(enum.StrEnum):
     MATCH = "match"
     DIVERGE = "diverge"
     ERROR = "error"
+    INVARIANT = "invariant"
+    """the pool's accounting broke (a slot owned twice, the dummy page freed, ...): the run stops there"""
 
 
 class CapturePolicy(enum.StrEnum):
@@ -129,7 +132,8 @@ class GraphSpec:
 
 
 def serving_problems(
-    *, model: ModelSpec, pool: PoolSpec, timeline: TimelineSpec, graphs: GraphSpec, kv_write: str, kv_write_key: str
+    *, model: ModelSpec, pool: PoolSpec, timeline: TimelineSpec, graphs: GraphSpec, kv_write: str, kv_write_key: str,
+    eviction: EvictionSpec = EvictionSpec(),
 ) -> list[Problem]:
     """The rules a run and a scenario share: each sub-spec's own, then those that relate them."""
     out = [
@@ -137,6 +141,7 @@ def serving_problems(
         *nested("pool", pool.problems()),
         *nested("timeline", timeline.problems()),
         *[Problem(f"graphs.{p.key}", p.message) for p in graphs.problems()],
+        *nested("eviction", eviction.problems()),
     ]
     if pool.max_context_len > MAX_POSITIONS:
         # positions index the model's RoPE cos/sin cache, which has MAX_POSITIONS rows
@@ -202,8 +207,8 @@ class RunSpec:
     device: Device = Device.CPU
     serving: str = "miniature"
     """the serving stack under test: a registered name or ``package.module:Class``"""
-    eviction: str = "tight"
-    """the SWA eviction policy: a registered name or ``package.module:Class``"""
+    eviction: EvictionSpec = EvictionSpec()
+    """the SWA eviction policy (a registered name or ``package.module:Class``) and its knobs"""
     runner: str | None = None
     """a runner by registered name or ``package.module:Class``; None: the mode's built-in runner"""
 
@@ -215,7 +220,7 @@ class RunSpec:
 
     def problems(self) -> list[Problem]:
         out = serving_problems(model=self.model, pool=self.pool, timeline=self.timeline, graphs=self.graphs,
-                               kv_write=self.kv_write, kv_write_key="kv_write")
+                               kv_write=self.kv_write, kv_write_key="kv_write", eviction=self.eviction)
         for key, enum_type in (("mode", Mode), ("engine", Engine), ("device", Device)):
             if (p := choice_problem(key, getattr(self, key), enum_type)) is not None:
                 out.append(p)

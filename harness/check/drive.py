@@ -13,7 +13,7 @@ from ..runspec import RunSpec
 from ..serving.scheduler import ScheduledStep, StepEnd
 from ..serving.timeline import LiveToken, TokenKey
 from .assemble import RunParts, assemble
-from .result import RunError, RunResult, StepRecord
+from .result import InvariantBreach, RunError, RunResult, StepRecord
 from .snapshot import KVSnapshot, take_snapshot
 
 
@@ -35,6 +35,11 @@ def execute(spec: RunSpec) -> RunResult:
             end = parts.scheduler.finish_step()
             steps.append(_step_record(step, live, _forwards(parts, running[1]), end))
             running = None
+            # checked once the step's frees are done: the state the next step starts from
+            if violations := parts.stack.invariant_violations(parts.scheduler.live_tokens()):
+                return RunResult(spec=spec, snapshots=tuple(snapshots), observations=parts.runner.observations(),
+                                 steps=tuple(steps), breach=InvariantBreach(step=step.index,
+                                                                            violations=tuple(violations)))
     except KeyboardInterrupt:
         raise
     except BaseException as exc:  # noqa: BLE001 - any failure of the subject (sys.exit too) is a verdict

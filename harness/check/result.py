@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from ..runners.observations import ForwardRecord, GraphObservations
 from ..runspec import RunSpec
+from ..serving.invariants import InvariantViolation
 from ..serving.timeline import LiveToken, TokenKey
 from .snapshot import KVSnapshot
 
@@ -43,6 +44,20 @@ class RunError:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class InvariantBreach:
+    """The first step after which the pool invariants did not hold, and every one that broke then."""
+
+    step: int
+    violations: tuple[InvariantViolation, ...]
+
+    def as_error(self) -> RunError:
+        """The breach in the shape every renderer of errors shows: which invariant, pool, slot and step."""
+        shown = "; ".join(map(str, self.violations[:3]))
+        more = f" (and {len(self.violations) - 3} more)" if len(self.violations) > 3 else ""
+        return RunError(type="InvariantViolation", message=f"{shown}{more}", step=self.step)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class RunResult:
     spec: RunSpec
     snapshots: tuple[KVSnapshot, ...]
@@ -51,3 +66,5 @@ class RunResult:
     """None for eager runs, which capture nothing"""
     steps: tuple[StepRecord, ...] = ()
     """the timeline of the steps that ran (the failing step of an error run included, as far as it got)"""
+    breach: InvariantBreach | None = None
+    """the pool invariants broke after this step; the run stopped there"""

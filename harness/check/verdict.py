@@ -49,8 +49,8 @@ class Verdict:
 
 def judge(subject: RunResult, reference: RunResult) -> Verdict:
     """Compare a finished subject run with its reference run."""
-    if reference.error is not None:
-        err = reference.error
+    if reference.error is not None or reference.breach is not None:
+        err = reference.error or reference.breach.as_error()
         return Verdict(
             outcome=Outcome.ERROR,
             diff=None,
@@ -72,6 +72,8 @@ def judge(subject: RunResult, reference: RunResult) -> Verdict:
               "counts": _counts(whole.mismatches)}
     if subject.error is not None:
         return Verdict(outcome=Outcome.ERROR, error=subject.error, **common)
+    if subject.breach is not None:
+        return Verdict(outcome=Outcome.INVARIANT, error=subject.breach.as_error(), **common)
     outcome = Outcome.DIVERGE if diff.total else Outcome.MATCH
     return Verdict(outcome=outcome, error=None, **common)
 

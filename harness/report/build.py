@@ -59,7 +59,7 @@ def setup_view(scenario: ScenarioSpec) -> SetupView:
         swa_size=pool.swa_size, kv_dtype=pool.kv_dtype, model_seed=model.seed, timeline_seed=timeline.seed,
         decode_buckets=tuple(graphs.decode_buckets), prefill_buckets=tuple(graphs.prefill_buckets),
         chunk_size=timeline.chunk_size, draft_steps=timeline.draft_steps, page_size=pool.page_size,
-        eviction=scenario.eviction, serving=scenario.serving,
+        eviction=scenario.eviction.policy, serving=scenario.serving,
     )
 
 

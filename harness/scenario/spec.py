@@ -25,6 +25,7 @@ from ..runspec import (
     serving_problems,
 )
 from ..serving.designs import DESIGNS
+from ..serving.eviction import EvictionSpec
 from ..serving.faults import FAULTS
 from ..serving.model import PRESETS, ModelSpec
 from ..serving.pool import PoolSpec
@@ -122,8 +123,8 @@ class ScenarioSpec:
     """each run's time limit; past it the run is an ``error`` verdict and the others go on"""
     serving: str = "miniature"
     """the serving stack under test (``serving/registry.py``)"""
-    eviction: str = "tight"
-    """the SWA eviction policy (``serving/registry.py``)"""
+    eviction: EvictionSpec = EvictionSpec()
+    """the SWA eviction policy and its knobs"""
 
     def expectation(self, design: str) -> Expectation:
         for exp in self.expectations:
@@ -170,7 +171,7 @@ class ScenarioSpec:
             out.append(Problem("model.preset", f"expected one of {', '.join(map(repr, PRESETS))}, "
                                                f"got {self.model.name!r}"))
         out.extend(serving_problems(model=self.model, pool=self.pool, timeline=self.timeline, graphs=self.graphs,
-                                    kv_write=self.kv_write, kv_write_key="run.kv_write"))
+                                    kv_write=self.kv_write, kv_write_key="run.kv_write", eviction=self.eviction))
         out.extend(_list_problems("graphs.modes", self.modes, lambda k, v: choice_problem(k, v, Mode)))
         out.extend(_list_problems("run.designs", self.designs, _design_problem))
         out.extend(_list_problems("run.backends", self.backends, _backend_problem))

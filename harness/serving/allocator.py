@@ -6,9 +6,10 @@ both, so ``full_to_swa_index_mapping`` maps a full page onto one SWA page. A req
 its last page (the full slot after ``last_loc``) until the page is full. With pages of one token every token
 opens a page and this is plain slot allocation.
 
-Free pages are handed out lowest first and returned to the free set at once, so a freed SWA page is the
-next one reused. Reuse while other requests still run is exactly where stale write locations do damage. A
-page goes back only when every token that was given a slot in it has freed that slot.
+Free pages are handed out in the pool's ``free_order``: by default lowest first, so a freed SWA page is
+the next one reused (reuse while other requests still run is exactly where stale write locations do
+damage); SGLang's own orders are the others. A page goes back only when every token that was given a slot
+in it has freed that slot.
 """
 
 from __future__ import annotations
@@ -29,8 +30,11 @@ class SWATokenToKVPoolAllocator:
         self.pool = pool
         self.page_size = pool.page_size
         self.poison_freed = poison_freed
-        self._full = FreeList(pool.full_size // self.page_size, "full KV pool", "full_size", unit=self.page_size)
-        self._swa = FreeList(pool.swa_size // self.page_size, "SWA KV pool", "swa_size", unit=self.page_size)
+        order = pool.spec.free_order
+        self._full = FreeList(pool.full_size // self.page_size, "full KV pool", "full_size", unit=self.page_size,
+                              order=order)
+        self._swa = FreeList(pool.swa_size // self.page_size, "SWA KV pool", "swa_size", unit=self.page_size,
+                             order=order)
         # slots handed out and not yet freed, per page: a page is free again when its count drops to zero
         self._full_held = [0] * (pool.full_size // self.page_size)
         self._swa_held = [0] * (pool.swa_size // self.page_size)
@@ -38,6 +42,11 @@ class SWATokenToKVPoolAllocator:
     def available_size(self) -> tuple[int, int]:
         """Free slots of each pool, counted in whole free pages."""
         return len(self._full) * self.page_size, len(self._swa) * self.page_size
+
+    def free_slots(self) -> tuple[frozenset[int], frozenset[int]]:
+        """The slots of every free page of the full and of the SWA pool."""
+        p = self.page_size
+        return tuple(frozenset(page * p + k for page in free for k in range(p)) for free in (self._full, self._swa))
 
     def alloc(self, n: int) -> torch.Tensor:
         """Full-pool slots for the first ``n`` tokens of one new request."""

@@ -9,8 +9,9 @@ Two questions, asked by different readers, answered in one place:
 * ``frontier(request)``: how far the SWA slots of the request are freed after a step. A policy frees
   nothing at or past ``window_start``; how much earlier it stops, and how often it frees, is the policy.
 
-A policy of your own is a subclass named by ``package.module:Class`` or registered in
-``serving/registry.py``.
+Two policies ship: ``tight`` (the harness default: free exactly what left the window, every step) and
+``sglang`` (SGLang's own: slack, page floors and an eviction interval). A policy of your own is a subclass
+named by ``package.module:Class`` or registered in ``serving/registry.py``.
 """
 
 from __future__ import annotations
@@ -24,6 +25,29 @@ def window_start(seq_len: int, window: int) -> int:
     """The first position a query at position ``seq_len`` reads with a window of ``window`` keys: the same
     under every policy (readers of recorded runs ask this, not a policy named in a file)."""
     return max(0, seq_len - window + 1)
+
+
+SGLANG_EVICTION_INTERVAL = 128
+"""SGLang's default ``SGLANG_SWA_EVICTION_INTERVAL``: tokens the frontier moves before SWA slots are freed"""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EvictionSpec:
+    """Which eviction policy a run uses, and its knobs."""
+
+    policy: str = "tight"
+    """a registered policy name or ``package.module:Class``"""
+    interval: int = SGLANG_EVICTION_INTERVAL
+    """for policies that batch their frees (``sglang``): free only once the frontier has moved this many
+    tokens past what was already freed; ``tight`` frees every step whatever this says"""
+
+    def problems(self) -> list[str]:
+        out = []
+        if not self.policy or not self.policy.isprintable():
+            out.append(f"policy: expected a policy name, got {self.policy!r}")
+        if not 1 <= self.interval <= 1 << 20:
+            out.append(f"interval: expected an integer from 1 to {1 << 20}, got {self.interval}")
+        return out
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -45,10 +69,14 @@ class EvictionPolicy(ABC):
 
     name: ClassVar[str]
 
-    def __init__(self, *, window: int, page_size: int = 1) -> None:
+    def __init__(self, spec: EvictionSpec = EvictionSpec(), *, window: int, page_size: int = 1,
+                 prefix_sharing: bool = False) -> None:
+        self.spec = spec
         self.window = window
         """keys visible to a query, the query's own key included"""
         self.page_size = page_size
+        self.prefix_sharing = prefix_sharing
+        """finished requests stay in a prefix cache, whose SWA part must stay matchable"""
 
     def window_start(self, seq_len: int) -> int:
         """The first position the next query of a request with ``seq_len`` tokens reads."""
@@ -71,3 +99,34 @@ class TightEviction(EvictionPolicy):
 
     def frontier(self, req: RequestWindow) -> int:
         return max(req.swa_evicted, self.window_start(req.seq_len))
+
+
+class SGLangEviction(EvictionPolicy):
+    """SGLang's policy (``free_swa_out_of_window_slots`` as the scheduler calls it), in the harness's units.
+
+    SGLang's ``sliding_window_size`` is the window without the query's own key (W - 1 here). Before a batch it
+    frees a request's SWA slots below ``pre_len - retain``, ``pre_len`` being the tokens cached so far (the
+    harness's ``seq_len`` after the step): ``retain`` is the window without prefix sharing, and with a prefix
+    cache the window rounded up to whole pages (at least one page) so a cached branch keeps a matchable
+    window. The frontier is floored to a page, frees wait until it has moved ``interval`` tokens past what was
+    freed, nothing is freed before a request's first decode batch, and during chunked prefill only without
+    prefix sharing.
+    """
+
+    name = "sglang"
+
+    def frontier(self, req: RequestWindow) -> int:
+        if req.prefilling and self.prefix_sharing:
+            return req.swa_evicted
+        if not req.prefilling and req.decoded == 0:
+            return req.swa_evicted  # the batch about to run is the request's first decode batch
+        sliding = self.window - 1
+        retain = _ceil_to(max(sliding, self.page_size), self.page_size) if self.prefix_sharing else sliding
+        moved = req.seq_len - retain
+        if moved < req.swa_evicted + self.spec.interval:
+            return req.swa_evicted
+        return max(req.swa_evicted, moved // self.page_size * self.page_size)
+
+
+def _ceil_to(n: int, unit: int) -> int:
+    return -(-n // unit) * unit

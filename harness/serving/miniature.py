@@ -59,6 +59,9 @@ class MiniatureStack(ServingStack):
     def translate(self, full_slots: torch.Tensor) -> torch.Tensor:
         return self.pool.translate_loc_from_full_to_swa(full_slots)
 
+    def free_slots(self) -> tuple[frozenset[int], frozenset[int]]:
+        return self.allocator.free_slots()
+
     def kv_buffers(self) -> PoolBuffers:
         p = self.pool
         return PoolBuffers(full_k=p.full_k_buffer, full_v=p.full_v_buffer, swa_k=p.swa_k_buffer, swa_v=p.swa_v_buffer)

@@ -55,6 +55,8 @@ class PoolSpec:
     """rows of req_to_token, the dummy row 0 excluded"""
     page_size: int = 1
     """token slots per page; page 0 of each pool is the dummy page padded rows write to"""
+    free_order: str = "lowest"
+    """how freed slots are reused: one of FREE_ORDERS"""
 
     def problems(self) -> list[str]:
         """Every rule the spec breaks, as ``field: what is wrong``."""
@@ -65,6 +67,8 @@ class PoolSpec:
         ]
         if self.kv_dtype not in KV_DTYPES:
             out.append(f"kv_dtype: expected one of {', '.join(map(repr, KV_DTYPES))}, got {self.kv_dtype!r}")
+        if self.free_order not in FREE_ORDERS:
+            out.append(f"free_order: expected one of {', '.join(map(repr, FREE_ORDERS))}, got {self.free_order!r}")
         if self.page_size not in SUPPORTED_PAGE_SIZES:
             out.append(f"page_size: expected one of {', '.join(map(str, SUPPORTED_PAGE_SIZES))}, got {self.page_size}")
         elif not out:
@@ -266,21 +270,33 @@ class PoolExhausted(RuntimeError):
         return self.message
 
 
+FREE_ORDERS = ("lowest", "fifo", "lifo")
+"""how freed slots (pages) are reused: the lowest free one first (the harness default: a freed slot is
+reused at once, which exposes stale writes sooner), the longest free first (SGLang at page size 1: freed
+slots join the tail of its free list), or the last freed first (SGLang with pages: freed pages join the head)"""
+
+
 class FreeList:
-    """Sorted free ids (slots or pages); id 0 is the reserved dummy and never free.
+    """Free ids (slots or pages) in the order they are handed out; id 0 is the reserved dummy, never free.
 
     ``unit`` is how many token slots one id stands for (the page size), so that messages count slots.
     """
 
-    def __init__(self, size: int, what: str, field: str, *, unit: int = 1) -> None:
+    def __init__(self, size: int, what: str, field: str, *, unit: int = 1, order: str = "lowest") -> None:
+        if order not in FREE_ORDERS:
+            raise ValueError(f"{what}: free order must be one of {FREE_ORDERS}, got {order!r}")
         self._free = list(range(1, size))
         self._unit = unit
+        self._order = order
         self._capacity = (size - 1) * unit
         self._what = what
         self._field = field
 
     def __len__(self) -> int:
         return len(self._free)
+
+    def __iter__(self):
+        return iter(self._free)
 
     def take(self, n: int) -> list[int]:
         if n > len(self._free):
@@ -295,7 +311,13 @@ class FreeList:
         for i in ids:
             if i <= 0:
                 raise ValueError(f"{self._what}: cannot free reserved slot {i * self._unit}")
-            bisect.insort(self._free, i)
+        if self._order == "lowest":
+            for i in ids:
+                bisect.insort(self._free, i)
+        elif self._order == "fifo":
+            self._free.extend(ids)
+        else:
+            self._free[:0] = ids
 
 
 class ReqToTokenPool:

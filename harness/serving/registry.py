@@ -4,7 +4,7 @@ third-party one is named by ``package.module:Class`` wherever a name is expected
 from __future__ import annotations
 
 from ..imports import load_named, subclass_of
-from .eviction import EvictionPolicy
+from .eviction import EvictionPolicy, EvictionSpec
 from .stack import ServingStack
 
 STACKS: dict[str, str] = {
@@ -13,6 +13,7 @@ STACKS: dict[str, str] = {
 
 EVICTION_POLICIES: dict[str, str] = {
     "tight": "harness.serving.eviction:TightEviction",
+    "sglang": "harness.serving.eviction:SGLangEviction",
 }
 
 
@@ -21,7 +22,8 @@ def stack_class(name: str) -> type[ServingStack]:
     return load_named(name, STACKS, kind="serving stack", check=subclass_of(ServingStack))  # type: ignore[return-value]
 
 
-def eviction_policy(name: str, *, window: int, page_size: int = 1) -> EvictionPolicy:
-    """An eviction policy by registered name or ``package.module:Class``, for one model's window."""
-    cls = load_named(name, EVICTION_POLICIES, kind="eviction policy", check=subclass_of(EvictionPolicy))
-    return cls(window=window, page_size=page_size)  # type: ignore[operator]
+def eviction_policy(spec: EvictionSpec, *, window: int, page_size: int = 1,
+                    prefix_sharing: bool = False) -> EvictionPolicy:
+    """The eviction policy ``spec`` names (registered, or ``package.module:Class``), for one model's window."""
+    cls = load_named(spec.policy, EVICTION_POLICIES, kind="eviction policy", check=subclass_of(EvictionPolicy))
+    return cls(spec, window=window, page_size=page_size, prefix_sharing=prefix_sharing)  # type: ignore[operator]

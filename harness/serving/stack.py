@@ -19,7 +19,9 @@ from typing import ClassVar
 
 import torch
 
+from .invariants import InvariantViolation, pool_violations
 from .pool import HybridSWAKVPool, PoolSpec, ReqToTokenPool
+from .timeline import LiveToken
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -106,6 +108,15 @@ class ServingStack(ABC):
     def translate(self, full_slots: torch.Tensor) -> torch.Tensor:
         """The SWA slots of full slots (0 for evicted and dummy slots, -1 for -1), int32."""
 
-    # ---- what snapshots read ---------------------------------------------------------------------------
+    # ---- what snapshots and checks read -----------------------------------------------------------------
     @abstractmethod
     def kv_buffers(self) -> PoolBuffers: ...
+
+    @abstractmethod
+    def free_slots(self) -> tuple[frozenset[int], frozenset[int]]:
+        """Every slot of the full and of the SWA pool that is free now (whole free pages)."""
+
+    def invariant_violations(self, live: Sequence[LiveToken]) -> list[InvariantViolation]:
+        """The pool invariants (``invariants.py``) that ``live`` and the free lists break now."""
+        free_full, free_swa = self.free_slots()
+        return pool_violations(live, free_full=free_full, free_swa=free_swa, page_size=self.page_size)

@@ -16,7 +16,7 @@ from harness.runners.registry import RUNNERS
 from harness.runspec import GraphSpec, RunSpec
 from harness.serving import registry
 from harness.serving.allocator import SWATokenToKVPoolAllocator
-from harness.serving.eviction import EvictionPolicy, RequestWindow
+from harness.serving.eviction import EvictionPolicy, EvictionSpec, RequestWindow
 from harness.serving.miniature import MiniatureStack
 from harness.serving.model import model_spec
 from harness.serving.pool import FreeList, PoolSpec
@@ -111,13 +111,13 @@ def test_a_serving_stack_named_by_import_path_needs_no_registry_line():
 
 def test_a_registered_eviction_policy_decides_when_slots_are_freed(registered):
     tight = execute(_spec())
-    lagging = execute(_spec(eviction="every_other_step"))
+    lagging = execute(_spec(eviction=EvictionSpec(policy="every_other_step")))
     assert lagging.error is None, lagging.error
     assert _evictions(lagging) != _evictions(tight)
     # no token is evicted that the tight policy keeps: lagging frees the same tokens later, or at finish
     assert {k for _, ev in _evictions(lagging) for k in ev} <= {k for _, ev in _evictions(tight) for k in ev}
     for design in SOUND:
-        verdict = judge(execute(_spec(eviction="every_other_step", design=design, mode="full")), lagging)
+        verdict = judge(execute(_spec(eviction=EvictionSpec(policy="every_other_step"), design=design, mode="full")), lagging)
         assert verdict.outcome == "match", f"{design}: {verdict.summary()}"
 
 
