@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_WORKERS ?= auto
 
-.PHONY: venv test test-gpu report screenshots chromium bench clean
+.PHONY: venv test test-fast test-gpu report screenshots chromium bench clean
 
 venv: $(STAMP)
 
@@ -20,6 +20,10 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 
 test: $(STAMP) chromium
 	$(PY) -m pytest -n $(PYTEST_WORKERS)
+
+# the quick loop while editing: everything but the tests marked slow (tests/README.md says which)
+test-fast: $(STAMP)
+	$(PY) -m pytest -n $(PYTEST_WORKERS) -m "not slow"
 
 test-gpu: $(STAMP)
 	$(PY) -m pytest -m gpu --harness-device=cuda

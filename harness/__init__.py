@@ -1,6 +1,13 @@
 """CUDA-graph correctness harness for attention backends with hybrid sliding-window KV caches.
 
-The public surface is small: scenarios are loaded with ``harness.scenario.load_scenario``, one run is a
-``harness.run.RunSpec`` given to ``harness.run.execute``, and ``harness.verdict.judge`` compares a run
-with its reference. Everything else is reached through ``python -m harness`` or pytest.
+Packages, from the bottom up (imports only go down; ``tests/unit/test_layering.py`` holds the rules):
+``serving`` (the SGLang miniature under test) and ``graphs`` (the graph engines), which never import each
+other; ``runspec`` (the run vocabulary: ``Mode``, ``Outcome``, ``RunSpec``); ``backends`` and ``runners``
+(how a batch reaches attention, eagerly or through captured graphs); ``scenario`` (scenario files, read and
+validated); ``check`` (a run, its snapshots, its diff and verdict against the reference run, the matrix of
+cases); ``report`` (views of results and their renderers). The front doors sit on top: ``cli``
+(``python -m harness``), ``plugin`` and ``collect`` (pytest), ``bench`` (``python -m harness.bench``).
+
+Scenarios are loaded with ``harness.scenario.load_scenario``, ``harness.check.case.cases`` gives a
+scenario's runs, and ``harness.check.verdict.judge`` compares a run with its reference.
 """

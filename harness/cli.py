@@ -17,10 +17,8 @@ from .check.matrix import limit_threads, run_cases
 from .report.build import case_view
 from .report.compare import run_compare
 from .report.files import unwritable
-from .report.html import now_label, write_report
-from .report.matrix import matrix_text
-from .report.records import write_results
-from .report.text import printable, progress_line, run_table, table, totals_line
+from .report.session import ReportSession
+from .report.text import printable, progress_line, run_table, table
 from .report.views import CaseView
 from .runspec import TIMEOUT_MAX_S, Mode, Outcome
 from .scenario.loader import SCENARIO_ROOT_DEFAULT, ScenarioError, load_all
@@ -62,15 +60,15 @@ def _why_nothing(args: argparse.Namespace, specs: list[ScenarioSpec]) -> str:
     return "the filters together select no run: no scenario runs that combination of design, mode and backend"
 
 
-def _run_all(all_cases: list[Case], jobs: int, views: list[CaseView]) -> None:
-    """Run every case, appending views as they finish (so an interrupt keeps what finished)."""
+def _run_all(all_cases: list[Case], jobs: int, session: ReportSession) -> None:
+    """Run every case, adding views to the session as they finish (so an interrupt keeps what finished)."""
     done_count, total, start = 0, len(all_cases), time.perf_counter()
     tty = sys.stderr.isatty()
 
     def add(view: CaseView) -> None:
         nonlocal done_count
         done_count += 1
-        views.append(view)
+        session.add(view)
         line = progress_line(done_count, total, view)
         if tty:
             sys.stderr.write("\r\033[K" + line[:150])
@@ -88,8 +86,6 @@ def _run_all(all_cases: list[Case], jobs: int, views: list[CaseView]) -> None:
     if tty:
         sys.stderr.write("\r\033[K")
     sys.stderr.write(f"{total} runs in {time.perf_counter() - start:.1f}s\n")
-    order = {c.name: i for i, c in enumerate(all_cases)}
-    views.sort(key=lambda v: order.get(v.name, 0))
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -107,34 +103,31 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if not all_cases:
         print(f"no runs selected: {_why_nothing(args, specs)}", file=sys.stderr)
         return 2 if not load_errors else 1
-    start = time.perf_counter()
-    views: list[CaseView] = []
+    session = ReportSession(json_path=Path(args.json) if args.json else None,
+                            report_dir=Path(args.report_dir) if args.report_dir else None,
+                            command=args.command_line, planned=[c.name for c in all_cases],
+                            load_errors=[e.problems for e in load_errors])
     try:
-        _run_all(all_cases, args.jobs, views)
+        _run_all(all_cases, args.jobs, session)
     except KeyboardInterrupt:
-        sys.stderr.write(f"\ninterrupted: {len(views)} of {len(all_cases)} runs finished\n")
-        _finish(args, views, load_errors, start, complete=False)
+        sys.stderr.write(f"\ninterrupted: {len(session.views)} of {len(all_cases)} runs finished\n")
+        _finish(session, complete=False)
         return 130
-    return _finish(args, views, load_errors, start, complete=True)
+    return _finish(session, complete=True)
 
 
-def _finish(args: argparse.Namespace, views: list[CaseView], load_errors: list[ScenarioError], start: float, *,
-            complete: bool) -> int:
+def _finish(session: ReportSession, *, complete: bool) -> int:
+    views = session.ordered()
     if views:
         print(run_table(views))
         print()
-        print(matrix_text(views))
-    print(f"\n{totals_line(views, len(load_errors))}")
-    if args.json and (views or not complete):
-        write_results(Path(args.json), views, complete=complete, duration_s=time.perf_counter() - start)
-        print(f"JSON: {Path(args.json).resolve()}" + ("" if complete else " (incomplete)"))
-    if args.report_dir:
-        index = write_report(Path(args.report_dir), views, duration_s=time.perf_counter() - start,
-                             command=args.command_line, generated=now_label(),
-                             load_errors=[line for e in load_errors for line in e.problems],
-                             complete=complete)
-        print(f"KV report: {index.resolve().as_uri()}")
-    return 0 if complete and all(v.ok for v in views) and not load_errors else 1
+    print("\n".join(session.summary_lines()))
+    session.finish(complete=complete)
+    if session.json_path is not None:
+        print(f"JSON: {session.json_path.resolve()}" + ("" if complete else " (incomplete)"))
+    if (line := session.report_line()) is not None:
+        print(line)
+    return 0 if complete and all(v.ok for v in views) and not session.load_errors else 1
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:

@@ -38,7 +38,8 @@ def case_view(result: CaseResult | None, *, case: Case | None = None, duration_s
     return CaseView(
         name=case.name, scenario=scenario.name, path=_display_path(scenario.path), description=scenario.description,
         tags=scenario.tags, design=case.design, mode=str(case.mode), backend=case.backend, engine=str(case.engine),
-        device=str(case.device), faults=tuple(sorted(case.faults)), expected=str(case.expected),
+        device=str(case.device), faults=tuple(sorted(case.faults)),
+        clean_rerun=not case.with_faults and bool(scenario.faults), expected=str(case.expected),
         verdict=str(verdict.outcome) if verdict is not None else "skipped", why=case.why,
         skip_reason=case.unsupported if verdict is None else None,
         mismatches=diff.total if diff else 0, mismatched_slots=diff.mismatched_slots if diff else 0,

@@ -21,7 +21,7 @@ def frame(views: Sequence[CaseView]) -> pd.DataFrame:
         "first_divergent_step": v.first.step if v.first else None,
         "first_class": v.first.classification if v.first else None,
         "error_type": v.error.type if v.error else None, "skip_reason": v.skip_reason,
-        "with_faults": not v.name.endswith("-nofault]"),
+        "with_faults": not v.clean_rerun,
     } for v in views]
     return pd.DataFrame(rows, columns=[*_COLUMNS, "with_faults"])
 

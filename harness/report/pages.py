@@ -35,10 +35,6 @@ def ordered(values: Sequence[str], canon: Sequence[str]) -> tuple[str, ...]:
     return tuple(sorted(seen, key=lambda v: (canon.index(v) if v in canon else len(canon), seen.index(v))))
 
 
-def is_clean_rerun(view: CaseView) -> bool:
-    return bool(view.name.endswith("-nofault]"))
-
-
 def status(view: CaseView) -> str:
     """"skipped", "ok" (the expected verdict) or "unexpected\""""
     if view.skip_reason is not None:
@@ -74,7 +70,7 @@ def run_row(view: CaseView, href: str, anchor: str) -> RunRow:
     return RunRow(
         anchor=anchor, href=href, name=view.name, scenario=view.scenario, family=family(view.scenario),
         design=view.design, mode=view.mode, backend=view.backend, engine=view.engine, device=view.device,
-        clean=is_clean_rerun(view), expected=view.expected, verdict=view.verdict, status=status(view),
+        clean=view.clean_rerun, expected=view.expected, verdict=view.verdict, status=status(view),
         unexpected_pass=view.unexpected_pass, sentence=first_divergence_sentence(view),
         reproduce_pytest=view.reproduce_pytest, reproduce_cli=view.reproduce_cli, duration_s=view.duration_s,
     )
@@ -195,8 +191,8 @@ def _matrices(views: Sequence[CaseView], href_of: Mapping[str, str], page_of: Ma
         for v in mine:
             by_scenario.setdefault((v.scenario, v.path), []).append(v)
         for key, group in by_scenario.items():
-            main = {(v.design, v.mode): v for v in group if not is_clean_rerun(v)}
-            clean = {(v.design, v.mode): v for v in group if is_clean_rerun(v)}
+            main = {(v.design, v.mode): v for v in group if not v.clean_rerun}
+            clean = {(v.design, v.mode): v for v in group if v.clean_rerun}
             cells = []
             for d, m in columns:
                 v = main.get((d, m))

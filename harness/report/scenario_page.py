@@ -14,7 +14,6 @@ from .pages import (
     MODE_ORDER,
     RunRow,
     family,
-    is_clean_rerun,
     ordered,
     run_row,
     status,
@@ -146,7 +145,7 @@ def _timeline(views: Sequence[CaseView]) -> tuple[Figure | None, str]:
         lanes.append((f"{mode} graphs", lane.steps))
     marks: dict[int, list[tuple[str, str]]] = {}
     for v in views:
-        label = f"{v.design} \u00b7 {v.mode}" + (" \u00b7 no faults" if is_clean_rerun(v) else "")
+        label = f"{v.design} \u00b7 {v.mode}" + (" \u00b7 no faults" if v.clean_rerun else "")
         if v.error is not None and v.error.step is not None:
             marks.setdefault(v.error.step, []).append((label, "error"))
         elif v.first is not None:

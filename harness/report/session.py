@@ -1,5 +1,5 @@
 """A report session: gathers the case views of one harness run, from the CLI or from pytest, and writes
-what was asked for when it ends.
+what was asked for when it ends; both front ends write their JSON results and HTML report through it.
 
 The pytest plugin's hooks delegate here (as syrupy's hooks delegate to its ``SnapshotSession``). Under
 pytest-xdist each worker's item puts its view's JSON record in ``user_properties``, which xdist sends to
@@ -11,6 +11,7 @@ come from that one place only.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from .html import now_label, write_report
@@ -24,8 +25,12 @@ RECORD_PROPERTY = "harness_case"
 
 
 class ReportSession:
+    """One run's views and the files asked of it. ``planned``: the run names in the order the matrix planned
+    them (the CLI knows its plan up front; pytest's controller does not), which reports then keep."""
+
     def __init__(self, *, json_path: Path | None = None, report_dir: Path | None = None,
-                 command: str | None = None) -> None:
+                 command: str | None = None, planned: Sequence[str] | None = None,
+                 load_errors: Sequence[tuple[str, ...]] = ()) -> None:
         self.json_path = json_path
         self.report_dir = report_dir
         self.command = command
@@ -33,7 +38,9 @@ class ReportSession:
         self.report_index: Path | None = None
         """the HTML report's index, once written"""
         self.views: list[CaseView] = []
-        self.load_errors: list[str] = []
+        self.load_errors = list(load_errors)
+        """the problems of each scenario file that failed to load, one entry per file"""
+        self._plan = {name: i for i, name in enumerate(planned)} if planned is not None else None
         self._seen: set[str] = set()
         self._started = time.perf_counter()
 
@@ -53,14 +60,17 @@ class ReportSession:
 
     def finish(self, *, complete: bool = True) -> list[Path]:
         """Write the requested files; the paths written."""
-        written = []
-        if self.json_path is not None and self.views:
-            write_results(self.json_path, self._ordered(), complete=complete, duration_s=self.duration_s)
+        written: list[Path] = []
+        if not self._asked_for_runs:
+            return written
+        views = self.ordered()
+        if self.json_path is not None:
+            write_results(self.json_path, views, complete=complete, duration_s=self.duration_s)
             written.append(self.json_path)
-        if self.report_dir is not None and self.views:
-            self.report_index = write_report(self.report_dir, self._ordered(), duration_s=self.duration_s,
-                                             complete=complete, command=self.command, generated=now_label(),
-                                             load_errors=self.load_errors)
+        if self.report_dir is not None:
+            self.report_index = write_report(self.report_dir, views, duration_s=self.duration_s, complete=complete,
+                                             command=self.command, generated=now_label(),
+                                             load_errors=[line for problems in self.load_errors for line in problems])
             written.append(self.report_index)
         return written
 
@@ -70,11 +80,21 @@ class ReportSession:
 
     def summary_lines(self) -> list[str]:
         """The verdict matrix and the totals, for the end of a run."""
-        if not self.views:
+        if not self._asked_for_runs:
             return []
-        matrix = matrix_text(self._ordered())
+        matrix = matrix_text(self.ordered())
         return [*([matrix, ""] if matrix else []), totals_line(self.views, len(self.load_errors))]
 
-    def _ordered(self) -> list[CaseView]:
-        # workers finish in any order; reports list cases by scenario, then as the matrix planned them
+    def ordered(self) -> list[CaseView]:
+        """The views in the plan's order; without a plan (pytest-xdist workers finish in any order), by
+        scenario file, then name."""
+        if self._plan is not None:
+            plan = self._plan
+            return sorted(self.views, key=lambda v: plan.get(v.name, len(plan)))
         return sorted(self.views, key=lambda v: (v.path, v.name))
+
+    @property
+    def _asked_for_runs(self) -> bool:
+        # a planned run (the CLI's) reports even when interrupted before its first result: the files then say
+        # it is incomplete; a pytest session without scenario items writes nothing
+        return bool(self.views) or bool(self._plan)

@@ -4,7 +4,8 @@ The terminal failure block, the run table, the verdict matrix, the JSON records 
 pages) are renderers of these. A ``CaseView`` round-trips through its JSON record, which is how results
 cross from pytest-xdist workers to the controller without loss. Fields added after version 1 of the
 record (``setup``, ``steps``, ``heat``, a mismatch's ``holder`` and ``found_in``) have defaults, so a
-results file written before them still reads.
+results file written before them still reads; ``clean_rerun``, which such a file only shows in the run's
+name, is derived from that name at reading, in ``CaseView.from_record`` only.
 """
 
 from __future__ import annotations
@@ -150,6 +151,8 @@ class CaseView:
     engine: str
     device: str
     faults: tuple[str, ...]
+    clean_rerun: bool
+    """the fault-free rerun of a fault scenario's run (the ``-nofault`` item): ``faults`` is then empty"""
     expected: str
     verdict: str
     """an outcome, or "skipped" when the backend cannot run the case"""
@@ -203,6 +206,9 @@ class CaseView:
 
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> CaseView:
+        if "clean_rerun" not in record:
+            # written before the field: only the item name (``Case.name``'s ``-nofault`` suffix) tells
+            record = {**record, "clean_rerun": record["name"].endswith("-nofault]")}
         data = {f.name: record[f.name] for f in dataclasses.fields(cls)
                 if f.name in record or f.default is dataclasses.MISSING}
         data["tags"] = tuple(data["tags"])

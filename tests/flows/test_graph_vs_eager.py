@@ -1,4 +1,4 @@
-"""Graph runs equal eager runs bitwise on CPU with the reference design (issue: graph engines)."""
+"""Graph runs equal eager runs bitwise on CPU with the reference design."""
 
 import pytest
 

@@ -40,6 +40,7 @@ def random_spec(seed: int) -> RunSpec:
 
 
 @pytest.mark.parametrize("seed", [10, 11, 27, 41])
+@pytest.mark.slow
 def test_sound_designs_match_in_every_mode_on_random_timelines(seed):
     spec = random_spec(seed)
     reference = execute(spec.reference())

@@ -1,4 +1,4 @@
-"""Capture leaves nothing computed behind, ``out=`` buffers included (issue 8, point 5).
+"""Capture leaves nothing computed behind, ``out=`` buffers included.
 
 On CUDA, memory an op allocates or grows during capture is graph-pool memory that no kernel has
 written yet.  The tape poisons it like any other capture allocation.  Warm-up, which really

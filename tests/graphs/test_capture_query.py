@@ -1,4 +1,4 @@
-"""``torch.cuda.is_current_stream_capturing()`` answers as on a device (issue 8, point 2).
+"""``torch.cuda.is_current_stream_capturing()`` answers as on a device.
 
 True while the capture runs, False during warm-up, during replay (an island's Python) and after,
 on both engines; on a CPU-only torch, where the real query raises, too.

@@ -1,4 +1,4 @@
-"""The input audit names what a graph reads and flags rebinding (point 7)."""
+"""The input audit names what a graph reads and flags rebinding."""
 
 from __future__ import annotations
 
@@ -146,7 +146,8 @@ def test_audit_does_not_walk_into_graphs_a_root_holds():
     assert [i.path for i in g.audit.inputs] == [None]
 
 
-# -- issue 8, point 6: an audit without noise
+# -- an audit without noise: inputs named by the path a reader would write; rebinding flagged only when
+#    replay would read what the program no longer refreshes
 
 
 def test_audit_names_a_view_by_its_base_path_and_the_slice():

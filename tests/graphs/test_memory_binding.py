@@ -1,4 +1,4 @@
-"""A graph binds memory, not Python objects (issue 8, point 3).
+"""A graph binds memory, not Python objects.
 
 A CUDA graph keeps reading the device addresses, offsets, sizes and strides it captured.  A
 program that re-points a captured tensor afterwards (``t.data = ...``, ``set_``, ``resize_``,

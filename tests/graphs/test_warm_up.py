@@ -1,4 +1,4 @@
-"""Both engines warm up before capture, as serving engines' graph runners do (issue 8, point 1).
+"""Both engines warm up before capture, as serving engines' graph runners do.
 
 Warm-up runs the program eagerly ``WARMUP_RUNS`` times under the recorder: checked like
 capture, its writes to pre-existing tensors undone, islands run eagerly.  What the program

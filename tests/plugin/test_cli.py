@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from harness.cli import main
 
 JSON_KEYS = {"scenario", "design", "mode", "backend", "engine", "faults", "expected", "verdict",
@@ -150,6 +152,7 @@ def test_report_writes_its_json_to_reports_results_json_by_default(cli_dir, caps
     ]
 
 
+@pytest.mark.slow
 def test_python_m_harness_run_exit_status_and_json_from_a_subprocess(cli_dir, write_scenario):
     write_scenario(cli_dir, "tiny_wrong_window", replace=WRONG_WINDOW_EXPECTING_MATCH)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

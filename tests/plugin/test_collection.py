@@ -218,6 +218,7 @@ def test_an_invalid_file_fails_as_one_load_item_while_a_good_file_passes(harness
 # ---- pytest-xdist ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_xdist_with_two_workers_gives_the_same_outcomes(harness_pytester, add_scenario):
     add_scenario(WINDOW)
     add_scenario(STALE_ERROR, replace={'verdict = "error"': 'verdict = "match"'})  # one failure to carry over

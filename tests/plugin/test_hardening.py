@@ -68,6 +68,7 @@ def test_a_design_named_by_import_path_is_added_to_every_scenario(cli_dir, capsy
     assert code == 0
 
 
+@pytest.mark.slow
 def test_ctrl_c_prints_what_finished_writes_incomplete_json_and_exits_130(cli_dir, write_scenario):
     write_scenario(cli_dir, "tiny_misbehaving", replace={"timeout_s = 2": "timeout_s = 120"})
     (cli_dir / "misbehaving_designs.py").write_text((SAMPLES / "misbehaving_designs.py").read_text())
@@ -112,6 +113,7 @@ def hostile(harness_pytester, add_scenario):
     return harness_pytester
 
 
+@pytest.mark.slow
 def test_nothing_non_printable_reaches_the_terminal_and_reproduce_lines_round_trip(hostile):
     result = hostile.runpytest_subprocess("-q", "--junitxml", "junit.xml")
     text = "\n".join(result.outlines + result.errlines)

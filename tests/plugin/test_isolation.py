@@ -38,6 +38,7 @@ def misbehaving_dir(cli_dir: Path, write_scenario, monkeypatch) -> Path:
 
 
 @pytest.mark.parametrize("jobs", ["1", "2"])
+@pytest.mark.slow
 def test_cli_records_each_misbehaving_design_as_an_error_and_finishes_the_rest(misbehaving_dir, capsys, jobs):
     from harness.cli import main
 

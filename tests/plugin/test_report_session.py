@@ -7,6 +7,8 @@ import re
 import shutil
 from pathlib import Path
 
+import pytest
+
 from .test_isolation import check_misbehaving
 
 SAMPLES = Path(__file__).parent / "samples"
@@ -16,6 +18,7 @@ def _names(doc: dict) -> list[str]:
     return [r["name"] for r in doc["records"]]
 
 
+@pytest.mark.slow
 def test_xdist_workers_results_merge_into_one_json_without_loss(harness_pytester, add_scenario):
     # one xdist run (workers start slowly: each imports torch) checks two claims: results merge without
     # loss, and misbehaving designs end as error verdicts under xdist as under the CLI

@@ -20,6 +20,8 @@ from harness.report.slots import first_divergence_sentence
 from ._hostile import hostile
 from ._samples import pick
 
+pytestmark = pytest.mark.slow  # a headless Chromium per module: seconds
+
 PAD = "tiny_pad_tail[forward_batch-full-torch_native]"
 ERROR = "tiny_stale_error[stale_state-eager-torch_native]"
 ENV = {"harness": "0", "torch": "0", "flashinfer": "0", "python": "3"}

@@ -186,15 +186,18 @@ def test_rendering_is_a_pure_function_of_the_views(sample_views):
     assert one == render_scenario(scenario_page(group, index_href="../index.html", anchors=anchors))
 
 
-def test_a_results_file_written_before_timelines_still_renders(sample_views, tmp_path):
+def test_a_results_file_written_before_timelines_and_clean_rerun_flags_still_renders(sample_views, tmp_path):
     old = []
     for v in sample_views:
         rec = v.to_record()
-        for key in ("setup", "steps", "heat"):
+        for key in ("setup", "steps", "heat", "clean_rerun"):
             del rec[key]
         for m in [*rec["details"], *([rec["first"]] if rec["first"] else [])]:
             del m["holder"], m["found_in"]
         old.append(CaseView.from_record(json.loads(json.dumps(rec))))
+    # such a file names a clean rerun only in its run name
+    assert [v.clean_rerun for v in old] == [v.clean_rerun for v in sample_views]
+    assert [v.name for v in old if v.clean_rerun] == [v.name for v in old if v.name.endswith("-nofault]")] != []
     write_report(tmp_path, old, environment=ENV)
     page = _text(tmp_path / "scenarios" / "tiny_pad_tail.html")
     assert "carries no timeline" in page and first_divergence_sentence(pick(old, PAD)) in page

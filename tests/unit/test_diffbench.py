@@ -3,10 +3,13 @@
 Nothing here asserts on speed: the numbers are measurements, taken by the benchmark, never by the suite.
 """
 
+import pytest
+
 from harness.check.diffbench import measure_diff
 from harness.report.bench import render_diff_markdown as render_markdown
 
 
+@pytest.mark.slow
 def test_measure_diff_times_copy_clone_and_each_diff_and_finds_the_planted_slots():
     rows = measure_diff(2 << 20, (10, 100), mismatched_shares=(0.1,), repeats=2)
     live = rows[0].live_slots

@@ -76,6 +76,7 @@ def planted(snapshots, seed: int):
 
 @pytest.mark.parametrize("kv_dtype", ["float32", "bfloat16", "fp8_e4m3"])
 @pytest.mark.parametrize("preset,workload", [("gpt-oss-mini", chunked_decode), ("gemma-mini", continuous_batching)])
+@pytest.mark.slow
 def test_certify_reports_what_a_token_by_token_walk_reports(kv_dtype, preset, workload):
     ms = model_spec(preset)
     spec = RunSpec(model=ms, pool=PoolSpec(full_size=96, swa_size=48, kv_dtype=kv_dtype), timeline=workload(ms.window))
