@@ -27,7 +27,7 @@ from markupsafe import Markup
 
 from .files import write_atomic
 from .matrix import results_csv
-from .pages import IndexPage, index_page
+from .pages import VERDICTS, IndexPage, index_page
 from .paths import page_names
 from .records import environment as current_environment
 from .records import results_document
@@ -87,7 +87,7 @@ def render(template: str, **context: Any) -> str:
 
 
 def render_index(page: IndexPage) -> str:
-    return render("index.html.j2", page=page)
+    return render("index.html.j2", page=page, verdicts=VERDICTS)
 
 
 def render_scenario(page: ScenarioPage) -> str:

@@ -16,7 +16,7 @@ from ..runspec import Mode
 from .slots import first_divergence_sentence
 from .views import CaseView
 
-VERDICTS = ("match", "diverge", "error", "skipped")
+VERDICTS = ("match", "diverge", "invariant", "error", "skipped")
 MODE_ORDER = tuple(Mode)
 DESIGN_ORDER: tuple[str, ...] = ()
 """none: designs keep the order the matrix planned them in (the scenario's, by default the registry's)"""

@@ -247,7 +247,7 @@ def scenario_page(views: Sequence[CaseView], *, index_href: str, anchors: Mappin
                                                                    if r.mode in MODE_ORDER else 9, r.backend))
         cards.append(DesignCard(design=design, whys=whys, runs=tuple(runs),
                                 unexpected=sum(r.status == "unexpected" for r in runs)))
-    shown = [v for v in views if v.verdict in ("diverge", "error") or status(v) == "unexpected"]
+    shown = [v for v in views if v.verdict in ("diverge", "invariant", "error") or status(v) == "unexpected"]
     shown.sort(key=lambda v: (status(v) != "unexpected", v.verdict != "diverge"))
     sections = [_section(v, rows[v.name]) for v in shown]
     if sections and not any(s.open for s in sections):

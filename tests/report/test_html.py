@@ -6,6 +6,7 @@ the files and the page view models, and need nothing but Python.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -76,7 +77,7 @@ def test_index_has_the_matrix_counts_links_and_settings_of_the_run(report, sampl
         assert any(h.startswith(f"scenarios/{name}.html") for h in hrefs)
     assert 'id="all-expected"' in page and 'id="unexpected"' not in page
     counts = {a["data-count"]: a for t, a in tags if t == "div" and "data-count" in a}
-    assert set(counts) == {"runs", "ok", "unexpected", "match", "diverge", "error", "skipped"}
+    assert set(counts) == {"runs", "ok", "unexpected", "match", "diverge", "invariant", "error", "skipped"}
     for key in ("torch", "flashinfer", "device", "engine", "seeds", "duration", "command"):
         assert f"<th>{key}</th>" in page
     assert "1.5 s" in page and "generated" not in page  # no timestamp unless the caller gives one
@@ -281,3 +282,18 @@ def _blank_record() -> dict:
             "verdict": "match", "why": "", "skip_reason": None, "mismatches": 0, "mismatched_slots": 0, "classes": [],
             "dummy_writes": 0, "steps_compared": 1, "first": None, "details": [], "error": None, "graph": None,
             "reproduce_pytest": "", "reproduce_cli": "", "duration_s": 0.0}
+
+
+def test_an_invariant_verdict_is_counted_filtered_and_given_its_section(sample_views, tmp_path):
+    error = pick(sample_views, ERROR).error
+    broken = dataclasses.replace(
+        pick(sample_views, ERROR), verdict="invariant",
+        error=dataclasses.replace(error, type="InvariantViolation",
+                                  message="free_but_owned: swa slot 3: a@0 owns it, and it is on the free list"),
+    )
+    views = tuple(broken if v.name == ERROR else v for v in sample_views)
+    write_report(tmp_path, views, environment=ENV, duration_s=1.0, command="x", generated=None)
+    index = _text(tmp_path / "index.html")
+    assert 'count-invariant' in index and '<option value="invariant">invariant</option>' in index
+    page = next(p for p in _pages(tmp_path) if "tiny_stale_error" in p.name)
+    assert 'data-verdict="invariant"' in _text(page) and "free_but_owned: swa slot 3" in _text(page)
