@@ -17,9 +17,9 @@ from ..backends.registry import BACKENDS, backend_class
 from ..runspec import Problem
 from ..serving.faults import FAULTS, Component
 from .dry_run import dry_run
-from .reader import parse, read_document
-from .schema import Reader
+from .schema import parse, read_document
 from .spec import ScenarioSpec, is_import_path
+from .toml_access import Reader
 
 SCENARIO_ROOT_DEFAULT = "scenarios"
 

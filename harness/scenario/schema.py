@@ -1,152 +1,309 @@
-"""Typed access to a parsed TOML document, collecting every problem instead of raising.
+"""TOML to ``ScenarioSpec``: parse, check what only TOML can get wrong, build the specs.
 
-TOML can get types wrong (a string where an integer belongs, a table where an array does) and keys
-unknown; that is all this module checks. Ranges and relations between values are the specs' own rules
-(``problems()``), applied to whatever the reader builds.
+Raw TOML is converted here and nowhere else; nothing downstream sees a dict. Each value is type-checked
+(problems go to the ``Reader``); a value that is absent takes the spec's default, and one of the wrong type
+is reported and then stands in as the default (a required one as a minimal placeholder), so that the other
+values still meet their spec's ``problems()`` and every problem of the file is listed in one pass. When a
+whole part cannot be built (no ``[model]``, an unknown preset), the parts that were built are still checked
+on their own (``part_problems``).
 """
 
 from __future__ import annotations
 
-import json
+import dataclasses
+import enum
 import re
-from dataclasses import dataclass
+import tomllib
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any
 
-REQUIRED: Any = object()
-_BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
+from ..runspec import (
+    TIMEOUT_DEFAULT_S,
+    CapturePolicy,
+    GraphSpec,
+    KVWrite,
+    Mode,
+    Outcome,
+    nested,
+)
+from ..serving.designs import DESIGNS
+from ..serving.model import PRESETS, ModelSpec, model_spec
+from ..serving.pool import PoolSpec
+from ..serving.timeline import RequestSpec, TimelineSpec
+from .toml_access import (
+    Check,
+    Reader,
+    choice,
+    found,
+    integer,
+    join_key,
+    number,
+    string,
+)
+from .spec import BackendExpectation, Expectation, ScenarioSpec
 
-
-def toml_string(text: str) -> str:
-    """``text`` as a TOML basic string: JSON's escapes are TOML's, and TOML also wants DEL escaped."""
-    return json.dumps(text, ensure_ascii=False).replace("\x7f", "\\u007f")
-
-
-def toml_key(key: str) -> str:
-    """``key`` as a TOML file writes it: bare when it can be, quoted otherwise (design import paths)."""
-    return key if _BARE_KEY.fullmatch(key) else toml_string(key)
-
-
-def join_key(where: str, key: str) -> str:
-    """The dotted key path of ``key`` inside ``where``."""
-    return f"{where}.{toml_key(key)}" if where else toml_key(key)
-
-
-def found(value: object) -> str:
-    """What the file holds, for 'expected X, got Y' messages; TOML's type names, not Python's."""
-    if isinstance(value, bool):
-        return f"boolean {str(value).lower()}"
-    if isinstance(value, int):
-        return f"integer {value}"
-    if isinstance(value, float):
-        return f"float {value}"
-    if isinstance(value, str):
-        text = value if len(value) <= 40 else value[:37] + "..."
-        return f"string {text!r}"
-    if isinstance(value, list):
-        return f"an array of {len(value)} item{'s' if len(value) != 1 else ''}"
-    if isinstance(value, dict):
-        return "a table"
-    return f"{type(value).__name__} {value}"  # dates and times
+_BOM = "\ufeff"
 
 
-@dataclass(frozen=True, slots=True)
-class Check:
-    """What a value must be: a description for messages and a predicate (conversion is the caller's)."""
+def parse(reader: Reader, path: Path) -> dict | None:
+    """The TOML document of ``path``, or None with the reason in ``reader``."""
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        reader.add("", f"cannot read the file: {exc.strerror or exc}")
+        return None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        reader.add("", f"not UTF-8 text: {exc.reason} at byte {exc.start}")
+        return None
+    if text.startswith(_BOM):
+        # tomllib would say "Invalid statement" at line 1, column 1: name the invisible cause
+        reader.add("line 1, column 1", "the file starts with a UTF-8 byte-order mark (BOM); save it without one")
+        return None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        message = str(exc)
+        # tomllib ends its message with "(at line L, column C)"; lead with the position instead
+        m = re.fullmatch(r"(.*) \(at line (\d+), column (\d+)\)", message, re.S)
+        if m:
+            reader.add(f"line {m[2]}, column {m[3]}", f"invalid TOML: {m[1]}")
+        else:
+            reader.add("", f"invalid TOML: {message}")
+        return None
+    except RecursionError:
+        reader.add("", "invalid TOML: arrays or tables nested too deeply to parse")
+        return None
 
-    expected: str
-    accept: Callable[[object], bool]
+
+_TOP_KEYS = ("description", "tags", "model", "pool", "graphs", "timeline", "run", "expect")
 
 
-def _is_int(v: object) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)  # TOML true is a Python int subclass
+def read_document(r: Reader, data: dict, path: Path) -> ScenarioSpec | None:
+    """The spec the document describes, or None when a required part is missing or unreadable."""
+    r.known_keys(data, "", _TOP_KEYS)
+    description = r.value(data, "", "description", string(nonempty=True))
+    tags = r.array(data, "", "tags", string(nonempty=True), ())
+    model = _read_model(r, r.table(data, "", "model", required=True))
+    pool = _read_pool(r, r.table(data, "", "pool", required=True))
+    graphs, modes = _read_graphs(r, r.table(data, "", "graphs", required=False) or {})
+    timeline = _read_timeline(r, r.table(data, "", "timeline", required=True))
+    designs, backends, kv_write, faults, timeout_s = _read_run(r, r.table(data, "", "run", required=False) or {})
+    expectations = _read_expectations(r, r.table(data, "", "expect", required=False) or {})
+    parts = dict(
+        description=description, tags=tags, model=model, pool=pool, timeline=timeline, graphs=graphs, modes=modes,
+        designs=designs, backends=backends, kv_write=kv_write, faults=faults, expectations=expectations,
+    )
+    if model is None or pool is None or timeline is None or expectations is None:
+        for prefix, part in (("model", model), ("pool", pool), ("timeline", timeline)):
+            if part is not None:
+                for problem in nested(prefix, part.problems()):
+                    if problem.key not in r.reported:
+                        r.add(problem.key, problem.message)
+        for problem in graphs.problems():
+            r.add(f"graphs.{problem.key}", problem.message)
+        return None
+    parts.update(description=(description or "").strip(), tags=tags or (), designs=designs or tuple(DESIGNS),
+                 backends=backends or ("torch_native",), kv_write=kv_write or KVWrite.PLAIN, faults=faults or ())
+    return ScenarioSpec(name=path.stem, path=path, timeout_s=timeout_s, **parts)
 
 
-def integer() -> Check:
-    return Check("an integer", _is_int)
+def _as_enum(enum_type: type[enum.StrEnum], value: str) -> Any:
+    """The member when ``value`` names one; the raw string otherwise, for ``problems()`` to report."""
+    return enum_type(value) if value in tuple(enum_type) else value
 
 
-def number() -> Check:
-    return Check("a number", lambda v: _is_int(v) or isinstance(v, float))
+# ModelSpec fields a scenario may override, by the annotation that says how to read them. ``name`` stays
+# the preset's; a field of another kind added to ModelSpec later is simply not overridable from a file.
+_MODEL_CHECKS: dict[str, Check] = {
+    "int": integer(),
+    "float": number(),
+    "str": string(),
+    "tuple[str, ...]": string(),
+}
+_MODEL_FIELDS = {
+    f.name: str(f.type) for f in dataclasses.fields(ModelSpec) if f.name != "name" and str(f.type) in _MODEL_CHECKS
+}
 
 
-def string(nonempty: bool = False) -> Check:
-    if nonempty:
-        return Check("a non-empty string", lambda v: isinstance(v, str) and bool(v.strip()))
-    return Check("a string", lambda v: isinstance(v, str))
+def _read_model(r: Reader, table: dict | None) -> ModelSpec | None:
+    if table is None:
+        return None
+    r.known_keys(table, "model", ("preset", *_MODEL_FIELDS))
+    preset = r.value(table, "model", "preset", choice(PRESETS))
+    if preset is None:  # reported; the first preset stands in so the overrides are still checked
+        preset = next(iter(PRESETS))
+    base = PRESETS[preset]
+    overrides: dict[str, Any] = {}
+    for name, kind in _MODEL_FIELDS.items():
+        check = _MODEL_CHECKS[kind]
+        if kind.startswith("tuple"):
+            value = r.array(table, "model", name, check, getattr(base, name))
+        else:
+            value = r.value(table, "model", name, check, getattr(base, name))
+        if value is not None:
+            overrides[name] = float(value) if kind == "float" else value
+    return model_spec(preset, **overrides)
 
 
-def choice(choices: Iterable[str]) -> Check:
-    options = tuple(choices)
-    return Check(f"one of {', '.join(map(repr, options))}", lambda v: isinstance(v, str) and v in options)
+_POOL_KEYS = ("full_size", "swa_size", "kv_dtype", "max_context_len", "max_running_requests")
 
 
-class Reader:
-    """Collects the problems of one file; every accessor records what is wrong and returns None, never raises."""
+def _read_pool(r: Reader, table: dict | None) -> PoolSpec | None:
+    if table is None:
+        return None
+    r.known_keys(table, "pool", _POOL_KEYS)
+    defaults = PoolSpec(full_size=2, swa_size=2)
+    fields = {
+        "full_size": r.value(table, "pool", "full_size", integer()),
+        "swa_size": r.value(table, "pool", "swa_size", integer()),
+        "kv_dtype": r.value(table, "pool", "kv_dtype", string(), defaults.kv_dtype),
+        "max_context_len": r.value(table, "pool", "max_context_len", integer(), defaults.max_context_len),
+        "max_running_requests": r.value(table, "pool", "max_running_requests", integer(),
+                                        defaults.max_running_requests),
+    }
+    return PoolSpec(**{k: (getattr(defaults, k) if v is None else v) for k, v in fields.items()})
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.problems: list[str] = []
-        self.reported: set[str] = set()
-        """key paths with a problem already, whose placeholder value the spec's rules must not judge again"""
 
-    def add(self, where: str, message: str) -> None:
-        self.reported.add(where)
-        self.problems.append(f"{self.path}: {where}: {message}" if where else f"{self.path}: {message}")
+_GRAPH_KEYS = ("modes", "decode_buckets", "prefill_buckets", "capture")
 
-    def known_keys(self, table: dict, where: str, allowed: Iterable[str]) -> None:
-        allowed = tuple(allowed)
-        for key in table:
-            if key not in allowed:
-                self.add(join_key(where, key), f"unknown key; expected one of {', '.join(allowed)}")
 
-    def table(self, parent: dict, where: str, key: str, *, required: bool) -> dict | None:
-        at = join_key(where, key)
-        if key not in parent:
-            if required:
-                self.add(at, "missing required table")
+def _read_graphs(r: Reader, table: dict) -> tuple[GraphSpec, tuple[Mode, ...]]:
+    r.known_keys(table, "graphs", _GRAPH_KEYS)
+    defaults = GraphSpec()
+    modes = r.array(table, "graphs", "modes", string(), tuple(Mode))
+    decode = r.array(table, "graphs", "decode_buckets", integer(), defaults.decode_buckets)
+    prefill = r.array(table, "graphs", "prefill_buckets", integer(), defaults.prefill_buckets)
+    capture = r.value(table, "graphs", "capture", string(), defaults.capture)
+    graphs = GraphSpec(
+        decode_buckets=defaults.decode_buckets if decode is None else decode,
+        prefill_buckets=defaults.prefill_buckets if prefill is None else prefill,
+        capture=_as_enum(CapturePolicy, defaults.capture if capture is None else capture),
+    )
+    return graphs, tuple(_as_enum(Mode, m) for m in (tuple(Mode) if modes is None else modes))
+
+
+_TIMELINE_KEYS = ("seed", "chunk_size", "draft_steps", "max_steps", "requests")
+_REQUEST_KEYS = ("rid", "arrive", "prompt_len", "output_len", "abort")
+
+
+def _read_timeline(r: Reader, table: dict | None) -> TimelineSpec | None:
+    if table is None:
+        return None
+    r.known_keys(table, "timeline", _TIMELINE_KEYS)
+    defaults = TimelineSpec(requests=())
+    fields = {
+        name: r.value(table, "timeline", name, integer(), getattr(defaults, name))
+        for name in ("seed", "chunk_size", "draft_steps", "max_steps")
+    }
+    raw = table.get("requests")
+    if raw is None:
+        r.add("timeline.requests", "missing required key; expected an array of tables ([[timeline.requests]])")
+        return None
+    if not isinstance(raw, list) or not raw:
+        what = "an empty array" if isinstance(raw, list) else found(raw)
+        r.add("timeline.requests", f"expected at least one [[timeline.requests]] table, got {what}")
+        return None
+    requests = []
+    for i, item in enumerate(raw):
+        at = f"timeline.requests[{i}]"
+        if not isinstance(item, dict):
+            r.add(at, f"expected a table, got {found(item)}")
+            continue
+        req = _read_request(r, item, at, i)
+        if req is not None:
+            requests.append(req)
+    if len(requests) != len(raw):
+        return None
+    return TimelineSpec(requests=tuple(requests), **{k: (getattr(defaults, k) if v is None and k != "chunk_size"
+                                                         else v) for k, v in fields.items()})
+
+
+def _read_request(r: Reader, item: dict, at: str, index: int) -> RequestSpec | None:
+    r.known_keys(item, at, _REQUEST_KEYS)
+    rid = r.value(item, at, "rid", string(nonempty=True), f"r{index}")
+    prompt_len = r.value(item, at, "prompt_len", integer())
+    values = {name: r.value(item, at, name, integer(), default)
+              for name, default in (("arrive", 0), ("output_len", 0), ("abort", None))}
+    values = {k: (0 if v is None and k != "abort" else v) for k, v in values.items()}
+    return RequestSpec(rid=f"r{index}" if rid is None else rid, prompt_len=1 if prompt_len is None else prompt_len,
+                       **values)
+
+
+_RUN_KEYS = ("designs", "backends", "kv_write", "faults", "timeout_s")
+
+
+def _read_run(r: Reader, table: dict) -> tuple[Any, Any, Any, Any, float]:
+    r.known_keys(table, "run", _RUN_KEYS)
+    designs = r.array(table, "run", "designs", string(nonempty=True), tuple(DESIGNS))
+    backends = r.array(table, "run", "backends", string(nonempty=True), ("torch_native",))
+    kv_write = r.value(table, "run", "kv_write", string(), KVWrite.PLAIN)
+    faults = r.array(table, "run", "faults", string(nonempty=True), ())
+    timeout_s = r.value(table, "run", "timeout_s", number(), TIMEOUT_DEFAULT_S)
+    return (designs, backends, None if kv_write is None else _as_enum(KVWrite, kv_write), faults,
+            TIMEOUT_DEFAULT_S if timeout_s is None else float(timeout_s))
+
+
+_VERDICT_KEYS = ("verdict", *Mode, "without_faults", "why")
+
+
+def _read_verdicts(r: Reader, sub: dict, at: str) -> tuple[Any, tuple, Any, Any]:
+    """(verdict, by_mode, without_faults, why) of one expectation table; an unreadable value is None."""
+    verdict = r.value(sub, at, "verdict", string(), None)
+    why = r.value(sub, at, "why", string(), None)
+    without = r.value(sub, at, "without_faults", string(), None)
+    by_mode = []
+    for mode in Mode:
+        if mode in sub:
+            value = r.value(sub, at, mode, string())
+            if value is not None:
+                by_mode.append((mode, _as_enum(Outcome, value)))
+    return (None if verdict is None else _as_enum(Outcome, verdict), tuple(by_mode),
+            None if without is None else _as_enum(Outcome, without), why)
+
+
+def _read_expectations(r: Reader, table: dict) -> tuple[Expectation, ...] | None:
+    out = []
+    ok = True
+    for design, sub in table.items():
+        at = join_key("expect", design)
+        if not isinstance(sub, dict):
+            r.add(at, f"expected a table, got {found(sub)}")
+            ok = False
+            continue
+        r.known_keys(sub, at, (*_VERDICT_KEYS, "by_backend"))
+        verdict, by_mode, without, why = _read_verdicts(r, sub, at)
+        overrides = _read_backend_overrides(r, sub.get("by_backend", {}), join_key(at, "by_backend"))
+        if overrides is None:
+            ok = False
+            continue
+        if "verdict" not in sub:
+            r.add(join_key(at, "verdict"), "missing required key; expected one of 'match', 'diverge', 'error'")
+        if "why" not in sub:
+            r.add(join_key(at, "why"), "missing required key; expected a non-empty string")
+        out.append(Expectation(design=design, verdict=verdict or Outcome.MATCH, by_mode=by_mode,
+                               without_faults=without, why=(why or "").strip(), by_backend=overrides))
+    return tuple(out) if ok else None
+
+
+def _read_backend_overrides(r: Reader, table: object, at: str) -> tuple[BackendExpectation, ...] | None:
+    if not isinstance(table, dict):
+        r.add(at, f"expected a table, got {found(table)}")
+        return None
+    out = []
+    for backend, sub in table.items():
+        sub_at = join_key(at, backend)
+        if not isinstance(sub, dict):
+            r.add(sub_at, f"expected a table, got {found(sub)}")
             return None
-        value = parent[key]
-        if not isinstance(value, dict):
-            self.add(at, f"expected a table, got {found(value)}")
-            return None
-        return value
+        r.known_keys(sub, sub_at, _VERDICT_KEYS)
+        verdict, by_mode, without, why = _read_verdicts(r, sub, sub_at)
+        if "why" not in sub:
+            r.add(join_key(sub_at, "why"), "missing required key; say why this backend differs")
+        out.append(BackendExpectation(backend=backend, verdict=verdict, by_mode=by_mode, without_faults=without,
+                                      why=(why or "").strip()))
+    return tuple(out)
 
-    def check(self, value: object, at: str, check: Check) -> bool:
-        if check.accept(value):
-            return True
-        self.add(at, f"expected {check.expected}, got {found(value)}")
-        return False
 
-    def value(self, table: dict, where: str, key: str, check: Check, default: Any = REQUIRED) -> Any:
-        """The checked value, ``default`` when absent, None when wrong or missing though required."""
-        at = join_key(where, key)
-        if key not in table:
-            if default is REQUIRED:
-                self.add(at, f"missing required key; expected {check.expected}")
-                return None
-            return default
-        value = table[key]
-        return value if self.check(value, at, check) else None
-
-    def array(
-        self, table: dict, where: str, key: str, item: Check, default: Any = REQUIRED, *, nonempty: bool = False
-    ) -> tuple | None:
-        """A list of checked items as a tuple; None when anything about it is wrong."""
-        at = join_key(where, key)
-        if key not in table:
-            if default is REQUIRED:
-                self.add(at, f"missing required key; expected an array, each item {item.expected}")
-                return None
-            return default
-        value = table[key]
-        if not isinstance(value, list):
-            self.add(at, f"expected an array, each item {item.expected}, got {found(value)}")
-            return None
-        if nonempty and not value:
-            self.add(at, f"expected at least one item, each {item.expected}, got an empty array")
-            return None
-        ok = True
-        for i, v in enumerate(value):
-            ok = self.check(v, f"{at}[{i}]", item) and ok
-        return tuple(value) if ok else None
+__all__ = ["parse", "read_document"]

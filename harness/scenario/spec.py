@@ -30,7 +30,7 @@ from ..serving.faults import FAULTS
 from ..serving.model import PRESETS, ModelSpec
 from ..serving.pool import PoolSpec
 from ..serving.timeline import TimelineSpec
-from .schema import toml_key
+from .toml_access import toml_key
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -15,7 +15,7 @@ from ..serving.designs import DESIGNS
 from ..serving.model import PRESETS
 from ..serving.pool import PoolSpec
 from ..serving.timeline import RequestSpec, TimelineSpec
-from .schema import toml_key, toml_string
+from .toml_access import toml_key, toml_string
 from .spec import Expectation, ScenarioSpec
 
 
