@@ -2,14 +2,17 @@
 
 Slot assignment depends on the timeline alone (tokens are teacher-forced), so no model or backend is
 needed, and the pool is built without layers: the dry run exercises slot bookkeeping only. It recognises
-what went wrong by exception type, never by message.
+what went wrong by exception type, never by message. Loading a file never imports code it names, so a
+serving stack or eviction policy named by import path is stood in for by the miniature and the tight policy
+(which frees soonest: a pool too small under it is too small under any policy).
 """
 
 from __future__ import annotations
 
 from ..runspec import Problem
 from ..serving.pool import PoolExhausted
-from ..serving.registry import eviction_policy, stack_class
+from ..serving.eviction import EvictionSpec
+from ..serving.registry import EVICTION_POLICIES, STACKS, eviction_policy, stack_class
 from ..serving.scheduler import Scheduler, TimelineTooLong
 from ..serving.stack import StackSpec
 from .spec import ScenarioSpec
@@ -17,13 +20,15 @@ from .spec import ScenarioSpec
 
 def dry_run(spec: ScenarioSpec) -> list[Problem]:
     """The problem that stops the timeline, if any; run it only on a spec whose ``problems()`` are empty."""
-    stack = stack_class(spec.serving).build(
+    serving = spec.serving if spec.serving in STACKS else "miniature"
+    eviction = spec.eviction if spec.eviction.policy in EVICTION_POLICIES else EvictionSpec()
+    stack = stack_class(serving).build(
         StackSpec(pool=spec.pool, layer_is_swa=(), num_kv_heads=1, head_dim=1, poison_freed=False)
     )
     sched = Scheduler(
         spec.timeline,
         stack=stack,
-        eviction=eviction_policy(spec.eviction, window=spec.model.window, page_size=spec.pool.page_size),
+        eviction=eviction_policy(eviction, window=spec.model.window, page_size=spec.pool.page_size),
         vocab_size=spec.model.vocab_size,
     )
     try:

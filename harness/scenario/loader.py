@@ -16,6 +16,7 @@ from pathlib import Path
 from ..backends.registry import BACKENDS, backend_class
 from ..runspec import Problem
 from ..serving.faults import FAULTS, Component
+from ..serving.registry import EVICTION_POLICIES
 from .dry_run import dry_run
 from .schema import parse, read_document
 from .spec import ScenarioSpec, is_import_path
@@ -68,6 +69,10 @@ def _registry_problems(spec: ScenarioSpec) -> list[Problem]:
         for j, fault in backend_faults:
             if fault not in cls.known_faults:
                 out.append(Problem(f"run.faults[{j}]", f"{fault} is not a switch of backend {name}"))
+    policy = spec.eviction.policy
+    if policy not in EVICTION_POLICIES and not is_import_path(policy):
+        out.append(Problem("eviction.policy", f"expected one of {', '.join(map(repr, EVICTION_POLICIES))} "
+                                              f"or an import path 'package.module:Class', got {policy!r}"))
     return out
 
 

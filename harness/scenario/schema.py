@@ -27,6 +27,7 @@ from ..runspec import (
     nested,
 )
 from ..serving.designs import DESIGNS
+from ..serving.eviction import EvictionSpec
 from ..serving.model import PRESETS, ModelSpec, model_spec
 from ..serving.pool import PoolSpec
 from ..serving.timeline import RequestSpec, TimelineSpec
@@ -77,7 +78,7 @@ def parse(reader: Reader, path: Path) -> dict | None:
         return None
 
 
-_TOP_KEYS = ("description", "tags", "model", "pool", "graphs", "timeline", "run", "expect")
+_TOP_KEYS = ("description", "tags", "model", "pool", "eviction", "graphs", "timeline", "run", "expect")
 
 
 def read_document(r: Reader, data: dict, path: Path) -> ScenarioSpec | None:
@@ -87,6 +88,7 @@ def read_document(r: Reader, data: dict, path: Path) -> ScenarioSpec | None:
     tags = r.array(data, "", "tags", string(nonempty=True), ())
     model = _read_model(r, r.table(data, "", "model", required=True))
     pool = _read_pool(r, r.table(data, "", "pool", required=True))
+    eviction = _read_eviction(r, r.table(data, "", "eviction", required=False) or {})
     graphs, modes = _read_graphs(r, r.table(data, "", "graphs", required=False) or {})
     timeline = _read_timeline(r, r.table(data, "", "timeline", required=True))
     designs, backends, kv_write, faults, timeout_s = _read_run(r, r.table(data, "", "run", required=False) or {})
@@ -106,7 +108,7 @@ def read_document(r: Reader, data: dict, path: Path) -> ScenarioSpec | None:
         return None
     parts.update(description=(description or "").strip(), tags=tags or (), designs=designs or tuple(DESIGNS),
                  backends=backends or ("torch_native",), kv_write=kv_write or KVWrite.PLAIN, faults=faults or ())
-    return ScenarioSpec(name=path.stem, path=path, timeout_s=timeout_s, **parts)
+    return ScenarioSpec(name=path.stem, path=path, timeout_s=timeout_s, eviction=eviction, **parts)
 
 
 def _as_enum(enum_type: type[enum.StrEnum], value: str) -> Any:
@@ -147,7 +149,8 @@ def _read_model(r: Reader, table: dict | None) -> ModelSpec | None:
     return model_spec(preset, **overrides)
 
 
-_POOL_KEYS = ("full_size", "swa_size", "kv_dtype", "max_context_len", "max_running_requests")
+_POOL_KEYS = ("full_size", "swa_size", "kv_dtype", "max_context_len", "max_running_requests", "page_size",
+              "free_order")
 
 
 def _read_pool(r: Reader, table: dict | None) -> PoolSpec | None:
@@ -162,8 +165,22 @@ def _read_pool(r: Reader, table: dict | None) -> PoolSpec | None:
         "max_context_len": r.value(table, "pool", "max_context_len", integer(), defaults.max_context_len),
         "max_running_requests": r.value(table, "pool", "max_running_requests", integer(),
                                         defaults.max_running_requests),
+        "page_size": r.value(table, "pool", "page_size", integer(), defaults.page_size),
+        "free_order": r.value(table, "pool", "free_order", string(), defaults.free_order),
     }
     return PoolSpec(**{k: (getattr(defaults, k) if v is None else v) for k, v in fields.items()})
+
+
+_EVICTION_KEYS = ("policy", "interval")
+
+
+def _read_eviction(r: Reader, table: dict) -> EvictionSpec:
+    r.known_keys(table, "eviction", _EVICTION_KEYS)
+    defaults = EvictionSpec()
+    policy = r.value(table, "eviction", "policy", string(nonempty=True), defaults.policy)
+    interval = r.value(table, "eviction", "interval", integer(), defaults.interval)
+    return EvictionSpec(policy=defaults.policy if policy is None else policy,
+                        interval=defaults.interval if interval is None else interval)
 
 
 _GRAPH_KEYS = ("modes", "decode_buckets", "prefill_buckets", "capture")

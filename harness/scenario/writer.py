@@ -12,6 +12,7 @@ import math
 
 from ..runspec import TIMEOUT_DEFAULT_S, GraphSpec, KVWrite, Mode
 from ..serving.designs import DESIGNS
+from ..serving.eviction import EvictionSpec
 from ..serving.model import PRESETS
 from ..serving.pool import PoolSpec
 from ..serving.timeline import RequestSpec, TimelineSpec
@@ -56,6 +57,8 @@ def scenario_toml(spec: ScenarioSpec) -> str:
     pool_defaults = PoolSpec(full_size=spec.pool.full_size, swa_size=spec.pool.swa_size)
     lines += _table("pool", [("full_size", spec.pool.full_size), ("swa_size", spec.pool.swa_size),
                              *_changed(spec.pool, pool_defaults, ("full_size", "swa_size"))])
+    if eviction := _changed(spec.eviction, EvictionSpec()):
+        lines += _table("eviction", eviction)
     graphs = _changed(spec.graphs, GraphSpec())
     if spec.modes != tuple(Mode):
         graphs.insert(0, ("modes", spec.modes))

@@ -100,7 +100,7 @@ CASES = {
     "timeout_zero": ("run.timeout_s: expected a number from", sub('designs = ["translate"]\n', 'designs = ["translate"]\ntimeout_s = 0\n')),
     # expectations
     "missing_expectation": ("expect.translate: missing table", sub('[expect.translate]\nverdict = "match"\nwhy = "re-translates every layer"\n', "")),
-    "verdict_typo": ("expect.translate.verdict: expected one of 'match', 'diverge', 'error', got 'pass'", sub('verdict = "match"', 'verdict = "pass"')),
+    "verdict_typo": ("expect.translate.verdict: expected one of 'match', 'diverge', 'error', 'invariant', got 'pass'", sub('verdict = "match"', 'verdict = "pass"')),
     "missing_why": ("expect.translate.why: missing required key", sub('why = "re-translates every layer"\n', "")),
     "mode_not_run": ("expect.translate.piecewise: mode not run", sub('verdict = "match"\n', 'verdict = "match"\npiecewise = "match"\n')),
     "without_faults_without_faults": ("expect.translate.without_faults: only allowed when run.faults is non-empty", sub('verdict = "match"\n', 'verdict = "match"\nwithout_faults = "match"\n')),
