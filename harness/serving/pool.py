@@ -53,6 +53,7 @@ class PoolSpec:
     """longest request (prompt plus output) the pool's page tables are sized for"""
     max_running_requests: int = 16
     """rows of req_to_token, the dummy row 0 excluded"""
+    page_size: int = 1
 
     def problems(self) -> list[str]:
         """Every rule the spec breaks, as ``field: what is wrong``."""
@@ -118,6 +119,7 @@ class HybridSWAKVPool:
         self.store_dtype = storage_dtype(spec.kv_dtype)
         self.full_size = spec.full_size
         self.swa_size = spec.swa_size
+        self.page_size = spec.page_size
         self.layers_mapping: dict[int, tuple[int, bool]] = {}
         n_full = n_swa = 0
         for layer_id, is_swa in enumerate(layer_is_swa):

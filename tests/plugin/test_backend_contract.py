@@ -41,7 +41,7 @@ def test_torch_native_declares_what_it_supports():
     assert (cls.name, cls.graph_support) == ("torch_native", GraphSupport.DECODE_ONLY)
     assert cls.devices == {Device.CPU, Device.CUDA}
     assert cls.kv_write_paths == {KVWrite.PLAIN, KVWrite.FUSED_FP8}
-    assert all(cls.unsupported(mode=m, device="cpu") is None for m in Mode)
+    assert all(cls.unsupported(mode=m, device="cpu") == () for m in Mode)
 
 
 def test_graph_support_is_ranked_and_decides_the_modes():
@@ -51,9 +51,9 @@ def test_graph_support_is_ranked_and_decides_the_modes():
         name = "eager_only"
         graph_support = GraphSupport.NONE
 
-    assert EagerOnly.unsupported(mode="eager", device="cpu") is None
+    assert EagerOnly.unsupported(mode="eager", device="cpu") == ()
     assert EagerOnly.unsupported(mode="piecewise", device="cpu") == (
-        "backend eager_only declares graph support NONE; piecewise mode needs PIECEWISE_ONLY or more")
+        "backend eager_only declares graph support NONE; piecewise mode needs PIECEWISE_ONLY or more",)
 
 
 def test_registry_resolves_names_and_import_paths_and_refuses_the_rest():
