@@ -36,10 +36,12 @@ def _select(args: argparse.Namespace) -> tuple[list[ScenarioSpec], list[Scenario
 
 def _cases(args: argparse.Namespace, specs: list[ScenarioSpec]) -> list[Case]:
     extra = [d for d in args.design or () if is_import_path(d)]
+    extra_backends = [b for b in args.backend or () if is_import_path(b)]
     out = []
     for spec in specs:
         out.extend(cases(spec, designs=args.design, modes=args.mode, backends=args.backend, engine=args.engine,
-                         device=args.device, extra_designs=extra, expect=args.expect, timeout_s=args.timeout))
+                         device=args.device, extra_designs=extra, expect=args.expect, extra_backends=extra_backends,
+                         timeout_s=args.timeout))
     return out
 
 
@@ -55,7 +57,8 @@ def _why_nothing(args: argparse.Namespace, specs: list[ScenarioSpec]) -> str:
         ("--mode", args.mode, {m for s in specs for m in s.modes}),
         ("--backend", args.backend, {b for s in specs for b in s.backends}),
     ):
-        if values and not set(values) & have and not (option == "--design" and any(map(is_import_path, values))):
+        added = option in ("--design", "--backend") and any(map(is_import_path, values or ()))
+        if values and not set(values) & have and not added:
             return f"{option} {' '.join(values)}: no selected scenario runs it; they run {', '.join(sorted(have))}"
     return "the filters together select no run: no scenario runs that combination of design, mode and backend"
 
@@ -163,7 +166,9 @@ def _add_matrix_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=_positive_float, metavar="SECONDS",
                    help="each run's time limit (default: the scenario's run.timeout_s)")
     p.add_argument("--mode", action="append", choices=tuple(Mode), help="only this mode (repeatable)")
-    p.add_argument("--backend", action="append", help="only this backend (repeatable)")
+    p.add_argument("--backend", action="append",
+                   help="only this backend (repeatable); an import path 'package.module:Class' that a scenario does "
+                        "not list is added to its runs, expected to give what the scenario expects of each design")
     p.add_argument("--fault", action="append", choices=sorted(FAULTS),
                    help="only scenarios that inject this fault (repeatable)")
     p.add_argument("--engine", choices=("tape", "cuda"), help="graph engine (default: tape on cpu, cuda on cuda)")

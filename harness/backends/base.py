@@ -4,12 +4,18 @@ A backend is three parts:
 
 * the **declaration** (``AttentionBackend``'s class attributes): its name, how far CUDA graphs can cover
   it (``GraphSupport``, ranked like vLLM's ``AttentionCGSupport``), the devices it runs on, its KV write
-  paths and the catalog faults whose switches sit in it. Collection reads these to mark items ``gpu`` and
-  to skip (backend, mode) pairs the backend cannot run;
+  paths, the page sizes and KV layouts it reads, and the catalog faults whose switches sit in it. Collection
+  reads these to mark items ``gpu`` and to skip, with every reason, the cases the backend cannot run. There
+  are no defaults that could claim what a backend does not do: a class that supplies its own builder or
+  implementation declares ``known_faults`` beside them, or fails at definition;
 * the **metadata builder**: eager build (fresh tensors per forward), capture build (views of static
   buffers it owns, registered for the graph input audit), and the replay refresh that copies a new batch
   into those buffers *outside* the graph. It is exactly the part that differs between eager, capture and
-  replay, which is where most graph bugs live;
+  replay, which is where most graph bugs live. All three take one ``AttentionBatch``: modelled on vLLM's
+  ``CommonAttentionMetadata``, it describes the forward once (host-side lengths and their sum, the token
+  count, the page size, speculative information), so a backend that needs more adds a field, not a
+  positional argument to every builder, wrapper and call site. Its host-side lengths are read from the
+  device tensors where it is built, so they always describe the rows the tensors hold, padding included;
 * the **implementation**: it owns the SWA write seam, ``_get_layer_cache_loc(layer_id, forward_batch)``,
   which calls the design under test for SWA layers (SGLang PR 24138's function), and the KV write,
   including the fused FP8 path; a subclass supplies only ``attend``.
@@ -24,15 +30,124 @@ from __future__ import annotations
 import enum
 from abc import ABC, abstractmethod
 from collections.abc import Collection
+from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
 
 from ..runspec import Device, KVWrite, Mode
 from ..serving.batch import BackendMetadata, ForwardBatch, ForwardMode, SWALocDesign
-from ..serving.faults import Component, faults_acting_on
+from ..serving.faults import FAULTS, Component, faults_acting_on
 from ..serving.model import DTYPES, ModelSpec
 from ..serving.pool import HybridSWAKVPool, quantize_fp8
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SpecInfo:
+    """What speculative decoding adds to a forward."""
+
+    draft_steps: int = 0
+    """decode-shaped forwards the draft batch takes in all (``ForwardMode.DRAFT``)"""
+    tokens_per_request: int = 1
+    """tokens every request adds in this forward: 1 in a draft step, the draft tokens plus one when verifying"""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AttentionBatch:
+    """One forward as the metadata builders see it; graph batches include their padding rows."""
+
+    forward_mode: ForwardMode
+    bs: int
+    """rows the metadata covers: the batch's requests, or a graph bucket (padding rows included)"""
+    num_real: int
+    """rows that are real requests (the head of the batch); equal to ``bs`` outside graph replay"""
+    req_pool_indices: torch.Tensor
+    """[bs] int64 rows of req_to_token"""
+    seq_lens: torch.Tensor
+    """[bs] int64 tokens of each request once this forward has run"""
+    seq_lens_cpu: tuple[int, ...]
+    """the same lengths on the host, as planners that size work on the CPU need them"""
+    seq_lens_sum: int
+    """``sum(seq_lens_cpu)``"""
+    out_cache_loc: torch.Tensor
+    """[num_tokens] int64 full-pool slot each new token writes"""
+    num_tokens: int
+    """new tokens in this forward (``out_cache_loc``'s length)"""
+    page_size: int
+    """tokens per KV page of the pool the batch writes to"""
+    extend_seq_lens: torch.Tensor | None = None
+    """EXTEND only: [bs] int64 tokens each request adds"""
+    extend_seq_lens_cpu: tuple[int, ...] = ()
+    """EXTEND only: the same on the host"""
+    spec_info: SpecInfo | None = None
+    """speculative decoding's part; None outside it"""
+
+    @property
+    def tokens_per_request(self) -> int | None:
+        """Tokens every request adds when they all add the same number; None for a mixed extend batch."""
+        if self.spec_info is not None:
+            return self.spec_info.tokens_per_request
+        if self.forward_mode.is_decode_like:
+            return 1
+        lengths = set(self.extend_seq_lens_cpu)
+        return lengths.pop() if len(lengths) == 1 else None
+
+
+def attention_batch(
+    *,
+    forward_mode: ForwardMode,
+    req_pool_indices: torch.Tensor,
+    seq_lens: torch.Tensor,
+    out_cache_loc: torch.Tensor,
+    page_size: int,
+    num_real: int | None = None,
+    extend_seq_lens: torch.Tensor | None = None,
+    extend_seq_lens_cpu: tuple[int, ...] = (),
+    spec_info: SpecInfo | None = None,
+) -> AttentionBatch:
+    """The batch over these tensors; its host-side lengths and counts are read from them here, once."""
+    # The miniature's ForwardBatch carries no host copy of seq_lens (SGLang's scheduler hands one over), so
+    # the lengths come back from the device here: one read per forward, outside any graph.
+    seq_lens_cpu = tuple(int(n) for n in seq_lens.tolist())
+    bs = len(seq_lens_cpu)
+    return AttentionBatch(
+        forward_mode=forward_mode,
+        bs=bs,
+        num_real=bs if num_real is None else num_real,
+        req_pool_indices=req_pool_indices,
+        seq_lens=seq_lens,
+        seq_lens_cpu=seq_lens_cpu,
+        seq_lens_sum=sum(seq_lens_cpu),
+        out_cache_loc=out_cache_loc,
+        num_tokens=int(out_cache_loc.shape[0]),
+        page_size=page_size,
+        extend_seq_lens=extend_seq_lens,
+        extend_seq_lens_cpu=extend_seq_lens_cpu,
+        spec_info=spec_info,
+    )
+
+
+def spec_info_of(forward_batch: ForwardBatch) -> SpecInfo | None:
+    """The speculative part of a forward of ``forward_batch``: a draft batch's steps; None outside drafts."""
+    if forward_batch.forward_mode is not ForwardMode.DRAFT:
+        return None
+    return SpecInfo(draft_steps=forward_batch.draft_steps)
+
+
+def from_forward_batch(forward_batch: ForwardBatch, *, page_size: int) -> AttentionBatch:
+    """The batch an eager forward of ``forward_batch`` builds its metadata from."""
+    fb = forward_batch
+    extend = fb.forward_mode is ForwardMode.EXTEND
+    return attention_batch(
+        forward_mode=fb.forward_mode,
+        req_pool_indices=fb.req_pool_indices,
+        seq_lens=fb.seq_lens,
+        out_cache_loc=fb.out_cache_loc,
+        page_size=page_size,
+        extend_seq_lens=fb.extend_seq_lens if extend else None,
+        extend_seq_lens_cpu=fb.extend_seq_lens_cpu if extend else (),
+        spec_info=spec_info_of(fb),
+    )
 
 
 class GraphSupport(enum.IntEnum):
@@ -43,9 +158,29 @@ class GraphSupport(enum.IntEnum):
     PIECEWISE_ONLY = 1
     """attention must stay an eager island: piecewise prefill graphs"""
     DECODE_ONLY = 2
-    """full graphs for decode batches (and piecewise graphs for prefill)"""
-    FULL = 3
+    """full graphs for batches of one new token per request (and piecewise graphs for prefill)"""
+    UNIFORM_BATCH = 3
+    """full graphs for batches whose requests all add the same number of tokens (a verify step too)"""
+    FULL = 4
     """full graphs for any batch"""
+
+    def covers(self, batch: AttentionBatch) -> bool:
+        """Whether a full graph of a backend with this support may capture a forward of ``batch`` whole."""
+        per_request = batch.tokens_per_request
+        if self >= GraphSupport.FULL:
+            return True
+        if self >= GraphSupport.UNIFORM_BATCH:
+            return per_request is not None
+        return self >= GraphSupport.DECODE_ONLY and per_request == 1
+
+
+class KVLayout(enum.StrEnum):
+    """How a pool orders one page of K (or V): what a kernel's indexing must agree with."""
+
+    NHD = "NHD"
+    """[token, kv head, head dim]: the miniature pool's rows"""
+    HND = "HND"
+    """[kv head, token, head dim]"""
 
 
 _NEEDS = {Mode.EAGER: GraphSupport.NONE, Mode.PIECEWISE: GraphSupport.PIECEWISE_ONLY, Mode.FULL: GraphSupport.DECODE_ONLY}
@@ -64,7 +199,7 @@ class AttentionMetadataBuilder(ABC):
         self.device = pool.device
 
     @abstractmethod
-    def build(self, forward_batch: ForwardBatch) -> BackendMetadata:
+    def build(self, batch: AttentionBatch) -> BackendMetadata:
         """Fresh metadata for one eager forward."""
 
     @abstractmethod
@@ -72,19 +207,13 @@ class AttentionMetadataBuilder(ABC):
         """Allocate the static buffers every captured batch size shares."""
 
     @abstractmethod
-    def build_for_graph_capture(
-        self, bs: int, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor, out_cache_loc: torch.Tensor,
-        forward_mode: ForwardMode,
-    ) -> BackendMetadata:
-        """Metadata over views of the static buffers, filled for the capture batch of ``bs`` rows."""
+    def build_for_graph_capture(self, batch: AttentionBatch) -> BackendMetadata:
+        """Metadata over views of the static buffers, filled for the capture batch of ``batch.bs`` rows."""
 
     @abstractmethod
-    def refresh_for_graph_replay(
-        self, bs: int, num_real: int, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
-        out_cache_loc: torch.Tensor, forward_mode: ForwardMode,
-    ) -> BackendMetadata:
-        """Copy the batch about to replay the ``bs`` graph into the static buffers (runs outside the graph)
-        and return the metadata object that graph captured."""
+    def refresh_for_graph_replay(self, batch: AttentionBatch) -> BackendMetadata:
+        """Copy the batch about to replay the ``batch.bs`` graph into the static buffers (runs outside the
+        graph) and return the metadata object that graph captured."""
 
     @abstractmethod
     def static_tensors(self) -> list[torch.Tensor]:
@@ -148,6 +277,12 @@ class AttentionImpl(ABC):
         v_buf[loc] = quantize_fp8(v, v_scale)
 
 
+DECLARATIONS = ("name", "graph_support", "devices", "page_sizes", "kv_layouts", "known_faults", "builder_cls",
+                "impl_cls")
+"""the class attributes every backend declares; only ``kv_write_paths`` has a default, since the base
+implementation owns both write paths"""
+
+
 class AttentionBackend(ABC):
     """A backend's declaration, and SGLang's backend entry points over its builder and implementation."""
 
@@ -155,24 +290,67 @@ class AttentionBackend(ABC):
     graph_support: ClassVar[GraphSupport]
     devices: ClassVar[frozenset[Device]]
     kv_write_paths: ClassVar[frozenset[KVWrite]] = frozenset({KVWrite.PLAIN, KVWrite.FUSED_FP8})
-    known_faults: ClassVar[frozenset[str]] = faults_acting_on(Component.ATTENTION_BACKEND)
-    """catalog faults whose switches this backend implements"""
+    page_sizes: ClassVar[frozenset[int] | None]
+    """tokens per page its builders and kernel handle; None for any"""
+    kv_layouts: ClassVar[frozenset[KVLayout]]
+    """the pool layouts its kernel reads"""
+    known_faults: ClassVar[frozenset[str]]
+    """catalog faults whose switches this backend implements; no default, so none is claimed by accident"""
     component: ClassVar[Component] = Component.ATTENTION_BACKEND
     builder_cls: ClassVar[type[AttentionMetadataBuilder]]
     impl_cls: ClassVar[type[AttentionImpl]]
 
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        own = vars(cls)
+        # The fault switches live in the builder and the implementation: a class that brings its own must
+        # say which it has, or an inherited list would claim switches its code lacks and every scenario
+        # injecting one would report an UNEXPECTED PASS instead of a skip.
+        brings = [attr for attr in ("builder_cls", "impl_cls") if attr in own]
+        if brings and "known_faults" not in own:
+            raise TypeError(
+                f"attention backend {cls.__module__}.{cls.__qualname__} sets {' and '.join(brings)} but does "
+                f"not declare known_faults: list the catalog faults whose switches its code implements "
+                f"(known_faults = frozenset() for none)")
+        if "known_faults" in own:
+            unknown = set(own["known_faults"]) - faults_acting_on(Component.ATTENTION_BACKEND)
+            if unknown:
+                raise TypeError(f"attention backend {cls.__module__}.{cls.__qualname__} declares known_faults "
+                                f"that are not attention-backend faults of the catalog: {', '.join(sorted(unknown))}")
+
     @classmethod
-    def unsupported(cls, *, mode: str, device: str, kv_write: str = KVWrite.PLAIN) -> str | None:
-        """Why this backend cannot run a (mode, device, KV write path) combination; None when it can."""
+    def missing_declarations(cls) -> tuple[str, ...]:
+        """The declarations (``DECLARATIONS``) this class neither sets nor inherits."""
+        return tuple(attr for attr in DECLARATIONS if not hasattr(cls, attr))
+
+    @classmethod
+    def unsupported(
+        cls, *, mode: str, device: str, kv_write: str = KVWrite.PLAIN, page_size: int = 1,
+        kv_layout: str = KVLayout.NHD, faults: Collection[str] = (),
+    ) -> tuple[str, ...]:
+        """Every reason this backend cannot run a case: its mode, device, KV write path, the pool's page size
+        and layout (the miniature's is NHD), and the backend faults of the scenario that act in this mode
+        but have no switch in it; empty when it can."""
+        out = []
         if device not in cls.devices:
-            return f"backend {cls.name} runs on {', '.join(sorted(cls.devices))}, not {device}"
+            out.append(f"backend {cls.name} runs on {', '.join(sorted(cls.devices))}, not {device}")
         needed = _NEEDS[Mode(mode)]
         if cls.graph_support < needed:
-            return (f"backend {cls.name} declares graph support {cls.graph_support.name}; "
-                    f"{mode} mode needs {needed.name} or more")
+            out.append(f"backend {cls.name} declares graph support {cls.graph_support.name}; "
+                       f"{mode} mode needs {needed.name} or more")
         if kv_write not in cls.kv_write_paths:
-            return f"backend {cls.name} has no {kv_write} KV write path"
-        return None
+            out.append(f"backend {cls.name} has no {kv_write} KV write path")
+        if cls.page_sizes is not None and page_size not in cls.page_sizes:
+            out.append(f"backend {cls.name} supports page sizes {', '.join(map(str, sorted(cls.page_sizes)))}, "
+                       f"not {page_size}")
+        if kv_layout not in cls.kv_layouts:
+            out.append(f"backend {cls.name} reads KV layout {', '.join(sorted(cls.kv_layouts))}, not {kv_layout}")
+        # a fault that cannot act in this mode changes nothing, so a backend without its switch still runs
+        lacking = sorted(f for f in set(faults) - cls.known_faults if f in FAULTS
+                         and FAULTS[f].acts_on is Component.ATTENTION_BACKEND and mode in FAULTS[f].modes)
+        if lacking:
+            out.append(f"backend {cls.name} has no switch for fault {', '.join(lacking)}")
+        return tuple(out)
 
     def __init__(
         self,
@@ -188,6 +366,9 @@ class AttentionBackend(ABC):
             raise ValueError(f"kv_write must be one of {sorted(self.kv_write_paths)}, got {kv_write!r}")
         if kv_write == KVWrite.FUSED_FP8 and pool.kv_dtype != "fp8_e4m3":
             raise ValueError(f"the fused FP8 KV write needs an fp8_e4m3 pool, not {pool.kv_dtype}")
+        if self.page_sizes is not None and pool.page_size not in self.page_sizes:
+            raise ValueError(f"backend {self.name} supports page sizes {sorted(self.page_sizes)}, "
+                             f"not the pool's {pool.page_size}")
         self.pool = pool
         self.faults = frozenset(faults) & self.known_faults
         self.builder = self.builder_cls(model_spec=model_spec, pool=pool, req_to_token=req_to_token, faults=self.faults)
@@ -196,27 +377,18 @@ class AttentionBackend(ABC):
         self.forward_metadata: BackendMetadata | None = None
 
     def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:
-        self.forward_metadata = self.builder.build(forward_batch)
+        """Metadata for one eager forward (or a piecewise replay's attention island) of ``forward_batch``."""
+        self.forward_metadata = self.builder.build(from_forward_batch(forward_batch, page_size=self.pool.page_size))
 
     def init_cuda_graph_state(self, max_bs: int) -> None:
         self.builder.init_graph_state(max_bs)
 
-    def init_forward_metadata_capture_cuda_graph(
-        self, bs: int, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor, out_cache_loc: torch.Tensor,
-        forward_mode: ForwardMode,
-    ) -> None:
-        self.forward_metadata = self.builder.build_for_graph_capture(
-            bs, req_pool_indices, seq_lens, out_cache_loc, forward_mode
-        )
+    def init_forward_metadata_capture_cuda_graph(self, batch: AttentionBatch) -> None:
+        self.forward_metadata = self.builder.build_for_graph_capture(batch)
 
-    def init_forward_metadata_replay_cuda_graph(
-        self, bs: int, num_real: int, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
-        out_cache_loc: torch.Tensor, forward_mode: ForwardMode,
-    ) -> None:
+    def init_forward_metadata_replay_cuda_graph(self, batch: AttentionBatch) -> None:
         # eager steps in between rebound forward_metadata; the graph's own object comes back
-        self.forward_metadata = self.builder.refresh_for_graph_replay(
-            bs, num_real, req_pool_indices, seq_lens, out_cache_loc, forward_mode
-        )
+        self.forward_metadata = self.builder.refresh_for_graph_replay(batch)
 
     def graph_static_tensors(self) -> list[torch.Tensor]:
         return self.builder.static_tensors()

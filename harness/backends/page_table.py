@@ -1,8 +1,12 @@
 """Metadata builders shared by attention backends: page tables and per-token row/length indices.
 
-Page size is 1, so a request's page table row is its ``req_to_token`` row: column j holds the full-pool
-slot of position j. Columns at or past ``seq_len`` hold 0, the dummy slot, so that a kernel that reads
-the whole row and masks (as the torch-native backend does) only ever touches written or dummy rows.
+``req_to_token`` maps every position of a request to its full-pool slot. With ``page_size`` tokens per
+page, slot ``s`` lies in page ``s // page_size`` at offset ``s % page_size``, and a request's pages are
+the pages of its positions 0, page_size, 2 * page_size, ... (an allocator hands out whole pages). A page
+table row lists those page ids; ``page_table_slots`` expands it back to one slot per position for a kernel
+that gathers token rows. Entries past a request's length hold 0, the dummy page (whose slots include the
+dummy slot 0), so that a kernel that reads the whole row and masks (as the torch-native backend does)
+only ever touches written or dummy rows.
 """
 
 from __future__ import annotations
@@ -11,12 +15,22 @@ import torch
 
 
 def build_page_table(
-    req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor, width: int
+    req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor, width: int, *,
+    page_size: int,
 ) -> torch.Tensor:
-    """[bs, width] int64 full-pool slots of each request, 0 past its length."""
-    rows = req_to_token[req_pool_indices.long(), :width].long()
-    cols = torch.arange(width, device=rows.device)
-    return torch.where(cols[None, :] < seq_lens[:, None], rows, torch.zeros_like(rows))
+    """[bs, num_pages(width)] int64 page ids of each request's pages, 0 past its last page."""
+    first_slots = req_to_token[req_pool_indices.long(), :width:page_size].long()
+    pages = first_slots // page_size
+    cols = torch.arange(pages.shape[1], device=pages.device)
+    used = -(-seq_lens // page_size)
+    return torch.where(cols[None, :] < used[:, None], pages, torch.zeros_like(pages))
+
+
+def page_table_slots(page_table: torch.Tensor, seq_lens: torch.Tensor, width: int, *, page_size: int) -> torch.Tensor:
+    """[bs, width] int64 full-pool slot of each position through its page, 0 past each request's length."""
+    pos = torch.arange(width, device=page_table.device)
+    slots = page_table[:, pos // page_size] * page_size + pos % page_size
+    return torch.where(pos[None, :] < seq_lens[:, None], slots, torch.zeros_like(slots))
 
 
 def extend_token_rows(extend_seq_lens_cpu: tuple[int, ...], device: torch.device) -> torch.Tensor:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import importlib
 
-from .base import AttentionBackend
+from .base import DECLARATIONS, AttentionBackend
 
 BACKENDS: dict[str, str] = {
     "torch_native": "harness.backends.torch_native:TorchNativeBackend",
@@ -26,4 +26,7 @@ def backend_class(name: str) -> type[AttentionBackend]:
         raise KeyError(f"backend {name!r} cannot be imported: {type(exc).__name__}: {exc}") from None
     if not (isinstance(cls, type) and issubclass(cls, AttentionBackend)):
         raise KeyError(f"backend {name!r} is not an AttentionBackend subclass")
+    if missing := cls.missing_declarations():
+        raise KeyError(f"backend {name!r} does not declare {', '.join(missing)}; an AttentionBackend declares "
+                       f"{', '.join(DECLARATIONS)}")
     return cls

@@ -4,7 +4,8 @@ The builder is the part that differs between an eager step (``build`` makes fres
 (``build_for_graph_capture`` points the metadata at static buffers) and replay
 (``refresh_for_graph_replay`` refreshes those buffers in place, outside the graph).
 
-The kernel reads a whole page-table row per token, ``max_context_len`` wide in every mode, and masks by
+The kernel reads a whole page-table row per token, expanded to one slot per position (so any page size
+works), ``max_context_len`` wide in every mode, and masks by
 kv length and window. The fixed width keeps eager and graph runs bitwise equal; the masking is dense
 SDPA-with-a-mask semantics: a masked key still contributes ``0 * value``, so a NaN planted in a slot that
 masked columns point at (the dummy slot) leaks, as NaN from padded rows did in vLLM PR 38436.
@@ -17,20 +18,23 @@ from dataclasses import dataclass
 import torch
 
 from ..runspec import Device
-from ..serving.batch import ForwardBatch, ForwardMode
+from ..serving.batch import ForwardBatch
 from .base import (
     AttentionBackend,
+    AttentionBatch,
     AttentionImpl,
     AttentionMetadataBuilder,
     GraphSupport,
+    KVLayout,
 )
-from .page_table import build_page_table, extend_token_kv_lens, extend_token_rows
+from .page_table import build_page_table, extend_token_kv_lens, extend_token_rows, page_table_slots
 
 
 @dataclass(slots=True, kw_only=True)
 class TorchNativeMetadata:
     page_table: torch.Tensor
-    """[bs, max_context_len] int64 full-pool slots, 0 past each request's length"""
+    """[bs, max_context_len] int64 full-pool slot of every position (the page table expanded to token slots),
+    0 past each request's length"""
     swa_page_table: torch.Tensor
     """[bs, max_context_len] int64 SWA slots: the full page table translated (0 where evicted)"""
     token_rows: torch.Tensor
@@ -52,21 +56,27 @@ class TorchNativeMetadataBuilder(AttentionMetadataBuilder):
         self._key_pos = torch.arange(self.width, device=self.device)
         self._graph_metadata: dict[int, TorchNativeMetadata] = {}
 
-    def build(self, forward_batch: ForwardBatch) -> TorchNativeMetadata:
-        fb = forward_batch
-        page_table = build_page_table(fb.req_to_token, fb.req_pool_indices, fb.seq_lens, self.width)
-        if fb.forward_mode.is_decode_like:
-            token_rows = torch.arange(fb.batch_size, device=self.device)
-            token_kv_lens = fb.seq_lens
+    def _slot_table(self, batch: AttentionBatch) -> torch.Tensor:
+        """[bs, width] full-pool slot of every position, read through each request's pages."""
+        pages = build_page_table(self.req_to_token, batch.req_pool_indices, batch.seq_lens, self.width,
+                                 page_size=batch.page_size)
+        return page_table_slots(pages, batch.seq_lens, self.width, page_size=batch.page_size)
+
+    def build(self, batch: AttentionBatch) -> TorchNativeMetadata:
+        page_table = self._slot_table(batch)
+        if batch.forward_mode.is_decode_like:
+            token_rows = torch.arange(batch.bs, device=self.device)
+            token_kv_lens = batch.seq_lens
         else:
-            token_rows = extend_token_rows(fb.extend_seq_lens_cpu, self.device)
-            token_kv_lens = extend_token_kv_lens(fb.seq_lens, fb.extend_seq_lens, token_rows)
+            assert batch.extend_seq_lens is not None
+            token_rows = extend_token_rows(batch.extend_seq_lens_cpu, self.device)
+            token_kv_lens = extend_token_kv_lens(batch.seq_lens, batch.extend_seq_lens, token_rows)
         return TorchNativeMetadata(
             page_table=page_table,
             swa_page_table=self.pool.translate_loc_from_full_to_swa(page_table).long(),
             token_rows=token_rows,
             token_kv_lens=token_kv_lens,
-            out_cache_loc_swa=self.pool.translate_loc_from_full_to_swa(fb.out_cache_loc),
+            out_cache_loc_swa=self.pool.translate_loc_from_full_to_swa(batch.out_cache_loc),
             kv_width=self.width,
             key_pos=self._key_pos,
         )
@@ -81,37 +91,31 @@ class TorchNativeMetadataBuilder(AttentionMetadataBuilder):
     def static_tensors(self) -> list[torch.Tensor]:
         return [self._cg_page_table, self._cg_swa_page_table, self._cg_token_rows, self._cg_swa_loc, self._key_pos]
 
-    def build_for_graph_capture(
-        self, bs: int, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor, out_cache_loc: torch.Tensor,
-        forward_mode: ForwardMode,
-    ) -> TorchNativeMetadata:
-        self._fill_graph_buffers(bs, bs, req_pool_indices, seq_lens, out_cache_loc)
+    def build_for_graph_capture(self, batch: AttentionBatch) -> TorchNativeMetadata:
+        self._fill_graph_buffers(batch)
+        bs = batch.bs
         kv_width = self.width
         if "baked_scalar" in self.faults:
             # A Python number taken from the capture batch; replay never recomputes it.
-            kv_width = int(seq_lens[:bs].max())
+            kv_width = max(batch.seq_lens_cpu)
         md = self._graph_metadata[bs] = TorchNativeMetadata(
             page_table=self._cg_page_table[:bs],
             swa_page_table=self._cg_swa_page_table[:bs],
             token_rows=self._cg_token_rows[:bs],
-            token_kv_lens=seq_lens[:bs],
+            token_kv_lens=batch.seq_lens,
             out_cache_loc_swa=self._cg_swa_loc[:bs],
             kv_width=kv_width,
             key_pos=self._key_pos,
         )
         return md
 
-    def refresh_for_graph_replay(
-        self, bs: int, num_real: int, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
-        out_cache_loc: torch.Tensor, forward_mode: ForwardMode,
-    ) -> TorchNativeMetadata:
-        self._fill_graph_buffers(bs, num_real, req_pool_indices, seq_lens, out_cache_loc)
-        return self._graph_metadata[bs]
+    def refresh_for_graph_replay(self, batch: AttentionBatch) -> TorchNativeMetadata:
+        self._fill_graph_buffers(batch)
+        return self._graph_metadata[batch.bs]
 
-    def _fill_graph_buffers(
-        self, bs: int, num_real: int, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor, out_cache_loc: torch.Tensor
-    ) -> None:
-        page_table = build_page_table(self.req_to_token, req_pool_indices[:bs], seq_lens[:bs], self.width)
+    def _fill_graph_buffers(self, batch: AttentionBatch) -> None:
+        bs, num_real, out_cache_loc = batch.bs, batch.num_real, batch.out_cache_loc
+        page_table = self._slot_table(batch)
         swa_page_table = self.pool.translate_loc_from_full_to_swa(page_table).long()
         md = self._graph_metadata.get(bs)
         if "rebind_metadata" in self.faults and md is not None:
@@ -119,7 +123,7 @@ class TorchNativeMetadataBuilder(AttentionMetadataBuilder):
             # the static buffers it captured, which still hold whatever they held before.
             md.page_table = page_table
             md.swa_page_table = swa_page_table
-            md.token_kv_lens = seq_lens[:bs].clone()
+            md.token_kv_lens = batch.seq_lens.clone()
         else:
             self._cg_page_table[:bs].copy_(page_table)
             self._cg_swa_page_table[:bs].copy_(swa_page_table)
@@ -178,5 +182,9 @@ class TorchNativeBackend(AttentionBackend):
     # prefill graphs keep attention an island
     graph_support = GraphSupport.DECODE_ONLY
     devices = frozenset({Device.CPU, Device.CUDA})
+    # the kernel gathers token rows through each request's pages, so any page size works; rows are NHD
+    page_sizes = None
+    kv_layouts = frozenset({KVLayout.NHD})
+    known_faults = frozenset({"rebind_metadata", "baked_scalar", "window_from_wrong_layer"})
     builder_cls = TorchNativeMetadataBuilder
     impl_cls = TorchNativeImpl

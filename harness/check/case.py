@@ -1,8 +1,9 @@
 """The scenario matrix's cells: one (scenario, design, mode, backend) run and what it should give.
 
 Shared by the pytest items and ``python -m harness run`` so both select, name and judge cases alike.
-A backend's declaration decides the device a case runs on and whether it can run at all: a pair the
-backend does not support becomes a case with a reason, skipped rather than run.
+A backend's declaration decides the device a case runs on and whether it can run at all: a case the
+backend does not support (its mode, KV write path, page size or layout, or a fault it has no switch for)
+becomes a case with every reason, skipped rather than run.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from ..backends.base import AttentionBackend
 from ..backends.registry import backend_class
 from ..runspec import TIMEOUT_DEFAULT_S, Device, Engine, RunSpec
 
@@ -30,7 +32,7 @@ class Case:
     with_faults: bool = True
     """False: the scenario's faults switched off, judged against the ``without_faults`` expectation"""
     unsupported: str | None = None
-    """why the backend cannot run this case (it is skipped); None when it can"""
+    """why the backend cannot run this case, every reason joined (it is skipped); None when it can"""
     timeout_s: float = TIMEOUT_DEFAULT_S
     """the run's time limit (the scenario's ``run.timeout_s`` unless overridden)"""
     expected_override: str | None = None
@@ -93,20 +95,24 @@ def cases(
     device: str = Device.CPU,
     extra_designs: Iterable[str] = (),
     expect: str | None = None,
+    extra_backends: Iterable[str] = (),
     timeout_s: float | None = None,
 ) -> list[Case]:
     """Every case of one scenario that the filters keep, clean reruns of fault scenarios included.
 
     ``engine`` None picks each case's default: ``cuda`` for a case on a CUDA device, else ``tape``.
     ``extra_designs`` the scenario does not list run too, expected to give ``expect`` (no expectation when
-    None); ``timeout_s`` overrides the scenario's time limit.
+    None). ``extra_backends`` it does not list run every design too, each expected to give what the
+    scenario expects of the design (its ``by_backend`` entry for that name, if any). ``timeout_s`` overrides
+    the scenario's time limit.
     """
     keep_designs = set(designs) if designs else None
     keep_modes = set(modes) if modes else None
     keep_backends = set(backends) if backends else None
+    added = [b for b in dict.fromkeys(extra_backends) if b not in scenario.backends]
     out = []
-    for backend in scenario.backends:
-        if keep_backends is not None and backend not in keep_backends:
+    for backend in (*scenario.backends, *added):
+        if keep_backends is not None and backend not in keep_backends and backend not in added:
             continue
         try:
             declared = backend_class(backend)
@@ -123,16 +129,25 @@ def cases(
             for mode in scenario.modes:
                 if keep_modes is not None and mode not in keep_modes:
                     continue
-                reason = missing if declared is None else declared.unsupported(
-                    mode=mode, device=run_device, kv_write=scenario.kv_write)
                 common = dict(scenario=scenario, design=design, mode=mode, backend=backend, engine=run_engine,
-                              device=run_device, unsupported=reason,
-                              timeout_s=timeout_s if timeout_s is not None else scenario.timeout_s)
+                              device=run_device, timeout_s=timeout_s if timeout_s is not None else scenario.timeout_s)
+                unsupported = missing or _unsupported(declared, scenario, mode, run_device, with_faults=True)
                 if design in extras:
-                    out.append(Case(**common, expected_override=expect))
+                    out.append(Case(**common, unsupported=unsupported, expected_override=expect))
                     continue
-                out.append(Case(**common))
+                out.append(Case(**common, unsupported=unsupported))
                 exp = scenario.expectation(design)
                 if scenario.faults and exp.expected(mode=mode, backend=backend, with_faults=False) is not None:
-                    out.append(Case(**common, with_faults=False))
+                    clean = missing or _unsupported(declared, scenario, mode, run_device, with_faults=False)
+                    out.append(Case(**common, unsupported=clean, with_faults=False))
     return out
+
+
+def _unsupported(declared: type[AttentionBackend] | None, scenario: ScenarioSpec, mode: str, device: str, *,
+                 with_faults: bool) -> str | None:
+    """Every reason the declared backend gives for not running the case, joined; None when it runs."""
+    assert declared is not None
+    reasons = declared.unsupported(mode=mode, device=device, kv_write=scenario.kv_write,
+                                   page_size=scenario.pool.page_size,
+                                   faults=scenario.faults if with_faults else ())
+    return "; ".join(reasons) or None

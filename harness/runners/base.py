@@ -111,6 +111,14 @@ def _no_addresses(text: str) -> str:
     return re.sub(r"0x[0-9a-f][0-9a-f.]*", "<address>", text)
 
 
+def swa_out_cache_loc(batch: ForwardBatch, pool: HybridSWAKVPool) -> torch.Tensor:
+    """The SWA slots the batch's new tokens write: precomputed at batch creation, or translated here when a
+    speculative draft step reassigned ``out_cache_loc`` and dropped them, as SGLang's runners do."""
+    if batch.out_cache_loc_swa is not None:
+        return batch.out_cache_loc_swa
+    return pool.translate_loc_from_full_to_swa(batch.out_cache_loc)
+
+
 def fill_static(static: torch.Tensor, real: torch.Tensor, bucket: int, pad: int) -> None:
     """Copy a batch's ``real`` rows into the head of a static buffer and ``pad`` the rest of the bucket."""
     n = real.shape[0]

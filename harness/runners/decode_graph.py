@@ -20,11 +20,12 @@ from collections.abc import Collection
 
 import torch
 
+from ..backends.base import AttentionBatch, attention_batch, spec_info_of
 from ..graphs.engine import GraphEngine
 from ..runspec import CapturePolicy, RunSpec
 from ..serving.batch import ForwardBatch, ForwardMode
 from ..serving.faults import Component
-from .base import GraphRunner, Runner, RunnerContext, fill_static
+from .base import GraphRunner, Runner, RunnerContext, fill_static, swa_out_cache_loc
 
 
 class DecodeGraphRunner(GraphRunner):
@@ -81,6 +82,19 @@ class DecodeGraphRunner(GraphRunner):
             token_to_kv_pool=self.pool,
         )
 
+    def _attention_batch(self, bucket: int, batch: ForwardBatch) -> AttentionBatch:
+        """What the backend's builder reads of ``batch`` in the ``bucket`` graph: the static buffers' rows,
+        padding included, the batch's own rows at their head."""
+        return attention_batch(
+            forward_mode=batch.forward_mode,
+            num_real=batch.batch_size,
+            req_pool_indices=self.req_pool_indices[:bucket],
+            seq_lens=self.seq_lens[:bucket],
+            out_cache_loc=self.out_cache_loc[:bucket],
+            page_size=self.pool.page_size,
+            spec_info=spec_info_of(batch),
+        )
+
     def _capture(self, bs: int) -> None:
         # the capture batch: every row is padding (dummy request row 0, dummy slot 0, seq_len 1)
         self.input_ids[:bs].zero_()
@@ -90,9 +104,7 @@ class DecodeGraphRunner(GraphRunner):
         self.out_cache_loc[:bs].zero_()
         self.out_cache_loc_swa[:bs].zero_()
         batch = self._static_batch(bs, ForwardMode.DECODE)
-        self.backend.init_forward_metadata_capture_cuda_graph(
-            bs, batch.req_pool_indices, batch.seq_lens, batch.out_cache_loc, ForwardMode.DECODE
-        )
+        self.backend.init_forward_metadata_capture_cuda_graph(self._attention_batch(bs, batch))
         if "no_preset_swa_loc" not in self.faults:
             # SGLang PR 23552: point the attribute at the static buffer so the graph reads what replay fills
             self.pool.set_swa_loc(batch.out_cache_loc_swa)
@@ -140,10 +152,7 @@ class DecodeGraphRunner(GraphRunner):
             self._capture(bucket)
         self._fill(batch, bucket)
         self.pool.invalidate_translate_cache()
-        self.backend.init_forward_metadata_replay_cuda_graph(
-            bucket, bs, self.req_pool_indices[:bucket], self.seq_lens[:bucket], self.out_cache_loc[:bucket],
-            batch.forward_mode,
-        )
+        self.backend.init_forward_metadata_replay_cuda_graph(self._attention_batch(bucket, batch))
         return self._replay(bucket, bs, captured=captured)
 
     def _fill(self, batch: ForwardBatch, bucket: int) -> None:
@@ -154,9 +163,7 @@ class DecodeGraphRunner(GraphRunner):
         fill_static(self.req_pool_indices, batch.req_pool_indices, bucket, 0)
         fill_static(self.seq_lens, batch.seq_lens, bucket, pad_seq_len)
         fill_static(self.out_cache_loc, batch.out_cache_loc, bucket, pad_slot)
-        swa = batch.out_cache_loc_swa
-        if swa is None:  # a draft step dropped it: the runner translates, as SGLang's does
-            swa = self.pool.translate_loc_from_full_to_swa(batch.out_cache_loc)
+        swa = swa_out_cache_loc(batch, self.pool)
         if "rebind_static_swa_loc" in self.faults:
             # a runner that builds a new static buffer for every replay: the graph still reads the one it
             # captured, which nothing refreshes any more (the input audit names it)

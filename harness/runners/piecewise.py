@@ -21,7 +21,7 @@ from ..graphs.engine import GraphEngine, eager_island
 from ..runspec import RunSpec
 from ..serving.batch import ForwardBatch, ForwardMode, make_forward_batch
 from ..serving.faults import Component
-from .base import GraphRunner, Runner, RunnerContext, fill_static
+from .base import GraphRunner, Runner, RunnerContext, fill_static, swa_out_cache_loc
 
 
 class PiecewisePrefillRunner(GraphRunner):
@@ -130,9 +130,7 @@ class PiecewisePrefillRunner(GraphRunner):
         bucket = self.bucket_for(n)
         if bucket is None:
             return self._run_eagerly(batch, n, fallback=True)
-        swa = batch.out_cache_loc_swa
-        if swa is None:
-            swa = self.pool.translate_loc_from_full_to_swa(batch.out_cache_loc)
+        swa = swa_out_cache_loc(batch, self.pool)
         for static, real in ((self.input_ids, batch.input_ids), (self.positions, batch.positions),
                              (self.out_cache_loc, batch.out_cache_loc), (self.out_cache_loc_swa, swa)):
             fill_static(static, real, bucket, 0)
