@@ -13,9 +13,7 @@ import torch
 
 from ..backends.base import AttentionBackend
 from ..backends.registry import backend_class
-from ..graphs.registry import get_engine
 from ..runners.base import Runner, RunnerContext
-from ..runners.eager import EagerRunner
 from ..runners.registry import runner_class
 from ..runspec import Mode, RunSpec
 from ..serving.designs import resolve_design
@@ -83,8 +81,7 @@ def assemble(spec: RunSpec) -> RunParts:
 
 def make_runner(spec: RunSpec, ctx: RunnerContext) -> Runner:
     """The runner the spec names (its mode's built-in one by default), over an eager runner to fall back on."""
-    eager = EagerRunner(ctx)
-    name = spec.runner or Mode(spec.mode).value
-    if name == Mode.EAGER and spec.runner is None:
+    eager = runner_class(Mode.EAGER).for_run(ctx, spec)
+    if spec.runner is None and spec.mode == Mode.EAGER:
         return eager
-    return runner_class(name).for_run(ctx, spec, eager=eager, engine=get_engine(spec.engine))
+    return runner_class(spec.runner or Mode(spec.mode).value).for_run(ctx, spec, eager=eager)

@@ -16,7 +16,6 @@ from typing import Protocol
 
 import torch
 
-from ..serving.stack import PoolBuffers
 from ..serving.timeline import LiveToken, TokenKey
 
 
@@ -28,6 +27,16 @@ class ScheduledStepLike(Protocol):
 
     @property
     def kind(self) -> str: ...
+
+class PoolBuffersLike(Protocol):
+    """What a snapshot copies: a serving stack's ``kv_buffers()``, one [slots, Hkv, D] tensor per layer of
+    each pool (``serving.stack.PoolBuffers``; no import of the stack)."""
+
+    full_k: Sequence[torch.Tensor]
+    full_v: Sequence[torch.Tensor]
+    swa_k: Sequence[torch.Tensor]
+    swa_v: Sequence[torch.Tensor]
+
 
 # Columns of ``KVSnapshot.live_table``.
 RID, POS, FULL_SLOT, SWA_SLOT, IN_WINDOW = range(5)
@@ -84,7 +93,7 @@ def _stack(buffers: Sequence[torch.Tensor], like: torch.Tensor) -> torch.Tensor:
 
 
 def take_snapshot(
-    buffers: PoolBuffers, step: ScheduledStepLike, live: list[LiveToken], hidden: list[torch.Tensor]
+    buffers: PoolBuffersLike, step: ScheduledStepLike, live: list[LiveToken], hidden: list[torch.Tensor]
 ) -> KVSnapshot:
     """Copy both pools (each buffer once) and the step's hidden states to host memory."""
     like = (buffers.full_k or buffers.swa_k)[0]

@@ -22,6 +22,7 @@ import torch
 
 from ..backends.base import AttentionBatch, attention_batch, spec_info_of
 from ..graphs.engine import GraphEngine
+from ..graphs.registry import get_engine
 from ..runspec import CapturePolicy, RunSpec
 from ..serving.batch import ForwardBatch, ForwardMode
 from ..serving.faults import Component
@@ -32,9 +33,9 @@ class DecodeGraphRunner(GraphRunner):
     component = Component.DECODE_GRAPH_RUNNER
 
     @classmethod
-    def for_run(cls, ctx: RunnerContext, spec: RunSpec, *, eager: Runner, engine: GraphEngine) -> DecodeGraphRunner:
-        return cls(ctx, eager=eager, engine=engine, buckets=spec.graphs.decode_buckets, capture=spec.graphs.capture,
-                   faults=spec.faults)
+    def for_run(cls, ctx: RunnerContext, spec: RunSpec, *, eager: Runner) -> DecodeGraphRunner:
+        return cls(ctx, eager=eager, engine=get_engine(spec.engine), buckets=spec.graphs.decode_buckets,
+                   capture=spec.graphs.capture, faults=spec.faults)
 
     def __init__(
         self,

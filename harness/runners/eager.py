@@ -6,7 +6,6 @@ from collections.abc import Sequence
 
 import torch
 
-from ..graphs.engine import GraphEngine
 from ..runspec import RunSpec
 from ..serving.batch import ForwardBatch
 from .base import Runner, RunnerContext
@@ -15,8 +14,7 @@ from .observations import ForwardPath, ForwardRecord, GraphObservations
 
 class EagerRunner:
     @classmethod
-    def for_run(cls, ctx: RunnerContext, spec: RunSpec, *, eager: Runner | None = None,
-                engine: GraphEngine | None = None) -> EagerRunner:
+    def for_run(cls, ctx: RunnerContext, spec: RunSpec, *, eager: Runner | None = None) -> EagerRunner:
         return cls(ctx)
 
     def __init__(self, ctx: RunnerContext) -> None:

@@ -18,6 +18,7 @@ from collections.abc import Collection
 import torch
 
 from ..graphs.engine import GraphEngine, eager_island
+from ..graphs.registry import get_engine
 from ..runspec import RunSpec
 from ..serving.batch import ForwardBatch, ForwardMode, make_forward_batch
 from ..serving.faults import Component
@@ -28,9 +29,9 @@ class PiecewisePrefillRunner(GraphRunner):
     component = Component.PIECEWISE_RUNNER
 
     @classmethod
-    def for_run(cls, ctx: RunnerContext, spec: RunSpec, *, eager: Runner,
-                engine: GraphEngine) -> PiecewisePrefillRunner:
-        return cls(ctx, eager=eager, engine=engine, buckets=spec.graphs.prefill_buckets, faults=spec.faults)
+    def for_run(cls, ctx: RunnerContext, spec: RunSpec, *, eager: Runner) -> PiecewisePrefillRunner:
+        return cls(ctx, eager=eager, engine=get_engine(spec.engine), buckets=spec.graphs.prefill_buckets,
+                   faults=spec.faults)
 
     def __init__(
         self,

@@ -4,8 +4,9 @@ line here; a third-party runner is named by ``package.module:Class`` (``RunSpec.
 The contract a runner keeps (``base.Runner``): ``forward(batch)`` returns the final hidden states of one
 forward; ``forward_log()`` says how each completed forward ran; ``observations()`` gives graph statistics
 and audit findings (None without graphs). It is built by the classmethod
-``for_run(ctx, spec, *, eager, engine)`` from the run's context (model, backend, stack), its ``RunSpec``
-(buckets, capture policy, faults), the eager runner to fall back on, and a fresh graph engine.
+``for_run(ctx, spec, *, eager)`` from the run's context (model, backend, pools), its ``RunSpec`` (graph
+engine, buckets, capture policy, faults) and the eager runner to fall back on; a graph runner makes a fresh
+engine of ``spec.engine`` (``graphs.registry.get_engine``).
 """
 
 from __future__ import annotations

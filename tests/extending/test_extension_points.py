@@ -1,6 +1,6 @@
 """Each extension point takes a new implementation as one module plus one registry line (or an import path):
-a serving stack, an eviction policy and a runner, each small, registered here and run end to end. The
-checks show the new piece was really used, and that a sound design still matches under it."""
+a serving stack, an eviction policy, a backend and a runner, each small, registered here and run end to
+end. The checks show the new piece was really used, and that a sound design still matches under it."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import torch
 
 from harness.check.drive import execute
 from harness.check.verdict import judge
+from harness.backends.registry import BACKENDS, backend_class
 from harness.runners.eager import EagerRunner
 from harness.runners.registry import RUNNERS
 from harness.runspec import GraphSpec, RunSpec
@@ -67,6 +68,18 @@ class LoggingEagerRunner(EagerRunner):
         return super().forward(batch)
 
 
+class CountingAttnBackend(backend_class("torch_native")):
+    """The torch-native backend counting its eager metadata builds: a new backend is a declaration over a
+    builder and an implementation, and here it changes nothing the verdict sees."""
+
+    name = "counting"
+    builds = 0
+
+    def init_forward_metadata(self, forward_batch):
+        type(self).builds += 1
+        super().init_forward_metadata(forward_batch)
+
+
 def _spec(**kw) -> RunSpec:
     ms = model_spec("gpt-oss-mini")
     w = ms.window
@@ -89,6 +102,7 @@ def registered(monkeypatch):
     monkeypatch.setitem(registry.STACKS, "highest_first", f"{__name__}:HighestFirstStack")
     monkeypatch.setitem(registry.EVICTION_POLICIES, "every_other_step", f"{__name__}:EveryOtherStep")
     monkeypatch.setitem(RUNNERS, "logging_eager", f"{__name__}:LoggingEagerRunner")
+    monkeypatch.setitem(BACKENDS, "counting", f"{__name__}:CountingAttnBackend")
 
 
 @pytest.mark.parametrize("mode", ["eager", "full", "piecewise"])
@@ -126,6 +140,15 @@ def test_a_registered_runner_is_the_one_a_run_uses(registered):
     result = execute(_spec(runner="logging_eager"))
     assert result.error is None, result.error
     assert LoggingEagerRunner.forwards_run == sum(len(s.forwards) for s in result.steps) > 0
+    assert judge(result, execute(_spec())).outcome == "match"
+
+
+@pytest.mark.parametrize("mode", ["eager", "full", "piecewise"])
+def test_a_registered_backend_runs_every_mode_and_matches_the_one_it_extends(registered, mode):
+    CountingAttnBackend.builds = 0
+    result = execute(_spec(backend="counting", mode=mode, design="metadata"))
+    assert result.error is None, result.error
+    assert CountingAttnBackend.builds > 0, "the registered backend was not used"
     assert judge(result, execute(_spec())).outcome == "match"
 
 

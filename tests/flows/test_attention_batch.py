@@ -9,7 +9,9 @@ from harness.runners.base import swa_out_cache_loc
 from harness.serving.batch import ForwardMode
 from harness.serving.workloads import draft_after_prefill
 
-from ._flows import build_session, drive, heterogeneous_decode, heterogeneous_prefill, spec_for
+from harness.check.assemble import assemble
+
+from ._flows import drive, heterogeneous_decode, heterogeneous_prefill, spec_for
 
 ENTRY_POINTS = ("build", "build_for_graph_capture", "refresh_for_graph_replay")
 
@@ -85,7 +87,7 @@ def test_draft_steps_reach_the_builder_as_speculative_information(handed, mode):
 
 
 def test_graph_runners_translate_the_swa_locations_a_draft_step_dropped():
-    session = build_session(spec_for("gpt-oss-mini", draft_after_prefill, "eager"))
+    session = assemble(spec_for("gpt-oss-mini", draft_after_prefill, "eager"))
     step = session.scheduler.next_step()
     batch = step.batch
     assert swa_out_cache_loc(batch, session.pool) is batch.out_cache_loc_swa  # precomputed: used as it is
