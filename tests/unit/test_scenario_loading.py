@@ -334,8 +334,8 @@ def test_expectation_values(tmp_path):
         'without_faults = "match"\n',
     )
     text = "\n".join(problems_of(path))
-    assert f"{path}: expect.translate.verdict: expected one of 'match', 'diverge', 'error', got 'pass'" in text
-    assert f"{path}: expect.translate.full: expected one of 'match', 'diverge', 'error', got 'crash'" in text
+    assert f"{path}: expect.translate.verdict: expected one of 'match', 'diverge', 'error', 'invariant', got 'pass'" in text
+    assert f"{path}: expect.translate.full: expected one of 'match', 'diverge', 'error', 'invariant', got 'crash'" in text
     assert f"{path}: expect.translate.piecewise: mode not run; graphs.modes is eager, full" in text
     assert f"{path}: expect.translate.without_faults: only allowed when run.faults is non-empty" in text
     assert f"{path}: expect.translate.why: missing required key; expected a non-empty string" in text
