@@ -1,6 +1,7 @@
 """Hybrid sliding-window KV pool: a full pool and a smaller SWA pool, as SGLang's SWAKVPool keeps them.
 
-Layout (page size 1, one row per token slot)::
+Layout (drawn for page size 1, one row per token slot; with pages of P tokens, page k is slots kP .. kP+P-1
+and page 0, slots 0 .. P-1, is the dummy page)::
 
     full pool   slot:  0 (dummy) | 1 | 2 | 3 | ... | full_size-1        <- full-attention layers
     SWA pool    slot:  0 (dummy) | 1 | 2 | ... | swa_size-1              <- sliding-window layers
@@ -96,9 +97,8 @@ _POOL_BOUNDS = {
     "max_running_requests": (1, POOL_SIZE_LIMIT),
 }
 _TABLE_CELLS = 1 << 22
-# The allocator and the page tables work in pages of any size; the eviction policies and the SWA page frees
-# that make larger pages meaningful (whole-page frees, page-aligned frontiers) are not modelled yet.
-SUPPORTED_PAGE_SIZES = (1,)
+# SGLang's TRT-LLM MHA backend (the one PR 24138 fixed) runs only with pages of 16, 32 or 64 tokens
+SUPPORTED_PAGE_SIZES = (1, 4, 16, 32, 64)
 
 
 def storage_dtype(kv_dtype: str) -> torch.dtype:
@@ -244,14 +244,16 @@ class HybridSWAKVPool:
                     buf[index] = rows
 
     def poison(self) -> None:
-        """Fill every slot but the dummy with NaN so that slots a run never wrote show up as unwritten.
+        """Fill every slot but the dummy page with NaN so that slots a run never wrote show up as unwritten.
 
-        The dummy slot stays zero: masked attention still multiplies its rows by zero weights, and a NaN
-        there would leak into every padded read (that leak is what the pad_seq_len_zero fault provokes).
+        The dummy page stays zero: masked attention still multiplies its rows by zero weights (a page table
+        reads whole pages, the dummy page for every column past a request's length), and a NaN there would
+        leak into every padded read (that leak is what the pad_seq_len_zero fault provokes).
         """
+        p = self.page_size
         for buf in (*self.full_k_buffer, *self.full_v_buffer, *self.swa_k_buffer, *self.swa_v_buffer):
-            poison_(buf[1:])
-            buf[0] = 0
+            poison_(buf[p:])
+            buf[:p] = 0
 
 
 class PoolExhausted(RuntimeError):

@@ -1,0 +1,68 @@
+"""Pages: both pools allocated in lockstep page by page, a request continuing its last page, the dummy page
+never handed out, and a page given back only when its last slot is freed."""
+
+from __future__ import annotations
+
+import torch
+
+from harness.serving.miniature import MiniatureStack
+from harness.serving.pool import PoolSpec
+from harness.serving.stack import StackSpec
+
+
+def _stack(page_size=4, full=32, swa=16, order="lowest") -> MiniatureStack:
+    spec = PoolSpec(full_size=full, swa_size=swa, page_size=page_size, free_order=order)
+    return MiniatureStack.build(StackSpec(pool=spec, layer_is_swa=(True, False), num_kv_heads=1, head_dim=2))
+
+
+def test_a_prompt_takes_whole_pages_after_the_dummy_page_in_both_pools():
+    stack = _stack()
+    slots = stack.alloc_extend(prefix_lens=[0], extend_lens=[6], last_locs=[0])
+    assert slots.tolist() == [4, 5, 6, 7, 8, 9]
+    assert stack.translate(slots).tolist() == [4, 5, 6, 7, 8, 9]
+    assert stack.allocator.available_size() == (32 - 4 - 8, 16 - 4 - 8)
+
+
+def test_the_next_tokens_continue_the_last_page_then_open_a_new_one_in_lockstep():
+    stack = _stack()
+    a = stack.alloc_extend(prefix_lens=[0], extend_lens=[3], last_locs=[0])      # page 1
+    b = stack.alloc_extend(prefix_lens=[0], extend_lens=[2], last_locs=[0])      # page 2
+    more = stack.alloc_extend(prefix_lens=[3, 2], extend_lens=[2, 1], last_locs=[int(a[-1]), int(b[-1])])
+    assert more.tolist() == [7, 12, 10]  # a fills page 1, then opens page 3; b continues page 2
+    swa = stack.translate(more).tolist()
+    assert [s % 4 for s in swa] == [s % 4 for s in more.tolist()], "in-page offsets differ between the pools"
+    assert swa[1] // 4 not in (1, 2), "a's new page must be a fresh SWA page"
+
+
+def test_an_swa_page_is_freed_only_with_its_last_slot():
+    stack = _stack()
+    slots = stack.alloc_extend(prefix_lens=[0], extend_lens=[8], last_locs=[0])   # pages 1 and 2
+    _, swa_before = stack.allocator.available_size()
+    stack.free_swa(slots[:3])
+    assert stack.allocator.available_size()[1] == swa_before
+    assert not {4, 5, 6, 7} & stack.free_slots()[1]
+    stack.free_swa(slots[3:4])
+    assert stack.allocator.available_size()[1] == swa_before + 4
+    assert {4, 5, 6, 7} <= stack.free_slots()[1]
+    assert stack.translate(slots).tolist() == [0, 0, 0, 0, 8, 9, 10, 11]
+
+
+def test_the_dummy_page_stays_zero_and_every_other_slot_is_poisoned():
+    stack = _stack()
+    stack.poison()
+    buf = stack.pool.swa_k_buffer[0]
+    assert torch.equal(buf[:4], torch.zeros_like(buf[:4]))
+    assert torch.isnan(buf[4:]).all()
+
+
+def test_freed_pages_are_reused_in_the_pools_free_order():
+    # pages 1 and 2 freed in that order, then one page taken: the next page is 2 (lowest), 5 (fifo: the
+    # never-used pages 4 .. 7 queue first) or 1 (lifo: the last freed was taken)
+    for order, expected in (("lowest", 8), ("fifo", 20), ("lifo", 4)):
+        stack = _stack(order=order)
+        pages = [stack.alloc_extend(prefix_lens=[0], extend_lens=[4], last_locs=[0]) for _ in range(3)]
+        stack.free(pages[0])  # page 1
+        stack.free(pages[1])  # page 2
+        stack.alloc_extend(prefix_lens=[0], extend_lens=[4], last_locs=[0])  # takes one page
+        nxt = stack.alloc_extend(prefix_lens=[0], extend_lens=[1], last_locs=[0])
+        assert int(nxt[0]) == expected, order
