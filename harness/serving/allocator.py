@@ -6,10 +6,12 @@ both, so ``full_to_swa_index_mapping`` maps a full page onto one SWA page. A req
 its last page (the full slot after ``last_loc``) until the page is full. With pages of one token every token
 opens a page and this is plain slot allocation.
 
-Free pages are handed out in the pool's ``free_order``: by default lowest first, so a freed SWA page is
-the next one reused (reuse while other requests still run is exactly where stale write locations do
-damage); SGLang's own orders are the others. A page goes back only when every token that was given a slot
-in it has freed that slot.
+Frees work in whole pages, as SGLang's paged allocator frees: freeing any slot of a page gives the whole
+page back. That is why eviction frontiers are floored to a page: a frontier inside a page frees the page
+under tokens still in the window. No two requests share a page (each opens its own), so a request's
+finished or evicted pages are its own. Free pages are handed out in the pool's ``free_order``: by default
+lowest first, so a freed SWA page is the next one reused (reuse while other requests still run is exactly
+where stale write locations do damage); SGLang's own orders are the others.
 """
 
 from __future__ import annotations
@@ -35,9 +37,9 @@ class SWATokenToKVPoolAllocator:
                               order=order)
         self._swa = FreeList(pool.swa_size // self.page_size, "SWA KV pool", "swa_size", unit=self.page_size,
                              order=order)
-        # slots handed out and not yet freed, per page: a page is free again when its count drops to zero
-        self._full_held = [0] * (pool.full_size // self.page_size)
-        self._swa_held = [0] * (pool.swa_size // self.page_size)
+        # pages handed out and not yet freed: freeing one that is not is a double free
+        self._full_held: set[int] = set()
+        self._swa_held: set[int] = set()
 
     def available_size(self) -> tuple[int, int]:
         """Free slots of each pool, counted in whole free pages."""
@@ -80,10 +82,8 @@ class SWATokenToKVPoolAllocator:
                     last, last_swa = last + 1, last_swa + 1
                 full.append(last)
                 swa.append(last_swa)
-        for slot in full:
-            self._full_held[slot // p] += 1
-        for slot in swa:
-            self._swa_held[slot // p] += 1
+        self._full_held.update(full_pages)
+        self._swa_held.update(swa_pages)
         device = self.pool.device
         full_t = torch.tensor(full, dtype=torch.int64, device=device)
         if full:
@@ -96,38 +96,40 @@ class SWATokenToKVPoolAllocator:
             return
         mapping = self.pool.full_to_swa_index_mapping
         swa = mapping[full_slots.long()]
-        freed = swa[swa > 0].tolist()
-        self._swa.give_back(_released(freed, self._swa_held, self.page_size))
+        pages = _release(swa[swa > 0].tolist(), self._swa_held, self.page_size)
+        self._swa.give_back(pages)
         mapping[full_slots.long()] = 0
         if self.poison_freed:
-            self.pool.poison_slots([], freed)
+            self.pool.poison_slots([], _slots_of(pages, self.page_size))
 
     def free(self, full_slots: torch.Tensor) -> None:
         """Free finished or aborted tokens in both pools."""
         if full_slots.numel() == 0:
             return
         self.free_swa(full_slots)
-        freed = full_slots.long().tolist()
-        self._full.give_back(_released(freed, self._full_held, self.page_size))
+        pages = _release(full_slots.long().tolist(), self._full_held, self.page_size)
+        self._full.give_back(pages)
         if self.poison_freed:
-            self.pool.poison_slots(freed, [])
+            self.pool.poison_slots(_slots_of(pages, self.page_size), [])
 
 
 def _pages(tokens: int, page_size: int) -> int:
     return -(-tokens // page_size)
 
 
-def _released(slots: list[int], held: list[int], page_size: int) -> list[int]:
-    """Count ``slots`` off their pages; the pages whose last held slot this was."""
-    out = []
-    for slot in slots:
-        page = slot // page_size
+def _release(slots: list[int], held: set[int], page_size: int) -> list[int]:
+    """The pages of ``slots`` (in the order the slots name them), taken off ``held``."""
+    pages = list(dict.fromkeys(slot // page_size for slot in slots))
+    for page in pages:
         if page == 0:
-            raise ValueError(f"cannot free reserved slot {slot}: it is in the dummy page")
-        if held[page] <= 0:
+            raise ValueError(f"cannot free reserved slot {next(s for s in slots if s < page_size)}: it is in the "
+                             "dummy page")
+        if page not in held:
             # SGLang's invariant checker aborts here too: a second free would hand the page out twice
-            raise ValueError(f"cannot free slot {slot}: its page {page} holds no allocated slot (a double free)")
-        held[page] -= 1
-        if held[page] == 0:
-            out.append(page)
-    return out
+            raise ValueError(f"cannot free page {page}: it is not allocated (a double free)")
+    held.difference_update(pages)
+    return pages
+
+
+def _slots_of(pages: list[int], page_size: int) -> list[int]:
+    return [page * page_size + k for page in pages for k in range(page_size)]

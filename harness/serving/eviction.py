@@ -88,17 +88,17 @@ class EvictionPolicy(ABC):
 
 
 class TightEviction(EvictionPolicy):
-    """Free exactly what left the window, after every step.
+    """Free exactly what left the window, after every step (whole pages of it: frees are page frees).
 
-    Stricter than any serving engine (SGLang keeps a page of slack and frees only every so many tokens), so
-    a write location that still points at a freed slot, or a window off by one, shows at the first step it
-    could matter: the freed slot is poisoned and reused at once.
+    Stricter than any serving engine (SGLang frees only every so many tokens), so a write location that
+    still points at a freed slot, or a window off by one, shows at the first step it could matter: the freed
+    slot is poisoned and reused at once.
     """
 
     name = "tight"
 
     def frontier(self, req: RequestWindow) -> int:
-        return max(req.swa_evicted, self.window_start(req.seq_len))
+        return max(req.swa_evicted, self.window_start(req.seq_len) // self.page_size * self.page_size)
 
 
 class SGLangEviction(EvictionPolicy):

@@ -168,6 +168,7 @@ def test_stack_operations_keep_the_mapping_and_free_lists_consistent():
     assert stack.translate(a).tolist() == [0, 0, 3, 4, 5]
     b = stack.alloc_extend(prefix_lens=[5], extend_lens=[2], last_locs=[5])
     assert b.tolist() == [6, 7] and stack.translate(b).tolist() == [1, 2]  # freed SWA slots reused lowest first
+    stack.free(b)
     with pytest.raises(ValueError, match="double free"):
-        stack.free_swa(torch.tensor([6, 6]))
+        stack.free(b)
     assert stack.translate(torch.tensor([-1, 0])).tolist() == [-1, 0]
