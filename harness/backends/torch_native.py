@@ -60,7 +60,12 @@ class TorchNativeMetadataBuilder(AttentionMetadataBuilder):
         """[bs, width] full-pool slot of every position, read through each request's pages."""
         pages = build_page_table(self.req_to_token, batch.req_pool_indices, batch.seq_lens, self.width,
                                  page_size=batch.page_size)
-        return page_table_slots(pages, batch.seq_lens, self.width, page_size=batch.page_size)
+        lens = batch.seq_lens
+        if "read_page_tail" in self.faults:
+            # vLLM PR 47574's family: the last page is read whole, its unwritten tail included; the
+            # dense kernel masks those keys, but 0 x NaN is NaN where a freed, reused page holds poison
+            lens = (lens + batch.page_size - 1) // batch.page_size * batch.page_size
+        return page_table_slots(pages, lens, self.width, page_size=batch.page_size)
 
     def build(self, batch: AttentionBatch) -> TorchNativeMetadata:
         page_table = self._slot_table(batch)
@@ -185,6 +190,6 @@ class TorchNativeBackend(AttentionBackend):
     # the kernel gathers token rows through each request's pages, so any page size works; rows are NHD
     page_sizes = None
     kv_layouts = frozenset({KVLayout.NHD})
-    known_faults = frozenset({"rebind_metadata", "baked_scalar", "window_from_wrong_layer"})
+    known_faults = frozenset({"rebind_metadata", "baked_scalar", "window_from_wrong_layer", "read_page_tail"})
     builder_cls = TorchNativeMetadataBuilder
     impl_cls = TorchNativeImpl

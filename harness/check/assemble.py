@@ -64,6 +64,7 @@ def assemble(spec: RunSpec) -> RunParts:
         stack=stack,
         eviction=eviction_policy(spec.eviction, window=spec.model.window, page_size=spec.pool.page_size),
         vocab_size=spec.model.vocab_size,
+        faults=spec.faults,
     )
     backend = backend_class(spec.backend)(
         model_spec=spec.model,

@@ -18,6 +18,8 @@ class Component(enum.StrEnum):
     PIECEWISE_RUNNER = "piecewise prefill runner"
     ATTENTION_BACKEND = "attention backend"
     SPECULATIVE_WORKER = "speculative worker"
+    SCHEDULER = "scheduler"
+    """its SWA eviction: which slots it frees after a step"""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -74,6 +76,24 @@ FAULTS: dict[str, Fault] = {
               summary="the decode runner binds a new static out_cache_loc_swa at every replay instead of copying "
                       "into the captured one, which then holds whatever it held at the last copy",
               reference="SGLang PR 26019 review (the same shape for the runner's own buffer)"),
+        Fault(name="evict_one_past_window", acts_on=Component.SCHEDULER, modes=("eager", "full", "piecewise"),
+              summary="the eviction frontier runs one page (one token at page size 1) too far: the oldest key "
+                      "still inside the window loses its SWA slot, which is poisoned and handed out again",
+              reference="SGLang PR 22470 (the frontier over-evicting to the insert boundary); PR 23982 (slots "
+                        "freed while still inside the active window)"),
+        Fault(name="evict_not_page_aligned", acts_on=Component.SCHEDULER, modes=("eager", "full", "piecewise"),
+              summary="the eviction frontier is not floored to a page: a page free under it gives back the whole "
+                      "page, while tokens of that page are still inside the window and still mapped to it",
+              reference="SGLang PR 22470 (page-align the SWA eviction boundary); PR 25419 (page-level "
+                        "accounting mismatch in the SWA allocator's free path)"),
+        Fault(name="skip_evict_mid_prefill", acts_on=Component.SCHEDULER, modes=("eager", "full", "piecewise"),
+              summary="requests still in chunked prefill are never evicted: a long prompt keeps every SWA slot "
+                      "it was given until its first decode, and the SWA pool runs dry",
+              reference="SGLang PR 33805 (a path that never ran SWA eviction)"),
+        Fault(name="read_page_tail", acts_on=Component.ATTENTION_BACKEND, modes=("eager", "full", "piecewise"),
+              summary="the page table expands a request's last page whole, its unwritten tail included: a dense "
+                      "kernel masks those keys, but a reused page's poison turns the masked product into NaN",
+              reference="vLLM PR 47574 (freed SWA blocks reused before being written decode to NaN)"),
         Fault(name="skip_memo_invalidate", acts_on=Component.PIECEWISE_RUNNER, modes=("piecewise",),
               summary="the per-forward invalidation of the memoized translation is skipped while static "
                       "buffers keep the same data_ptr and numel for different batches",

@@ -7,7 +7,9 @@ keys where every padded row writes too. The harness checks them after every step
 * ``owned_twice``: no slot is owned by two live tokens (in the full pool, or in the SWA pool);
 * ``dummy``: the dummy page is never free and never owned by a token;
 * ``free_but_owned``: a live token's slot (full, or SWA while it has one) is not on its pool's free list;
-* ``window``: every token inside its request's window (the keys the next query reads) holds an SWA slot.
+* ``window``: every token inside its request's window (the keys the next query reads) holds an SWA slot;
+* ``retained``: no token the eviction policy has freed past still holds one (a skipped or short eviction
+  keeps slots the pool needs: the leak that ends in an exhausted SWA pool).
 
 A stack answers with the live tokens and its free slots; this module knows no stack.
 """
@@ -19,7 +21,7 @@ from dataclasses import dataclass
 
 from .timeline import LiveToken
 
-INVARIANTS = ("owned_twice", "dummy", "free_but_owned", "window")
+INVARIANTS = ("owned_twice", "dummy", "free_but_owned", "window", "retained")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -50,8 +52,12 @@ def pool_violations(live: Sequence[LiveToken], *, free_full: Collection[int], fr
         who = f"{t.rid}@{t.pos}"
         held = [("full", t.full_slot)] + ([("swa", t.swa_slot)] if t.swa_slot > 0 else [])
         if t.in_window and t.swa_slot <= 0:
-            out.append(InvariantViolation(invariant="window", pool="swa", slot=t.swa_slot,
+            # the token has no SWA slot to name: name its full slot
+            out.append(InvariantViolation(invariant="window", pool="full", slot=t.full_slot,
                                           detail=f"{who} is inside its window but holds no SWA slot"))
+        if t.past_frontier and t.swa_slot > 0:
+            out.append(InvariantViolation(invariant="retained", pool="swa", slot=t.swa_slot,
+                                          detail=f"{who} is behind its eviction frontier but still holds it"))
         for pool, slot in held:
             if slot < page_size:
                 out.append(InvariantViolation(invariant="dummy", pool=pool, slot=slot,

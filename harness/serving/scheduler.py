@@ -13,12 +13,15 @@ batches and slots, and their KV caches can be compared slot by slot.
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 import torch
 
 from .batch import ForwardBatch, ForwardMode, make_forward_batch
 from .eviction import EvictionPolicy, RequestWindow
+from .faults import Component, faults_acting_on
 from .stack import ServingStack
 from .timeline import LiveToken, RequestSpec, TimelineSpec, TokenKey, request_tokens
 
@@ -54,6 +57,8 @@ class _Req:
     row: int = -1
     seq_len: int = 0
     swa_evicted: int = 0
+    due: int = 0
+    """where the eviction policy (without faults) has put the frontier: positions below it hold no SWA slot"""
     decoded: int = 0
     slots: list[int] = field(default_factory=list)
 
@@ -88,6 +93,8 @@ class TimelineTooLong(RuntimeError):
 class Scheduler:
     """Drive it with ``next_step()`` until it returns None, calling ``finish_step()`` after each forward."""
 
+    component = Component.SCHEDULER
+
     def __init__(
         self,
         timeline: TimelineSpec,
@@ -95,10 +102,12 @@ class Scheduler:
         stack: ServingStack,
         eviction: EvictionPolicy,
         vocab_size: int,
+        faults: Collection[str] = (),
     ) -> None:
         self.timeline = timeline
         self.stack = stack
         self.eviction = eviction
+        self.faults = frozenset(faults) & faults_acting_on(Component.SCHEDULER)
         self.device = stack.device
         tokens = request_tokens(timeline, vocab_size)
         self._pending = [
@@ -139,7 +148,8 @@ class Scheduler:
             for pos, (full, swa_slot) in enumerate(zip(req.slots, swa)):
                 out.append(
                     LiveToken(
-                        rid=req.spec.rid, pos=pos, full_slot=full, swa_slot=swa_slot, in_window=pos >= first_in_window
+                        rid=req.spec.rid, pos=pos, full_slot=full, swa_slot=swa_slot, in_window=pos >= first_in_window,
+                        past_frontier=pos < req.due,
                     )
                 )
         return out
@@ -153,7 +163,8 @@ class Scheduler:
                 self._free(req)
                 finished.append(req.spec.rid)
             else:
-                evict_to = self.eviction.frontier(req.window())
+                req.due = max(req.due, self.eviction.frontier(req.window()))
+                evict_to = self._frontier(req)
                 if evict_to > req.swa_evicted:
                     self.stack.free_swa(
                         torch.tensor(req.slots[req.swa_evicted : evict_to], dtype=torch.int64, device=self.device)
@@ -164,6 +175,24 @@ class Scheduler:
         return StepEnd(finished=tuple(finished), evicted=tuple(evicted))
 
     # ---- internals -------------------------------------------------------------------------------------
+    def _frontier(self, req: _Req) -> int:
+        window = req.window()
+        if "skip_evict_mid_prefill" in self.faults and req.prefilling:
+            return req.swa_evicted
+        page = self.stack.page_size
+        if "evict_one_past_window" in self.faults:
+            # the frontier's formula one page ahead, as if a page more had been cached
+            window = dataclasses.replace(window, seq_len=window.seq_len + page)
+        frontier = self.eviction.frontier(window)
+        if "evict_one_past_window" in self.faults:
+            frontier = min(frontier, req.seq_len)
+        if "evict_not_page_aligned" in self.faults:
+            # the same policy without its floor to a page
+            policy = self.eviction
+            unpaged = type(policy)(policy.spec, window=policy.window, page_size=1, prefix_sharing=policy.prefix_sharing)
+            frontier = max(frontier, unpaged.frontier(window))
+        return frontier
+
     def _apply_aborts(self) -> None:
         for req in list(self._running):
             if req.spec.abort is not None and req.spec.abort <= self._step:

@@ -96,6 +96,8 @@ class LiveToken:
     """0 when the token has been evicted from the SWA pool"""
     in_window: bool
     """among the W-1 latest tokens of its request, which its next query reads: its SWA slot must hold its K/V"""
+    past_frontier: bool = False
+    """the eviction policy has freed this token's SWA slot by now: it must hold none"""
 
 
 def request_tokens(timeline: TimelineSpec, vocab_size: int) -> dict[str, torch.Tensor]:

@@ -9,9 +9,11 @@ from harness.runners.decode_graph import DecodeGraphRunner
 from harness.runners.piecewise import PiecewisePrefillRunner
 from harness.scenario import ScenarioError, load_scenario
 from harness.serving.faults import FAULTS, Component, faults_acting_on
+from harness.serving.scheduler import Scheduler
 from harness.serving.speculative import SpeculativeWorker
 
 COMPONENTS = {
+    Component.SCHEDULER: Scheduler,
     Component.DECODE_GRAPH_RUNNER: DecodeGraphRunner,
     Component.PIECEWISE_RUNNER: PiecewisePrefillRunner,
     Component.ATTENTION_BACKEND: backend_class("torch_native"),

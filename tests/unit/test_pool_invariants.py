@@ -33,7 +33,7 @@ def test_each_invariant_names_what_broke():
         ("dummy", "full", 0),            # the dummy slot on the free list ...
         ("dummy", "full", 0),            # ... and owned by d@0
         ("owned_twice", "full", 1), ("owned_twice", "swa", 2),
-        ("window", "swa", 0),            # c@0 is in its window without an SWA slot
+        ("window", "full", 5),           # c@0 is in its window without an SWA slot
         ("free_but_owned", "swa", 3),    # d@0's SWA slot is free
     }
     owned_twice = next(v for v in pool_violations(live, free_full=(), free_swa=(), page_size=1)
@@ -81,3 +81,11 @@ def test_a_sound_run_checks_every_step_and_finishes():
     result = execute(_spec())
     assert result.breach is None and result.error is None
     assert len(result.steps) == 4
+
+
+def test_a_token_behind_its_frontier_that_still_holds_an_swa_slot_is_retained():
+    live = [LiveToken(rid="a", pos=0, full_slot=1, swa_slot=4, in_window=False, past_frontier=True),
+            LiveToken(rid="a", pos=1, full_slot=2, swa_slot=0, in_window=False, past_frontier=True)]
+    found = pool_violations(live, free_full=(), free_swa=(), page_size=1)
+    assert [(v.invariant, v.pool, v.slot) for v in found] == [("retained", "swa", 4)]
+    assert "a@0 is behind its eviction frontier" in found[0].detail
