@@ -9,7 +9,7 @@ from harness.serving.faults import FAULTS
 from harness.serving.model import PRESETS
 
 ROOT = Path(__file__).resolve().parents[2] / "scenarios"
-FAMILIES = ("swa_prefill_", "swa_decode_", "swa_mixed_", "swa_spec_", "swa_fp8_", "swa_evict_")
+FAMILIES = ("swa_prefill_", "swa_decode_", "swa_mixed_", "swa_spec_", "swa_fp8_", "swa_evict_", "swa_paged_")
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +33,7 @@ def test_every_fault_is_flagged_somewhere_and_matches_without_it(library):
             (s.name, e.design)
             for s in library if fault in s.faults
             for e in s.expectations
-            if e.without_faults == "match" and any(e.for_mode(m) in ("diverge", "error") for m in s.modes)
+            if e.without_faults == "match" and any(e.for_mode(m) in ("diverge", "error", "invariant") for m in s.modes)
         ]
         assert flagged, f"no scenario flags {fault} and expects a match once it is switched off"
 
