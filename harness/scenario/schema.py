@@ -26,7 +26,7 @@ from ..runspec import (
     Outcome,
     nested,
 )
-from ..serving.designs import DESIGNS
+from ..serving.designs import DEFAULT_DESIGNS
 from ..serving.eviction import EvictionSpec
 from ..serving.model import PRESETS, ModelSpec, model_spec
 from ..serving.pool import PoolSpec
@@ -41,7 +41,7 @@ from .toml_access import (
     number,
     string,
 )
-from .spec import BackendExpectation, Expectation, ScenarioSpec
+from .spec import DEFAULT_BACKENDS, BackendExpectation, Expectation, ScenarioSpec
 
 _BOM = "\ufeff"
 
@@ -106,8 +106,8 @@ def read_document(r: Reader, data: dict, path: Path) -> ScenarioSpec | None:
         for problem in graphs.problems():
             r.add(f"graphs.{problem.key}", problem.message)
         return None
-    parts.update(description=(description or "").strip(), tags=tags or (), designs=designs or tuple(DESIGNS),
-                 backends=backends or ("torch_native",), kv_write=kv_write or KVWrite.PLAIN, faults=faults or ())
+    parts.update(description=(description or "").strip(), tags=tags or (), designs=designs or DEFAULT_DESIGNS,
+                 backends=backends or DEFAULT_BACKENDS, kv_write=kv_write or KVWrite.PLAIN, faults=faults or ())
     return ScenarioSpec(name=path.stem, path=path, timeout_s=timeout_s, eviction=eviction, **parts)
 
 
@@ -253,8 +253,8 @@ _RUN_KEYS = ("designs", "backends", "kv_write", "faults", "timeout_s")
 
 def _read_run(r: Reader, table: dict) -> tuple[Any, Any, Any, Any, float]:
     r.known_keys(table, "run", _RUN_KEYS)
-    designs = r.array(table, "run", "designs", string(nonempty=True), tuple(DESIGNS))
-    backends = r.array(table, "run", "backends", string(nonempty=True), ("torch_native",))
+    designs = r.array(table, "run", "designs", string(nonempty=True), DEFAULT_DESIGNS)
+    backends = r.array(table, "run", "backends", string(nonempty=True), DEFAULT_BACKENDS)
     kv_write = r.value(table, "run", "kv_write", string(), KVWrite.PLAIN)
     faults = r.array(table, "run", "faults", string(nonempty=True), ())
     timeout_s = r.value(table, "run", "timeout_s", number(), TIMEOUT_DEFAULT_S)

@@ -33,6 +33,12 @@ from ..serving.timeline import TimelineSpec
 from .toml_access import toml_key
 
 
+DEFAULT_BACKENDS: tuple[str, ...] = ("torch_native", "torch_gather")
+"""the backends a scenario runs when it lists none: both CPU backends, which read the same pools two ways (a
+dense row masked by window, and only the in-window indices gathered), so that a verdict that holds under
+one and not the other says which reading it depends on"""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class BackendExpectation:
     """What one backend gives where it differs from the design's expectation (``by_backend``)."""

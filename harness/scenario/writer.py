@@ -11,13 +11,13 @@ import dataclasses
 import math
 
 from ..runspec import TIMEOUT_DEFAULT_S, GraphSpec, KVWrite, Mode
-from ..serving.designs import DESIGNS
+from ..serving.designs import DEFAULT_DESIGNS
 from ..serving.eviction import EvictionSpec
 from ..serving.model import PRESETS
 from ..serving.pool import PoolSpec
 from ..serving.timeline import RequestSpec, TimelineSpec
 from .toml_access import toml_key, toml_string
-from .spec import Expectation, ScenarioSpec
+from .spec import DEFAULT_BACKENDS, Expectation, ScenarioSpec
 
 
 def _value(v: object) -> str:
@@ -69,9 +69,9 @@ def scenario_toml(spec: ScenarioSpec) -> str:
         lines += _table("[timeline.requests]", [("rid", req.rid), ("prompt_len", req.prompt_len),
                                                  *_changed(req, RequestSpec(rid=req.rid, prompt_len=req.prompt_len))])
     run = []
-    if spec.designs != tuple(DESIGNS):
+    if spec.designs != DEFAULT_DESIGNS:
         run.append(("designs", spec.designs))
-    if spec.backends != ("torch_native",):
+    if spec.backends != DEFAULT_BACKENDS:
         run.append(("backends", spec.backends))
     if spec.kv_write != KVWrite.PLAIN:
         run.append(("kv_write", spec.kv_write))

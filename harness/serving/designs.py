@@ -17,7 +17,7 @@ import importlib
 import torch
 
 from .batch import BackendMetadata, ForwardBatch, SWALocDesign
-from .pool import HybridSWAKVPool
+from .pool import HybridSWAKVPool, in_bounds
 
 
 def translate(
@@ -61,13 +61,27 @@ def metadata(
     return metadata.out_cache_loc_swa
 
 
+def untranslated(
+    forward_batch: ForwardBatch, pool: HybridSWAKVPool, metadata: BackendMetadata, layer_id: int
+) -> torch.Tensor:
+    """Write at the full-pool ``out_cache_loc`` as if its slots were SWA slots (the bug SGLang PR 19107 fixed)."""
+    # Right only while both allocators happen to hand out the same ids; once eviction parts them the write
+    # lands on another token's SWA slot, and past the SWA pool a GPU's write kernel asserts on the device.
+    return in_bounds(forward_batch.out_cache_loc, pool.swa_size, "the SWA pool")
+
+
 DESIGNS: dict[str, SWALocDesign] = {
     "translate": translate,
     "stale_state": stale_state,
     "forward_batch": forward_batch,
     "memoized": memoized,
     "metadata": metadata,
+    "untranslated": untranslated,
 }
+
+DEFAULT_DESIGNS: tuple[str, ...] = ("translate", "stale_state", "forward_batch", "memoized", "metadata")
+"""what a scenario runs when it lists no designs: the rules PR 24138's review weighed; ``untranslated``, a
+plain bug, runs only where a scenario lists it"""
 
 
 def resolve_design(name: str) -> SWALocDesign:

@@ -98,6 +98,33 @@ FAULTS: dict[str, Fault] = {
               summary="the per-forward invalidation of the memoized translation is skipped while static "
                       "buffers keep the same data_ptr and numel for different batches",
               reference="SGLang PR 25824"),
+        # index-space mistakes: an id of one space (full pool, SWA pool, pages, tokens) used in another
+        Fault(name="swa_read_untranslated", acts_on=Component.ATTENTION_BACKEND,
+              modes=("eager", "full", "piecewise"),
+              summary="the SWA layers' page table is the full one, never translated through "
+                      "full_to_swa_index_mapping: the kernel reads the SWA pool at full-pool slots (another "
+                      "token's K/V or poison once the pools part, past the pool a device-side assert)",
+              reference="SGLang PRs 24617, 23984 (the SWA read page table left untranslated)"),
+        Fault(name="page_ids_translated_as_slots", acts_on=Component.ATTENTION_BACKEND, modes=("full",),
+              summary="the decode-graph refill pushes page ids through the token-slot full_to_swa_index_mapping, "
+                      "never divided by the page size: SWA token slots are read as page ids, up to page_size "
+                      "times past the SWA pool (eager builds are right; pages of one token hide it)",
+              reference="SGLang PR 38187 (page ids read from the graph tables at page_size > 1)"),
+        Fault(name="swa_table_sized_by_swa_pages", acts_on=Component.ATTENTION_BACKEND,
+              modes=("eager", "full", "piecewise"),
+              summary="the SWA side's page translation table is sized by the SWA pool's pages but indexed by "
+                      "full-pool page ids: once a request holds a full page past the SWA page count the lookup "
+                      "runs off the table (a device-side assert)",
+              reference="SGLang PR 37560 (size a non-owner's v2p by the id space it must address)"),
+        Fault(name="static_batch_without_swa_loc", acts_on=Component.PIECEWISE_RUNNER, modes=("piecewise",),
+              summary="replay builds the static batch without out_cache_loc_swa (the copy tests the incoming "
+                      "batch, not the runner's buffer): a design that falls back to translating hides it, one "
+                      "that reads pool.swa_loc writes at the last eager batch's SWA slots",
+              reference="SGLang PR 14248 (the out_cache_loc_swa condition in replay_prepare)"),
+        Fault(name="swa_loc_not_narrowed", acts_on=Component.PIECEWISE_RUNNER, modes=("piecewise",),
+              summary="replay narrows out_cache_loc to the real tokens but leaves the SWA write ids at the "
+                      "bucket's length: the SWA write of n tokens at bucket-many ids is a shape mismatch",
+              reference="SGLang PR 29460 (slice the SWA cache loc to the token count for every backend)"),
     )
 }
 

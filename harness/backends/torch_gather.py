@@ -1,0 +1,243 @@
+"""An index-gathering attention backend: each token reads only the keys inside its window, as real kernels do.
+
+FlashInfer's and SGLang's triton backends are handed, per request, the list of KV indices to read
+(``kv_indptr`` / ``kv_indices``, built from ``req_to_token`` and, for sliding-window layers, translated into
+the SWA pool); they never touch a slot outside that list. This backend builds the same lists in torch: for
+every new token, the full-pool slots of all its keys (full layers) and the SWA-pool slots of the keys inside
+its window (SWA layers, the query's own key included), read through the request's page table (page ids
+expanded to slots at ``page_size`` > 1). The kernel gathers exactly those rows; a masked slot (the dummy
+slot padded columns point at, the unwritten tail of a last page, an evicted token) is never read, so a NaN
+there cannot leak the way ``0 * NaN`` leaks through the dense torch-native kernel.
+
+Shapes stay static so that graphs can capture the kernel: each token's list has a fixed number of lanes per
+pool (the window for SWA layers, ``max_context_len`` for full ones) in every mode, which also keeps eager and
+graph runs bitwise equal. The real keys fill the head of the list, oldest first; the lanes past them repeat
+the newest key (written by the token itself in this layer, just before it attends) and are masked, so even
+they read a live slot. Graph runs keep the lists in static buffers sized for the largest bucket, refilled in
+place outside the graph.
+
+The index-space mistakes of the fault catalog act here, where the real ones lived: the SWA page table left
+untranslated (``swa_read_untranslated``), page ids pushed through the token-slot mapping in the graph refill
+(``page_ids_translated_as_slots``), and the page translation table sized by SWA pages but indexed by full
+page ids (``swa_table_sized_by_swa_pages``). Every read is bounds-checked as a GPU kernel's index assert would
+be (``pool.in_bounds``), so an id past its pool is an error that says so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..runspec import Device
+from ..serving.batch import ForwardBatch
+from ..serving.pool import in_bounds
+from .base import (
+    AttentionBackend,
+    AttentionBatch,
+    AttentionImpl,
+    AttentionMetadataBuilder,
+    GraphSupport,
+    KVLayout,
+)
+from .page_table import build_page_table, extend_token_kv_lens, extend_token_rows, page_table_slots
+
+
+@dataclass(slots=True, kw_only=True)
+class KVGather:
+    """What the kernel reads of one pool for every new token of a forward."""
+
+    indices: torch.Tensor
+    """[num_tokens, lanes] int64 slots of the pool, the token's in-window keys first (oldest first), the
+    newest key repeated in the lanes after them"""
+    counts: torch.Tensor
+    """[num_tokens] int64 keys each token attends over: the real lanes at the head of ``indices``"""
+    lanes: int
+    """columns of ``indices`` the kernel reads"""
+    lane_ids: torch.Tensor
+    """[lanes] int64 0, 1, ...: one tensor, built once"""
+
+
+@dataclass(slots=True, kw_only=True)
+class TorchGatherMetadata:
+    full: KVGather
+    """the full layers' keys, read from the full pool"""
+    swa: KVGather
+    """the SWA layers' keys, read from the SWA pool"""
+    out_cache_loc_swa: torch.Tensor | None
+    """[num_tokens] int32 SWA write locations computed once per forward (the ``metadata`` design)"""
+
+
+class TorchGatherMetadataBuilder(AttentionMetadataBuilder):
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        spec = self.model_spec
+        self.width = int(self.req_to_token.shape[1])
+        windows = {False: None, True: spec.window}
+        if "window_from_wrong_layer" in self.faults:
+            # vLLM PR 51756: the lists of every layer are built with the first layer group's window
+            windows = dict.fromkeys(windows, spec.layer_window(0))
+        self._windows = windows
+        self._lanes = {swa: self.width if w is None else min(w, self.width) for swa, w in windows.items()}
+        self._lane_ids = {swa: torch.arange(n, device=self.device) for swa, n in self._lanes.items()}
+        self._graph_metadata: dict[int, TorchGatherMetadata] = {}
+
+    # ---- the index lists ------------------------------------------------------------------------------
+    def _page_tables(self, batch: AttentionBatch, *, graph: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """[bs, width] full-pool and SWA-pool slot of every position of each request, through its pages."""
+        p = batch.page_size
+        pages = build_page_table(self.req_to_token, batch.req_pool_indices, batch.seq_lens, self.width, page_size=p)
+        swa_pages = self._swa_pages(pages, p, graph=graph)
+        lens = batch.seq_lens
+        if "read_page_tail" in self.faults:
+            # vLLM PR 47574's family: the last page expanded whole, its unwritten tail included; the lists
+            # below take only positions inside each window, so the tail is never gathered
+            lens = (lens + p - 1) // p * p
+        return (page_table_slots(pages, lens, self.width, page_size=p),
+                page_table_slots(swa_pages, lens, self.width, page_size=p))
+
+    def _swa_pages(self, pages: torch.Tensor, p: int, *, graph: bool) -> torch.Tensor:
+        """The SWA page id of every full page id of ``pages`` (0 where evicted): the SWA page table."""
+        mapping = self.pool.full_to_swa_index_mapping
+        if "swa_read_untranslated" in self.faults:
+            return pages  # SGLang PRs 24617, 23984: the full page table handed to the SWA layers as it is
+        if graph and "page_ids_translated_as_slots" in self.faults:
+            # SGLang PR 38187: the graph refill translates page ids as if they were token slots and never
+            # divides by the page size, so SWA token slots come back as page ids (pages of one token hide it)
+            return mapping[pages]
+        # a page-level table: the SWA page of each full page, read at the page's first slot (translate the
+        # slot, not the page id: SGLang PR 16267)
+        table = mapping[: self.pool.full_size : p] // p
+        what = "the SWA page translation table"
+        if "swa_table_sized_by_swa_pages" in self.faults:
+            # SGLang PR 37560: sized by the SWA side's own page count, indexed by the full side's ids
+            table = table[: self.pool.swa_size // p]
+            what = "the SWA page translation table (sized by SWA pages)"
+        return table[in_bounds(pages, table.shape[0], what)]
+
+    def _gather(self, slot_table: torch.Tensor, token_rows: torch.Tensor, kv_lens: torch.Tensor, *,
+                swa: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each token's list of slots of ``slot_table`` inside its window, and how many lanes are real."""
+        window, lane = self._windows[swa], self._lane_ids[swa]
+        start = kv_lens.new_zeros(kv_lens.shape) if window is None else (kv_lens - window).clamp(min=0)
+        newest = (kv_lens - 1).clamp(min=0)
+        positions = torch.minimum(start[:, None] + lane[None, :], newest[:, None])
+        return slot_table[token_rows].gather(1, positions), kv_lens - start
+
+    def _lists(self, batch: AttentionBatch, token_rows: torch.Tensor, kv_lens: torch.Tensor, *, graph: bool
+               ) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+        full_slots, swa_slots = self._page_tables(batch, graph=graph)
+        return (self._gather(full_slots, token_rows, kv_lens, swa=False),
+                self._gather(swa_slots, token_rows, kv_lens, swa=True))
+
+    # ---- eager ----------------------------------------------------------------------------------------
+    def build(self, batch: AttentionBatch) -> TorchGatherMetadata:
+        if batch.forward_mode.is_decode_like:
+            token_rows = torch.arange(batch.bs, device=self.device)
+            kv_lens = batch.seq_lens
+        else:
+            assert batch.extend_seq_lens is not None
+            token_rows = extend_token_rows(batch.extend_seq_lens_cpu, self.device)
+            kv_lens = extend_token_kv_lens(batch.seq_lens, batch.extend_seq_lens, token_rows)
+        (full, full_counts), (swa, swa_counts) = self._lists(batch, token_rows, kv_lens, graph=False)
+        return TorchGatherMetadata(
+            full=KVGather(indices=full, counts=full_counts, lanes=self._lanes[False], lane_ids=self._lane_ids[False]),
+            swa=KVGather(indices=swa, counts=swa_counts, lanes=self._lanes[True], lane_ids=self._lane_ids[True]),
+            out_cache_loc_swa=self.pool.translate_loc_from_full_to_swa(batch.out_cache_loc),
+        )
+
+    # ---- graphs ---------------------------------------------------------------------------------------
+    def init_graph_state(self, max_bs: int) -> None:
+        dev = self.device
+        self._cg_token_rows = torch.arange(max_bs, device=dev)
+        self._cg_indices = {swa: torch.zeros(max_bs, n, dtype=torch.int64, device=dev) for swa, n in self._lanes.items()}
+        self._cg_counts = {swa: torch.ones(max_bs, dtype=torch.int64, device=dev) for swa in self._lanes}
+        self._cg_swa_loc = torch.zeros(max_bs, dtype=torch.int32, device=dev)
+
+    def static_tensors(self) -> list[torch.Tensor]:
+        return [*self._cg_indices.values(), *self._cg_counts.values(), *self._lane_ids.values(), self._cg_swa_loc,
+                self._cg_token_rows]
+
+    def build_for_graph_capture(self, batch: AttentionBatch) -> TorchGatherMetadata:
+        self._fill_graph_buffers(batch)
+        bs = batch.bs
+        lanes = dict(self._lanes)
+        if "baked_scalar" in self.faults:
+            # a Python number taken from the capture batch (every row one token long); replay never recomputes it
+            lanes = {swa: min(n, max(batch.seq_lens_cpu)) for swa, n in lanes.items()}
+        gathers = {swa: KVGather(indices=self._cg_indices[swa][:bs], counts=self._cg_counts[swa][:bs],
+                                 lanes=lanes[swa], lane_ids=self._lane_ids[swa]) for swa in lanes}
+        md = self._graph_metadata[bs] = TorchGatherMetadata(full=gathers[False], swa=gathers[True],
+                                                            out_cache_loc_swa=self._cg_swa_loc[:bs])
+        return md
+
+    def refresh_for_graph_replay(self, batch: AttentionBatch) -> TorchGatherMetadata:
+        self._fill_graph_buffers(batch)
+        return self._graph_metadata[batch.bs]
+
+    def _fill_graph_buffers(self, batch: AttentionBatch) -> None:
+        bs, num_real, out_cache_loc = batch.bs, batch.num_real, batch.out_cache_loc
+        lists = dict(zip((False, True), self._lists(batch, self._cg_token_rows[:bs], batch.seq_lens, graph=True)))
+        md = self._graph_metadata.get(bs)
+        if "rebind_metadata" in self.faults and md is not None:
+            # SGLang PR 26019 review: new tensors bound to the metadata object; the graph keeps reading the
+            # static buffers it captured, which still hold whatever they held before
+            for swa, gather in ((False, md.full), (True, md.swa)):
+                gather.indices, gather.counts = lists[swa]
+        else:
+            for swa, (indices, counts) in lists.items():
+                self._cg_indices[swa][:bs].copy_(indices)
+                self._cg_counts[swa][:bs].copy_(counts)
+        # the persistent SWA-location buffer of the ``metadata`` design: refilled outside the graph, its padded
+        # tail zeroed so padded rows write to the dummy slot (PR 27617's answer to PR 24743)
+        self._cg_swa_loc[:num_real].copy_(self.pool.translate_loc_from_full_to_swa(out_cache_loc[:num_real]))
+        self._cg_swa_loc[num_real:].zero_()
+
+
+class TorchGatherImpl(AttentionImpl):
+    """Attention over the gathered in-window keys only; every op can be captured by a graph engine."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        spec = self.model_spec
+        self.group = spec.num_heads // spec.num_kv_heads
+        self.scale = spec.head_dim**-0.5
+
+    def attend(
+        self, layer_id: int, q: torch.Tensor, forward_batch: ForwardBatch, metadata: TorchGatherMetadata
+    ) -> torch.Tensor:
+        swa = self.pool.is_swa_layer(layer_id)
+        gather = metadata.swa if swa else metadata.full
+        t, lanes = q.shape[0], gather.lanes
+        size = self.pool.swa_size if swa else self.pool.full_size
+        slots = in_bounds(gather.indices[:, :lanes], size, "the SWA pool" if swa else "the full pool")
+        k_all, v_all = self.pool.read_kv(layer_id, slots, self.dtype)  # [T, lanes, Hkv, D]
+        qh = q.view(t, self.num_kv_heads, self.group, self.head_dim)
+        # contiguous operands, as in the torch-native kernel: a strided K sends a one-token matmul down another
+        # GEMM path, and a batch of one would no longer equal the same row of a padded bucket
+        k_t = k_all.permute(0, 2, 3, 1).contiguous()
+        v_t = v_all.permute(0, 2, 1, 3).contiguous()
+        scores = torch.matmul(qh, k_t).float() * self.scale  # [T, Hkv, G, lanes]
+        real = gather.lane_ids[:lanes][None, :] < gather.counts[:, None]
+        scores = scores.masked_fill(~real[:, None, None, :], float("-inf"))
+        probs = torch.softmax(scores, dim=-1).to(self.dtype)
+        out = torch.matmul(probs, v_t)  # [T, Hkv, G, D]
+        return out.reshape(t, -1)
+
+
+class TorchGatherBackend(AttentionBackend):
+    """Index-gathering attention in plain torch ops: runs anywhere, and graphs capture decode batches whole."""
+
+    name = "torch_gather"
+    # the extend path sizes a tensor from Python ints (repeat_interleave with output_size): eager only, so
+    # prefill graphs keep attention an island
+    graph_support = GraphSupport.DECODE_ONLY
+    devices = frozenset({Device.CPU, Device.CUDA})
+    # page ids are expanded to token slots before the gather, so any page size works; rows are NHD
+    page_sizes = None
+    kv_layouts = frozenset({KVLayout.NHD})
+    known_faults = frozenset({"rebind_metadata", "baked_scalar", "window_from_wrong_layer", "read_page_tail",
+                              "swa_read_untranslated", "page_ids_translated_as_slots",
+                              "swa_table_sized_by_swa_pages"})
+    builder_cls = TorchGatherMetadataBuilder
+    impl_cls = TorchGatherImpl
