@@ -108,12 +108,12 @@ class TorchGatherMetadataBuilder(AttentionMetadataBuilder):
         # a page-level table: the SWA page of each full page, read at the page's first slot (translate the
         # slot, not the page id: SGLang PR 16267)
         table = mapping[: self.pool.full_size : p] // p
-        what = "the SWA page translation table"
+        per = "full"
         if "swa_table_sized_by_swa_pages" in self.faults:
             # SGLang PR 37560: sized by the SWA side's own page count, indexed by the full side's ids
-            table = table[: self.pool.swa_size // p]
-            what = "the SWA page translation table (sized by SWA pages)"
-        return table[in_bounds(pages, table.shape[0], what)]
+            table, per = table[: self.pool.swa_size // p], "SWA"
+        n = table.shape[0]
+        return table[in_bounds(pages, n, f"the SWA page translation table ({n} entries, one per {per} page)")]
 
     def _gather(self, slot_table: torch.Tensor, token_rows: torch.Tensor, kv_lens: torch.Tensor, *,
                 swa: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -202,6 +202,8 @@ class TorchGatherImpl(AttentionImpl):
         spec = self.model_spec
         self.group = spec.num_heads // spec.num_kv_heads
         self.scale = spec.head_dim**-0.5
+        self._pools = {swa: (size, f"the {'SWA' if swa else 'full'} pool ({size} slots)")
+                       for swa, size in ((True, self.pool.swa_size), (False, self.pool.full_size))}
 
     def attend(
         self, layer_id: int, q: torch.Tensor, forward_batch: ForwardBatch, metadata: TorchGatherMetadata
@@ -209,8 +211,7 @@ class TorchGatherImpl(AttentionImpl):
         swa = self.pool.is_swa_layer(layer_id)
         gather = metadata.swa if swa else metadata.full
         t, lanes = q.shape[0], gather.lanes
-        size = self.pool.swa_size if swa else self.pool.full_size
-        slots = in_bounds(gather.indices[:, :lanes], size, "the SWA pool" if swa else "the full pool")
+        slots = in_bounds(gather.indices[:, :lanes], *self._pools[swa])
         k_all, v_all = self.pool.read_kv(layer_id, slots, self.dtype)  # [T, lanes, Hkv, D]
         qh = q.view(t, self.num_kv_heads, self.group, self.head_dim)
         # contiguous operands, as in the torch-native kernel: a strided K sends a one-token matmul down another

@@ -7,7 +7,10 @@ attention runs between them as an eager island on views narrowed to the real tok
 
 Because attention runs eagerly on views of the same static buffers at every replay, anything keyed on
 those buffers' addresses sees the same key for different batches: the ``memoized`` design depends on
-the runner invalidating it once per forward (the ``skip_memo_invalidate`` fault skips that).
+the runner invalidating it once per forward (the ``skip_memo_invalidate`` fault skips that). The static
+batch's SWA locations are where two more replay bugs lived: left at the bucket's length while
+``out_cache_loc`` is narrowed (``swa_loc_not_narrowed``, SGLang PR 29460), or left out altogether
+(``static_batch_without_swa_loc``, SGLang PR 14248).
 """
 
 from __future__ import annotations
@@ -54,14 +57,25 @@ class PiecewisePrefillRunner(GraphRunner):
         for bucket in reversed(self.buckets):
             self._capture(bucket)
 
-    def _narrow(self, batch: ForwardBatch, n: int) -> ForwardBatch:
-        """The real batch re-pointed at views of the static buffers, as attention sees it at replay."""
+    def _narrow(self, batch: ForwardBatch, n: int, *, bucket: int | None = None) -> ForwardBatch:
+        """The real batch re-pointed at views of the static buffers, as attention sees it at replay.
+
+        ``bucket`` is given at replay only, where the faults of the static batch's SWA locations act (both
+        real bugs were in SGLang's replay preparation, never in capture).
+        """
+        swa: torch.Tensor | None = self.out_cache_loc_swa[:n]
+        if bucket is not None and "swa_loc_not_narrowed" in self.faults:
+            # SGLang PR 29460: out_cache_loc is narrowed to the real tokens, the SWA write ids are not
+            swa = self.out_cache_loc_swa[:bucket]
+        if bucket is not None and "static_batch_without_swa_loc" in self.faults:
+            # SGLang PR 14248: the copy's condition tested the incoming batch, so the static one went without
+            swa = None
         return dataclasses.replace(
             batch,
             input_ids=self.input_ids[:n],
             positions=self.positions[:n],
             out_cache_loc=self.out_cache_loc[:n],
-            out_cache_loc_swa=self.out_cache_loc_swa[:n],
+            out_cache_loc_swa=swa,
         )
 
     def _attention(self, layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -69,7 +83,9 @@ class PiecewisePrefillRunner(GraphRunner):
         n, batch = self._num_real, self._batch
         assert batch is not None
         previous = self.pool.swa_loc
-        self.pool.set_swa_loc(batch.out_cache_loc_swa)
+        # as SGLang's eager step: pointed at the batch's SWA locations when it carries them, never cleared
+        if batch.out_cache_loc_swa is not None:
+            self.pool.set_swa_loc(batch.out_cache_loc_swa)
         rows = q.shape[0]
         full = n == rows
         if not full:
@@ -135,7 +151,7 @@ class PiecewisePrefillRunner(GraphRunner):
         for static, real in ((self.input_ids, batch.input_ids), (self.positions, batch.positions),
                              (self.out_cache_loc, batch.out_cache_loc), (self.out_cache_loc_swa, swa)):
             fill_static(static, real, bucket, 0)
-        self._batch, self._num_real = self._narrow(batch, n), n
+        self._batch, self._num_real = self._narrow(batch, n, bucket=bucket), n
         if "skip_memo_invalidate" not in self.faults:
             self.pool.invalidate_translate_cache()
         self.backend.init_forward_metadata(self._batch)

@@ -67,7 +67,7 @@ def untranslated(
     """Write at the full-pool ``out_cache_loc`` as if its slots were SWA slots (the bug SGLang PR 19107 fixed)."""
     # Right only while both allocators happen to hand out the same ids; once eviction parts them the write
     # lands on another token's SWA slot, and past the SWA pool a GPU's write kernel asserts on the device.
-    return in_bounds(forward_batch.out_cache_loc, pool.swa_size, "the SWA pool")
+    return in_bounds(forward_batch.out_cache_loc, pool.swa_size, f"the SWA pool ({pool.swa_size} slots)")
 
 
 DESIGNS: dict[str, SWALocDesign] = {

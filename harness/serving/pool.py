@@ -117,14 +117,14 @@ def dequantize_fp8(raw: torch.Tensor, scale: float, dtype: torch.dtype) -> torch
 def in_bounds(index: torch.Tensor, size: int, what: str) -> torch.Tensor:
     """``index`` itself, once every entry addresses one of ``size`` rows of ``what`` (Python-style negative
     indices included); otherwise it fails as a GPU kernel does, with a device-side assert, saying so.
+    ``what`` names the buffer and its size, e.g. "the SWA pool (40 slots)".
 
     A CPU index past a buffer raises a bare IndexError, a GPU's kernel asserts on the device (an ``error``
     verdict either way, but only the assert is what a run on a GPU reports). The check is graph-capturable:
     on a GPU inside a capture it is the device assert itself; outside one it is checked on the host, so the
     failing run does not leave the CUDA context unusable for the runs after it.
     """
-    message = (f"device-side assert: out-of-bounds index into {what} ({size} rows); a GPU kernel reports "
-               f"it as 'device-side assert triggered'")
+    message = f"device-side assert: out-of-bounds index into {what}; a GPU kernel reports 'device-side assert triggered'"
     inside = ((index < size) & (index >= -size)).all()
     if index.is_cuda and not torch.cuda.is_current_stream_capturing():
         if not bool(inside):
