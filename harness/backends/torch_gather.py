@@ -49,13 +49,11 @@ class KVGather:
 
     indices: torch.Tensor
     """[num_tokens, lanes] int64 slots of the pool, the token's in-window keys first (oldest first), the
-    newest key repeated in the lanes after them"""
-    counts: torch.Tensor
-    """[num_tokens] int64 keys each token attends over: the real lanes at the head of ``indices``"""
+    newest key repeated in the lanes after them; bounds-checked against the pool where they are built"""
+    padding: torch.Tensor
+    """[num_tokens, 1, 1, lanes] bool: the lanes past the token's keys, masked out of its softmax"""
     lanes: int
     """columns of ``indices`` the kernel reads"""
-    lane_ids: torch.Tensor
-    """[lanes] int64 0, 1, ...: one tensor, built once"""
 
 
 @dataclass(slots=True, kw_only=True)
@@ -80,6 +78,10 @@ class TorchGatherMetadataBuilder(AttentionMetadataBuilder):
         self._windows = windows
         self._lanes = {swa: self.width if w is None else min(w, self.width) for swa, w in windows.items()}
         self._lane_ids = {swa: torch.arange(n, device=self.device) for swa, n in self._lanes.items()}
+        # every index list is checked against its pool once per forward, as a GPU kernel's index assert would
+        # check each read: the lists are the same for every layer of a pool
+        self._pools = {swa: (size, f"the {'SWA' if swa else 'full'} pool ({size} slots)")
+                       for swa, size in ((True, self.pool.swa_size), (False, self.pool.full_size))}
         self._graph_metadata: dict[int, TorchGatherMetadata] = {}
 
     # ---- the index lists ------------------------------------------------------------------------------
@@ -115,48 +117,51 @@ class TorchGatherMetadataBuilder(AttentionMetadataBuilder):
         n = table.shape[0]
         return table[in_bounds(pages, n, f"the SWA page translation table ({n} entries, one per {per} page)")]
 
-    def _gather(self, slot_table: torch.Tensor, token_rows: torch.Tensor, kv_lens: torch.Tensor, *,
+    def _gather(self, slot_table: torch.Tensor, token_rows: torch.Tensor | None, kv_lens: torch.Tensor, *,
                 swa: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        """Each token's list of slots of ``slot_table`` inside its window, and how many lanes are real."""
+        """Each token's list of slots of ``slot_table`` inside its window (row ``token_rows[t]``, or row t
+        when None), bounds-checked against its pool, and the mask of the lanes past its keys."""
         window, lane = self._windows[swa], self._lane_ids[swa]
-        start = kv_lens.new_zeros(kv_lens.shape) if window is None else (kv_lens - window).clamp(min=0)
-        newest = (kv_lens - 1).clamp(min=0)
-        positions = torch.minimum(start[:, None] + lane[None, :], newest[:, None])
-        return slot_table[token_rows].gather(1, positions), kv_lens - start
+        if window is None:
+            start, positions = None, torch.minimum(lane[None, :], (kv_lens - 1).clamp(min=0)[:, None])
+        else:
+            start = (kv_lens - window).clamp(min=0)
+            positions = torch.minimum(start[:, None] + lane[None, :], (kv_lens - 1).clamp(min=0)[:, None])
+        rows = slot_table if token_rows is None else slot_table[token_rows]
+        indices = in_bounds(rows.gather(1, positions), *self._pools[swa])
+        counts = kv_lens if start is None else kv_lens - start
+        return indices, (lane[None, :] >= counts[:, None])[:, None, None, :]
 
-    def _lists(self, batch: AttentionBatch, token_rows: torch.Tensor, kv_lens: torch.Tensor, *, graph: bool
-               ) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+    def _lists(self, batch: AttentionBatch, token_rows: torch.Tensor | None, kv_lens: torch.Tensor, *,
+               graph: bool) -> dict[bool, tuple[torch.Tensor, torch.Tensor]]:
         full_slots, swa_slots = self._page_tables(batch, graph=graph)
-        return (self._gather(full_slots, token_rows, kv_lens, swa=False),
-                self._gather(swa_slots, token_rows, kv_lens, swa=True))
+        return {False: self._gather(full_slots, token_rows, kv_lens, swa=False),
+                True: self._gather(swa_slots, token_rows, kv_lens, swa=True)}
 
     # ---- eager ----------------------------------------------------------------------------------------
     def build(self, batch: AttentionBatch) -> TorchGatherMetadata:
-        if batch.forward_mode.is_decode_like:
-            token_rows = torch.arange(batch.bs, device=self.device)
-            kv_lens = batch.seq_lens
-        else:
+        token_rows: torch.Tensor | None = None  # a decode-shaped batch: one token per request, in order
+        kv_lens = batch.seq_lens
+        if not batch.forward_mode.is_decode_like:
             assert batch.extend_seq_lens is not None
             token_rows = extend_token_rows(batch.extend_seq_lens_cpu, self.device)
             kv_lens = extend_token_kv_lens(batch.seq_lens, batch.extend_seq_lens, token_rows)
-        (full, full_counts), (swa, swa_counts) = self._lists(batch, token_rows, kv_lens, graph=False)
-        return TorchGatherMetadata(
-            full=KVGather(indices=full, counts=full_counts, lanes=self._lanes[False], lane_ids=self._lane_ids[False]),
-            swa=KVGather(indices=swa, counts=swa_counts, lanes=self._lanes[True], lane_ids=self._lane_ids[True]),
-            out_cache_loc_swa=self.pool.translate_loc_from_full_to_swa(batch.out_cache_loc),
-        )
+        lists = self._lists(batch, token_rows, kv_lens, graph=False)
+        gathers = {swa: KVGather(indices=indices, padding=padding, lanes=self._lanes[swa])
+                   for swa, (indices, padding) in lists.items()}
+        return TorchGatherMetadata(full=gathers[False], swa=gathers[True],
+                                   out_cache_loc_swa=self.pool.translate_loc_from_full_to_swa(batch.out_cache_loc))
 
     # ---- graphs ---------------------------------------------------------------------------------------
     def init_graph_state(self, max_bs: int) -> None:
         dev = self.device
-        self._cg_token_rows = torch.arange(max_bs, device=dev)
         self._cg_indices = {swa: torch.zeros(max_bs, n, dtype=torch.int64, device=dev) for swa, n in self._lanes.items()}
-        self._cg_counts = {swa: torch.ones(max_bs, dtype=torch.int64, device=dev) for swa in self._lanes}
+        self._cg_padding = {swa: torch.ones(max_bs, 1, 1, n, dtype=torch.bool, device=dev)
+                            for swa, n in self._lanes.items()}
         self._cg_swa_loc = torch.zeros(max_bs, dtype=torch.int32, device=dev)
 
     def static_tensors(self) -> list[torch.Tensor]:
-        return [*self._cg_indices.values(), *self._cg_counts.values(), *self._lane_ids.values(), self._cg_swa_loc,
-                self._cg_token_rows]
+        return [*self._cg_indices.values(), *self._cg_padding.values(), self._cg_swa_loc]
 
     def build_for_graph_capture(self, batch: AttentionBatch) -> TorchGatherMetadata:
         self._fill_graph_buffers(batch)
@@ -165,8 +170,8 @@ class TorchGatherMetadataBuilder(AttentionMetadataBuilder):
         if "baked_scalar" in self.faults:
             # a Python number taken from the capture batch (every row one token long); replay never recomputes it
             lanes = {swa: min(n, max(batch.seq_lens_cpu)) for swa, n in lanes.items()}
-        gathers = {swa: KVGather(indices=self._cg_indices[swa][:bs], counts=self._cg_counts[swa][:bs],
-                                 lanes=lanes[swa], lane_ids=self._lane_ids[swa]) for swa in lanes}
+        gathers = {swa: KVGather(indices=self._cg_indices[swa][:bs], padding=self._cg_padding[swa][:bs],
+                                 lanes=lanes[swa]) for swa in lanes}
         md = self._graph_metadata[bs] = TorchGatherMetadata(full=gathers[False], swa=gathers[True],
                                                             out_cache_loc_swa=self._cg_swa_loc[:bs])
         return md
@@ -177,17 +182,17 @@ class TorchGatherMetadataBuilder(AttentionMetadataBuilder):
 
     def _fill_graph_buffers(self, batch: AttentionBatch) -> None:
         bs, num_real, out_cache_loc = batch.bs, batch.num_real, batch.out_cache_loc
-        lists = dict(zip((False, True), self._lists(batch, self._cg_token_rows[:bs], batch.seq_lens, graph=True)))
+        lists = self._lists(batch, None, batch.seq_lens, graph=True)
         md = self._graph_metadata.get(bs)
         if "rebind_metadata" in self.faults and md is not None:
             # SGLang PR 26019 review: new tensors bound to the metadata object; the graph keeps reading the
             # static buffers it captured, which still hold whatever they held before
             for swa, gather in ((False, md.full), (True, md.swa)):
-                gather.indices, gather.counts = lists[swa]
+                gather.indices, gather.padding = lists[swa]
         else:
-            for swa, (indices, counts) in lists.items():
+            for swa, (indices, padding) in lists.items():
                 self._cg_indices[swa][:bs].copy_(indices)
-                self._cg_counts[swa][:bs].copy_(counts)
+                self._cg_padding[swa][:bs].copy_(padding)
         # the persistent SWA-location buffer of the ``metadata`` design: refilled outside the graph, its padded
         # tail zeroed so padded rows write to the dummy slot (PR 27617's answer to PR 24743)
         self._cg_swa_loc[:num_real].copy_(self.pool.translate_loc_from_full_to_swa(out_cache_loc[:num_real]))
@@ -202,25 +207,20 @@ class TorchGatherImpl(AttentionImpl):
         spec = self.model_spec
         self.group = spec.num_heads // spec.num_kv_heads
         self.scale = spec.head_dim**-0.5
-        self._pools = {swa: (size, f"the {'SWA' if swa else 'full'} pool ({size} slots)")
-                       for swa, size in ((True, self.pool.swa_size), (False, self.pool.full_size))}
 
     def attend(
         self, layer_id: int, q: torch.Tensor, forward_batch: ForwardBatch, metadata: TorchGatherMetadata
     ) -> torch.Tensor:
-        swa = self.pool.is_swa_layer(layer_id)
-        gather = metadata.swa if swa else metadata.full
+        gather = metadata.swa if self.pool.is_swa_layer(layer_id) else metadata.full
         t, lanes = q.shape[0], gather.lanes
-        slots = in_bounds(gather.indices[:, :lanes], *self._pools[swa])
-        k_all, v_all = self.pool.read_kv(layer_id, slots, self.dtype)  # [T, lanes, Hkv, D]
+        k_all, v_all = self.pool.read_kv(layer_id, gather.indices[:, :lanes], self.dtype)  # [T, lanes, Hkv, D]
         qh = q.view(t, self.num_kv_heads, self.group, self.head_dim)
         # contiguous operands, as in the torch-native kernel: a strided K sends a one-token matmul down another
         # GEMM path, and a batch of one would no longer equal the same row of a padded bucket
         k_t = k_all.permute(0, 2, 3, 1).contiguous()
         v_t = v_all.permute(0, 2, 1, 3).contiguous()
         scores = torch.matmul(qh, k_t).float() * self.scale  # [T, Hkv, G, lanes]
-        real = gather.lane_ids[:lanes][None, :] < gather.counts[:, None]
-        scores = scores.masked_fill(~real[:, None, None, :], float("-inf"))
+        scores = scores.masked_fill(gather.padding[..., :lanes], float("-inf"))
         probs = torch.softmax(scores, dim=-1).to(self.dtype)
         out = torch.matmul(probs, v_t)  # [T, Hkv, G, D]
         return out.reshape(t, -1)

@@ -161,15 +161,11 @@ def rope_cache(head_dim: int, theta: float, dtype: torch.dtype, device: torch.de
     return angles.cos().to(device=device, dtype=dtype), angles.sin().to(device=device, dtype=dtype)
 
 
-def apply_rope(
-    x: torch.Tensor, positions: torch.Tensor, head_dim: int, cos_cache: torch.Tensor, sin_cache: torch.Tensor
-) -> torch.Tensor:
-    """Rotate-half RoPE on [T, H*D] with angles gathered from the caches."""
+def apply_rope(x: torch.Tensor, head_dim: int, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half RoPE on [T, H*D]; ``cos`` and ``sin`` [T, 1, D/2] are the caches at the tokens' positions."""
     t = x.shape[0]
     half = head_dim // 2
-    cos = cos_cache[positions][:, None, :]
-    sin = sin_cache[positions][:, None, :]
-    xh = x.view(t, -1, head_dim).to(cos_cache.dtype)
+    xh = x.view(t, -1, head_dim).to(cos.dtype)
     x1, x2 = xh[..., :half], xh[..., half:]
     out = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
     return out.to(x.dtype).reshape(t, -1)
@@ -255,15 +251,19 @@ class SyntheticModel:
         raw = 0.01 + 0.02 * torch.rand(self.spec.num_layers, 2, generator=gen)
         return [(float(k), float(v)) for k, v in raw.tolist()]
 
+    def rope_angles(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The RoPE caches at ``positions``, [T, 1, D/2] each: gathered once per forward, read by every layer."""
+        return self.rope_cos[positions][:, None, :], self.rope_sin[positions][:, None, :]
+
     def project_qkv(
-        self, layer_id: int, hidden: torch.Tensor, positions: torch.Tensor
+        self, layer_id: int, hidden: torch.Tensor, angles: tuple[torch.Tensor, torch.Tensor]
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Pre-norm and the q/k/v projections of one layer, RoPE applied to q and k."""
+        """Pre-norm and the q/k/v projections of one layer, RoPE (``rope_angles``) applied to q and k."""
         lw = self.layers[layer_id]
         x = rms_norm(hidden, lw.attn_norm)
         d = self.spec.head_dim
-        q = apply_rope(linear(x, lw.wq), positions, d, self.rope_cos, self.rope_sin)
-        k = apply_rope(linear(x, lw.wk), positions, d, self.rope_cos, self.rope_sin)
+        q = apply_rope(linear(x, lw.wq), d, *angles)
+        k = apply_rope(linear(x, lw.wk), d, *angles)
         v = linear(x, lw.wv)
         return q, k, v
 
@@ -281,9 +281,9 @@ class SyntheticModel:
         t = input_ids.shape[0]
         rows = row_block(t)
         hidden = pad_rows(self.embed[input_ids], rows)
-        positions = pad_rows(positions, rows)
+        angles = self.rope_angles(pad_rows(positions, rows))
         for layer_id in range(self.spec.num_layers):
-            q, k, v = self.project_qkv(layer_id, hidden, positions)
+            q, k, v = self.project_qkv(layer_id, hidden, angles)
             out = attention(layer_id, q[:t], k[:t], v[:t])
             hidden = self.finish_layer(layer_id, hidden, pad_rows(out, rows))
         return rms_norm(hidden, self.final_norm)[:t]

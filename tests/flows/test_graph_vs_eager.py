@@ -1,4 +1,4 @@
-"""Graph runs equal eager runs bitwise on CPU with the reference design."""
+"""Graph runs equal eager runs bitwise on CPU with the reference design, under both CPU backends."""
 
 import pytest
 
@@ -14,10 +14,11 @@ from ._flows import (
 )
 
 
+@pytest.mark.parametrize("backend", ["torch_native", "torch_gather"])
 @pytest.mark.parametrize("preset", sorted(PRESETS))
 @pytest.mark.parametrize("mode,timeline", [("full", heterogeneous_decode), ("piecewise", heterogeneous_prefill)])
-def test_graph_replays_equal_eager_bitwise(preset, mode, timeline):
-    spec = spec_for(preset, timeline, mode)
+def test_graph_replays_equal_eager_bitwise(preset, mode, timeline, backend):
+    spec = spec_for(preset, timeline, mode, backend=backend)
     graph_hidden, graph_pools, runner = drive(spec, poison_outputs=True)
     eager_hidden, eager_pools, _ = drive(replace(spec, mode="eager"))
     log = runner.log

@@ -36,9 +36,24 @@ def test_torch_native_declares_what_it_supports():
     assert cls.devices == {Device.CPU, Device.CUDA}
     assert cls.kv_write_paths == {KVWrite.PLAIN, KVWrite.FUSED_FP8}
     assert (cls.page_sizes, cls.kv_layouts) == (None, {KVLayout.NHD})  # it gathers token rows: any page size
-    assert cls.known_faults == {"rebind_metadata", "baked_scalar", "window_from_wrong_layer"}
+    assert cls.known_faults == {"rebind_metadata", "baked_scalar", "window_from_wrong_layer", "read_page_tail"}
     assert cls.missing_declarations() == ()
     assert all(cls.unsupported(mode=m, device="cpu", page_size=p) == () for m in Mode for p in (1, 16, 64))
+
+
+def test_torch_gather_declares_what_torch_native_does_and_the_index_space_faults_of_its_page_tables():
+    cls, native = backend_class("torch_gather"), backend_class("torch_native")
+    assert BACKENDS["torch_gather"] == "harness.backends.torch_gather:TorchGatherBackend"
+    for declared in ("graph_support", "devices", "kv_write_paths", "page_sizes", "kv_layouts"):
+        assert getattr(cls, declared) == getattr(native, declared), declared
+    assert cls.known_faults - native.known_faults == {"swa_read_untranslated", "page_ids_translated_as_slots",
+                                                      "swa_table_sized_by_swa_pages"}
+    assert native.known_faults <= cls.known_faults  # every library scenario of a dense-kernel fault runs it too
+    assert cls.missing_declarations() == ()
+    assert all(cls.unsupported(mode=m, device="cpu", page_size=p) == () for m in Mode for p in (1, 4, 16, 64))
+    assert cls.unsupported(mode="eager", device="cpu", faults=["page_ids_translated_as_slots"]) == ()
+    assert native.unsupported(mode="full", device="cpu", faults=["swa_read_untranslated"]) == (
+        "backend torch_native has no switch for fault swa_read_untranslated",)
 
 
 def test_graph_support_is_ranked_and_decides_the_modes():
@@ -124,7 +139,7 @@ def test_a_backend_without_its_declarations_is_refused_where_it_is_named(tmp_pat
 
 
 def test_registry_resolves_names_and_import_paths_and_refuses_the_rest():
-    assert set(BACKENDS) == {"torch_native"}
+    assert set(BACKENDS) == {"torch_native", "torch_gather"}
     assert backend_class("harness.backends.torch_native:TorchNativeBackend") is backend_class("torch_native")
     with pytest.raises(KeyError, match="unknown backend 'flashinfer'"):
         backend_class("flashinfer")

@@ -4,8 +4,10 @@ from pathlib import Path
 
 import pytest
 
+from harness.backends.registry import backend_class
 from harness.scenario import load_all
-from harness.serving.faults import FAULTS
+from harness.scenario.spec import DEFAULT_BACKENDS
+from harness.serving.faults import FAULTS, Component
 from harness.serving.model import PRESETS
 
 ROOT = Path(__file__).resolve().parents[2] / "scenarios"
@@ -56,3 +58,14 @@ def test_library_covers_the_promised_workloads(library):
     assert any(s.timeline.chunk_size for s in library)
     assert any(any(r.abort is not None for r in s.timeline.requests) for s in library)
     assert {"eager", "full", "piecewise"} <= {m for s in library for m in s.modes}
+
+
+def test_every_scenario_runs_both_cpu_backends_unless_only_one_has_its_faults_switch(library):
+    for spec in library:
+        if spec.backends == DEFAULT_BACKENDS:
+            continue
+        lacking = {f for f in spec.faults if FAULTS[f].acts_on is Component.ATTENTION_BACKEND
+                   and any(f not in backend_class(b).known_faults for b in DEFAULT_BACKENDS)}
+        assert lacking, f"{spec.name}: lists run.backends without a backend fault that needs it"
+        able = tuple(b for b in DEFAULT_BACKENDS if lacking <= backend_class(b).known_faults)
+        assert spec.backends == able, f"{spec.name}: runs {spec.backends}, but {able} have the switches"

@@ -19,7 +19,7 @@ from harness.scenario import (
     load_all,
     load_scenario,
 )
-from harness.serving.designs import DESIGNS
+from harness.serving.designs import DEFAULT_DESIGNS, DESIGNS
 from harness.serving.model import PRESETS
 from harness.serving.pool import PoolSpec
 from harness.serving.timeline import RequestSpec, TimelineSpec
@@ -78,7 +78,7 @@ def test_minimal_file_loads_with_defaults(tmp_path):
     assert spec.graphs == GraphSpec()
     assert spec.modes == tuple(Mode)
     assert spec.designs == ("translate",)
-    assert spec.backends == ("torch_native",)
+    assert spec.backends == ("torch_native", "torch_gather")
     assert spec.kv_write == "plain"
     assert spec.faults == ()
     assert spec.timeline == TimelineSpec(
@@ -139,10 +139,11 @@ def test_full_file_loads_overrides_and_builds_run_specs(tmp_path):
         spec.expectation("memoized")
 
 
-def test_default_designs_are_all_registered_designs(tmp_path):
-    expect = "".join(f'[expect.{d}]\nverdict = "match"\nwhy = "w"\n' for d in DESIGNS)
+def test_default_designs_are_the_rules_of_the_review_and_both_cpu_backends_run(tmp_path):
+    expect = "".join(f'[expect.{d}]\nverdict = "match"\nwhy = "w"\n' for d in DEFAULT_DESIGNS)
     spec = load_scenario(write(tmp_path, run=None, expect=expect))
-    assert spec.designs == tuple(DESIGNS)
+    assert spec.designs == DEFAULT_DESIGNS == tuple(d for d in DESIGNS if d != "untranslated")
+    assert spec.backends == ("torch_native", "torch_gather")
 
 
 def test_expectation_for_mode():
@@ -276,7 +277,7 @@ def test_unknown_registry_names(tmp_path):
     assert f"{path}: graphs.modes[1]: expected one of 'eager', 'full', 'piecewise', got 'fulll'" in text
     assert f"{path}: graphs.capture: expected one of 'startup', 'on_demand'" in text
     assert f"{path}: run.designs[1]: unknown design 'magic'" in text
-    assert f"{path}: run.backends[0]: expected one of 'torch_native' or an import path 'package.module:Class', got 'flashinfer'" in text
+    assert f"{path}: run.backends[0]: expected one of 'torch_native', 'torch_gather' or an import path 'package.module:Class', got 'flashinfer'" in text
     assert f"{path}: run.kv_write: expected one of 'plain', 'fused_fp8', got 'fused'" in text
     assert f"{path}: run.faults[0]: expected one of 'no_zero_swa_pad'" in text
     assert "got 'no_such_fault'" in text
