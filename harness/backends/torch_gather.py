@@ -122,15 +122,16 @@ class TorchGatherMetadataBuilder(AttentionMetadataBuilder):
         """Each token's list of slots of ``slot_table`` inside its window (row ``token_rows[t]``, or row t
         when None), bounds-checked against its pool, and the mask of the lanes past its keys."""
         window, lane = self._windows[swa], self._lane_ids[swa]
+        newest = (kv_lens - 1).clamp(min=0).view(-1, 1)
         if window is None:
-            start, positions = None, torch.minimum(lane[None, :], (kv_lens - 1).clamp(min=0)[:, None])
+            start, positions = None, torch.minimum(lane.view(1, -1), newest)
         else:
             start = (kv_lens - window).clamp(min=0)
-            positions = torch.minimum(start[:, None] + lane[None, :], (kv_lens - 1).clamp(min=0)[:, None])
+            positions = torch.minimum(start.view(-1, 1) + lane, newest)
         rows = slot_table if token_rows is None else slot_table[token_rows]
         indices = in_bounds(rows.gather(1, positions), *self._pools[swa])
         counts = kv_lens if start is None else kv_lens - start
-        return indices, (lane[None, :] >= counts[:, None])[:, None, None, :]
+        return indices, lane.view(1, 1, 1, -1) >= counts.view(-1, 1, 1, 1)
 
     def _lists(self, batch: AttentionBatch, token_rows: torch.Tensor | None, kv_lens: torch.Tensor, *,
                graph: bool) -> dict[bool, tuple[torch.Tensor, torch.Tensor]]:
@@ -214,16 +215,17 @@ class TorchGatherImpl(AttentionImpl):
         gather = metadata.swa if self.pool.is_swa_layer(layer_id) else metadata.full
         t, lanes = q.shape[0], gather.lanes
         k_all, v_all = self.pool.read_kv(layer_id, gather.indices[:, :lanes], self.dtype)  # [T, lanes, Hkv, D]
-        qh = q.view(t, self.num_kv_heads, self.group, self.head_dim)
-        # contiguous operands, as in the torch-native kernel: a strided K sends a one-token matmul down another
-        # GEMM path, and a batch of one would no longer equal the same row of a padded bucket
-        k_t = k_all.permute(0, 2, 3, 1).contiguous()
-        v_t = v_all.permute(0, 2, 1, 3).contiguous()
-        scores = torch.matmul(qh, k_t).float() * self.scale  # [T, Hkv, G, lanes]
+        heads, g, d = t * self.num_kv_heads, self.group, self.head_dim
+        qh = q.view(heads, g, d)
+        # contiguous operands, as in the torch-native kernel: a strided K sends a one-token product down another
+        # GEMM path, and a batch of one would no longer equal the same row of a padded bucket; bmm on them is
+        # what matmul would call, without the expands and views it dispatches around it
+        k_t = k_all.permute(0, 2, 3, 1).reshape(heads, d, lanes)
+        v_t = v_all.permute(0, 2, 1, 3).reshape(heads, lanes, d)
+        scores = (torch.bmm(qh, k_t).float() * self.scale).view(t, self.num_kv_heads, g, lanes)
         scores = scores.masked_fill(gather.padding[..., :lanes], float("-inf"))
         probs = torch.softmax(scores, dim=-1).to(self.dtype)
-        out = torch.matmul(probs, v_t)  # [T, Hkv, G, D]
-        return out.reshape(t, -1)
+        return torch.bmm(probs.view(heads, g, lanes), v_t).view(t, -1)
 
 
 class TorchGatherBackend(AttentionBackend):
