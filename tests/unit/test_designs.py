@@ -81,6 +81,20 @@ def test_metadata_design_reads_backend_copy(setup):
     assert torch.equal(got, batch.out_cache_loc_swa)
 
 
+def test_untranslated_writes_at_the_full_slots_and_asserts_past_the_swa_pool(setup):
+    spec, pool, r2t, alloc, batch = setup
+    alloc.free_swa(batch.out_cache_loc)  # the SWA slots are freed, the full ones kept: the id spaces part
+    later = alloc.alloc(3)
+    assert not torch.equal(pool.translate_loc_from_full_to_swa(later).long(), later)
+    assert DESIGNS["untranslated"](batch, pool, _Md(), 0) is batch.out_cache_loc  # the full ids, as they are
+    past = make_forward_batch(
+        forward_mode=ForwardMode.DECODE, input_ids=torch.zeros(1, dtype=torch.int64), positions=torch.tensor([3]),
+        req_pool_indices=batch.req_pool_indices, prefix_lens=[3], extend_lens=[1],
+        out_cache_loc=torch.tensor([pool.swa_size]), req_to_token_pool=r2t, pool=pool)
+    with pytest.raises(RuntimeError, match=r"device-side assert: out-of-bounds index into the SWA pool \(16 slots\)"):
+        DESIGNS["untranslated"](past, pool, _Md(), 0)
+
+
 def test_third_party_design_by_import_path():
     assert resolve_design("harness.serving.designs:translate") is DESIGNS["translate"]
     with pytest.raises(KeyError, match="unknown design"):

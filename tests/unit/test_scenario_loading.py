@@ -19,7 +19,7 @@ from harness.scenario import (
     load_all,
     load_scenario,
 )
-from harness.serving.designs import DEFAULT_DESIGNS, DESIGNS
+from harness.serving.designs import DEFAULT_DESIGNS, DESIGNS, OPT_IN_DESIGNS
 from harness.serving.model import PRESETS
 from harness.serving.pool import PoolSpec
 from harness.serving.timeline import RequestSpec, TimelineSpec
@@ -142,7 +142,8 @@ def test_full_file_loads_overrides_and_builds_run_specs(tmp_path):
 def test_default_designs_are_the_rules_of_the_review_and_both_cpu_backends_run(tmp_path):
     expect = "".join(f'[expect.{d}]\nverdict = "match"\nwhy = "w"\n' for d in DEFAULT_DESIGNS)
     spec = load_scenario(write(tmp_path, run=None, expect=expect))
-    assert spec.designs == DEFAULT_DESIGNS == tuple(d for d in DESIGNS if d != "untranslated")
+    assert spec.designs == DEFAULT_DESIGNS == tuple(d for d in DESIGNS if d not in OPT_IN_DESIGNS)
+    assert "untranslated" in OPT_IN_DESIGNS
     assert spec.backends == ("torch_native", "torch_gather")
 
 
