@@ -93,7 +93,7 @@ CASES = {
     "duplicate_rid": ("timeline.requests[1].rid: duplicate rid 'a'", sub('output_len = 3\n', 'output_len = 3\n[[timeline.requests]]\nrid = "a"\nprompt_len = 2\n')),
     # run
     "unknown_design": ("run.designs[1]: unknown design 'magic'", sub('designs = ["translate"]', 'designs = ["translate", "magic"]').replace('[expect.translate]', '[expect.magic]\nverdict = "match"\nwhy = "w"\n[expect.translate]')),
-    "unknown_backend": ("run.backends[0]: expected one of 'torch_native' or an import path", sub('designs = ["translate"]\n', 'designs = ["translate"]\nbackends = ["flashinfr"]\n')),
+    "unknown_backend": ("run.backends[0]: expected one of 'torch_native', 'torch_gather' or an import path", sub('designs = ["translate"]\n', 'designs = ["translate"]\nbackends = ["flashinfr"]\n')),
     "unknown_fault": ("run.faults[0]: expected one of", sub('designs = ["translate"]\n', 'designs = ["translate"]\nfaults = ["no_such_fault"]\n')),
     "fault_cannot_act": ("run.faults[0]: skip_memo_invalidate acts only in piecewise mode; graphs.modes has eager, full", sub('designs = ["translate"]\n', 'designs = ["translate"]\nfaults = ["skip_memo_invalidate"]\n')),
     "fused_without_fp8": ("run.kv_write: 'fused_fp8' needs pool.kv_dtype = 'fp8_e4m3', got 'float32'", sub('designs = ["translate"]\n', 'designs = ["translate"]\nkv_write = "fused_fp8"\n')),
@@ -105,7 +105,7 @@ CASES = {
     "mode_not_run": ("expect.translate.piecewise: mode not run", sub('verdict = "match"\n', 'verdict = "match"\npiecewise = "match"\n')),
     "without_faults_without_faults": ("expect.translate.without_faults: only allowed when run.faults is non-empty", sub('verdict = "match"\n', 'verdict = "match"\nwithout_faults = "match"\n')),
     "expect_for_unknown_design": ("expect.memoized: no such design in run.designs (translate)", BASE + '[expect.memoized]\nverdict = "match"\nwhy = "w"\n'),
-    "by_backend_unknown": ("expect.translate.by_backend.other: no such backend in run.backends (torch_native)", BASE + '[expect.translate.by_backend.other]\nverdict = "diverge"\nwhy = "w"\n'),
+    "by_backend_unknown": ("expect.translate.by_backend.other: no such backend in run.backends (torch_native, torch_gather)", BASE + '[expect.translate.by_backend.other]\nverdict = "diverge"\nwhy = "w"\n'),
 }
 
 out = HERE / "bad"
