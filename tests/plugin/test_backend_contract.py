@@ -291,8 +291,7 @@ def test_cli_backend_by_import_path_runs_the_library_scenarios_with_their_expect
     library = LIBRARY / "faults" / "swa_decode_baked_max_seq_len.toml"
     # a scenario that lists one of the backends with an expectation of its own, which wins over the design's
     write_scenario(cli_dir, "tiny_match", replace={
-        'designs = ["translate", "stale_state", "forward_batch"]':
-            'designs = ["translate", "stale_state", "forward_batch"]\nbackends = ["torch_native", "toy_backends:Renamed"]',
+        'backends = ["torch_native"]': 'backends = ["torch_native", "toy_backends:Renamed"]',
         'why = "reads the batch\'s own out_cache_loc_swa"': (
             'why = "reads the batch\'s own out_cache_loc_swa"\n'
             '[expect.forward_batch.by_backend."toy_backends:Renamed"]\nfull = "diverge"\nwhy = "pretend it differs"')})
