@@ -22,6 +22,7 @@ from ..graphs.registry import get_engine
 from ..runspec import RunSpec
 from ..serving.batch import ForwardBatch, ForwardMode, make_forward_batch
 from ..serving.faults import Component
+from ..serving.loc_plan import KVLocPlan
 from .base import GraphRunner, Runner, RunnerContext, fill_static, swa_out_cache_loc
 
 
@@ -102,6 +103,9 @@ class PiecewisePrefillRunner(GraphRunner):
             ),
             bucket,
         )
+        # the capture batch's location plan: the static SWA ids, all at the sink like its other rows
+        dummy = dataclasses.replace(dummy, kv_loc_plan=KVLocPlan.over_static(
+            full_ids=self.out_cache_loc[:bucket], swa_ids=self.out_cache_loc_swa[:bucket]), kv_loc_cols=(0, bucket))
         self._batch, self._num_real = dummy, bucket
         self.backend.init_forward_metadata(dummy)
         model, ids, pos = self.model, self.input_ids[:bucket], self.positions[:bucket]

@@ -61,12 +61,29 @@ def metadata(
     return metadata.out_cache_loc_swa
 
 
+def plan(
+    forward_batch: ForwardBatch, pool: HybridSWAKVPool, metadata: BackendMetadata, layer_id: int
+) -> torch.Tensor:
+    """This forward's columns of the iteration's location plan, translated once per iteration and shared by
+    every forward of it (SGLang 0.5.23's ``KVLocPlan``; PRs 35245, 37307, 37550, 37926)."""
+    if forward_batch.kv_loc_plan is None:
+        # SGLang 0.5.23's pool asserts a pre-translated SWA location; it never translates itself
+        raise RuntimeError("the batch carries no kv_loc_plan: an SWA layer needs a pre-translated location")
+    start, stop = forward_batch.kv_loc_cols
+    ids = forward_batch.kv_loc_plan.write_ids("swa")[start:stop]
+    n = forward_batch.out_cache_loc.shape[0]
+    if ids.shape[0] < n:  # trtllm_mha's _get_layer_cache_loc asserts no more than this
+        raise RuntimeError(f"the location plan holds {ids.shape[0]} SWA ids for {n} tokens")
+    return ids[:n]
+
+
 DESIGNS: dict[str, SWALocDesign] = {
     "translate": translate,
     "stale_state": stale_state,
     "forward_batch": forward_batch,
     "memoized": memoized,
     "metadata": metadata,
+    "plan": plan,
 }
 
 

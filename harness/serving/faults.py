@@ -90,6 +90,11 @@ FAULTS: dict[str, Fault] = {
               summary="requests still in chunked prefill are never evicted: a long prompt keeps every SWA slot "
                       "it was given until its first decode, and the SWA pool runs dry",
               reference="SGLang PR 33805 (a path that never ran SWA eviction)"),
+        Fault(name="reuse_stale_plan", acts_on=Component.SCHEDULER, modes=("eager", "full", "piecewise"),
+              summary="the translator serves the previous iteration's plan for the SWA sub-pool: its ids belong to "
+                      "another batch, and a longer tensor passes the length check and is sliced silently",
+              reference="SGLang 0.5.23's KVLocPlan memo (PRs 35245, 37307); the staleness PR 24138's review "
+                        "rejected"),
         Fault(name="read_page_tail", acts_on=Component.ATTENTION_BACKEND, modes=("eager", "full", "piecewise"),
               summary="the page table expands a request's last page whole, its unwritten tail included: a dense "
                       "kernel masks those keys, but a reused page's poison turns the masked product into NaN",

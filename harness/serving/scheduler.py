@@ -22,6 +22,7 @@ import torch
 from .batch import ForwardBatch, ForwardMode, make_forward_batch
 from .eviction import EvictionPolicy, RequestWindow
 from .faults import Component, faults_acting_on
+from .loc_plan import KVIndexTranslator
 from .stack import ServingStack
 from .timeline import LiveToken, RequestSpec, TimelineSpec, TokenKey, request_tokens
 
@@ -109,6 +110,7 @@ class Scheduler:
         self.eviction = eviction
         self.faults = frozenset(faults) & faults_acting_on(Component.SCHEDULER)
         self.device = stack.device
+        self._translator = KVIndexTranslator(stack.translate, reuse_stale_plan="reuse_stale_plan" in self.faults)
         tokens = request_tokens(timeline, vocab_size)
         self._pending = [
             _Req(spec=r, tokens=tokens[r.rid]) for r in sorted(timeline.requests, key=lambda r: r.arrive)
@@ -243,6 +245,7 @@ class Scheduler:
             locs.append(slots)
             owners.extend(TokenKey(req.spec.rid, p) for p in range(start, start + n))
             req.seq_len += n
+        out_cache_loc = torch.cat(locs)
         batch = make_forward_batch(
             forward_mode=ForwardMode.EXTEND,
             input_ids=torch.cat(ids).to(self.device),
@@ -250,9 +253,10 @@ class Scheduler:
             req_pool_indices=torch.tensor(rows, dtype=torch.int64, device=self.device),
             prefix_lens=prefix_lens,
             extend_lens=extend_lens,
-            out_cache_loc=torch.cat(locs),
+            out_cache_loc=out_cache_loc,
             req_to_token_pool=self.stack.req_to_token_pool,
             pool=self.stack.pool,
+            kv_loc_plan=self._translator.own_plan(self._step, out_cache_loc),
         )
         return ScheduledStep(index=self._step, batch=batch, forwards=(tuple(owners),))
 
@@ -294,5 +298,6 @@ class Scheduler:
             pool=self.stack.pool,
             draft_out_cache_loc=torch.stack(loc_rows) if draft else None,
             draft_input_ids=ids.to(self.device) if draft else None,
+            kv_loc_plan=self._translator.own_plan(self._step, torch.cat(loc_rows)),
         )
         return ScheduledStep(index=self._step, batch=batch, forwards=tuple(forwards))
