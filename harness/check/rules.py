@@ -13,18 +13,24 @@ rule that claims it names its classification:
 6. ``quantized`` (drift): fp8 bytes differ;
 7. ``drift``: none of the above, a numeric difference (its size is reported).
 
-A rule is a function ``(bad: BadRows, open) -> (claimed, arg)``: ``open`` holds the positions (in
-``bad``) of the rows no earlier rule claimed, ``claimed`` is a bool per open row, and ``arg`` an int64 per
-claimed row that the rule's ``describe`` reads back (a live token, a slot), or None. Rules work on every
-open row of the pool at once, with tensor ops, and read rows through ``BadRows``, which hands out the
-hash-join engine (``hashjoin.py``) over the pool's stacked layers and caches what two rules share (the
-reference rows' hashes, whether a slot changed since the previous step). ``describe`` runs only for the
-rows whose records are kept (the first ``limit`` of a diff), and returns the record's detail text, and
-holder or ``found_in`` where it has one.
+A rule's test is a function ``(bad: BadRows, todo) -> (claimed, arg)``: ``todo`` holds the positions
+(in ``bad``) of the rows no earlier rule claimed, ``claimed`` is a bool per ``todo`` row, and ``arg`` an
+int64 per claimed row that the rule's ``describe`` reads back (a live token, a slot), or None. A test
+works on every open row of the pool at once, with tensor ops, and reads rows through ``BadRows``, which
+hands out the pool's stacked layers as hash-join tables (``hashjoin.py``) and computes once what two
+rules share (the reference rows' hashes, whether a slot changed since the previous step), whichever rule
+asks first. ``describe`` runs only for the rows whose records are kept (the first ``limit`` of a diff)
+and returns each record's detail text, and its holder or ``found_in`` where it has one.
 
-Adding a rule (page-level misplacement, a slot shared through a prefix cache): write its function here,
-or anywhere, and put a ``Rule`` into ``RULES`` at the place of its precedence, before the rules it must
-win over. Nothing in the diff or the engine changes. The last rule must claim every row it is given.
+Adding a rule (page-level misplacement, a slot shared through a prefix cache):
+
+1. write its test, ``def shared_prefix(bad: BadRows, todo: torch.Tensor) -> Claim``, here or in a module
+   of its own, and its ``describe`` (``fixed("...")`` for a fixed text);
+2. put ``Rule(name="shared_prefix", classification="...", claims=shared_prefix, describe=...)`` into
+   ``RULES`` at the place of its precedence: before the rules it must win over.
+
+Nothing in the diff or the engine changes; ``diff_runs(rules=...)`` takes another list for one diff.
+The last rule must claim every row it is given (``drift`` does).
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ __all__ = ["RULES", "BadRows", "Finding", "Reported", "Rule", "Snapshot", "class
 Pair = tuple[torch.Tensor, torch.Tensor]
 """(K, V) words of a pool's stacked layers, [layers * slots, words] each"""
 Claim = tuple[torch.Tensor, torch.Tensor | None]
+"""what a rule's test returns: [len(todo)] bool, and [claimed] int64 or None"""
 
 
 class BadRows:
