@@ -15,7 +15,7 @@ one process, it times
 
 Each diff case is also timed through ``verdict.judge``, as a case's verdict is reached: the same diff,
 with the heatmap's counts per (step, pool, layer) and the ``DETAIL_LIMIT`` records it keeps (the diff
-alone builds its default 200).
+alone builds its default 200). The two run back to back on one subject, taking turns going first.
 
 Throughput is cache bytes per second: a copy moves ``cache_bytes`` per snapshot, the diff compares
 ``cache_bytes`` of subject (against as many of reference) per step, so ``vs_copy`` = (steps x copy time)
@@ -153,11 +153,13 @@ def measure_diff(
     best: dict[str, float] = {}
     peaks: dict[str, int | None] = {}
     results: dict[str, object] = {}
-    for _ in range(max(1, repeats)):
+    for round_ in range(max(1, repeats)):
         for make in prepare.values():
             calls = make()
-            for name, call in calls.items():
-                seconds, peak, results[name] = _timed(call)
+            # a case's calls take turns going first, so that neither always meets a warmer machine
+            names = list(reversed(calls)) if round_ % 2 else list(calls)
+            for name in names:
+                seconds, peak, results[name] = _timed(calls[name])
                 best[name] = min(best.get(name, float("inf")), seconds)
                 if peak is not None:
                     peaks[name] = max(peaks.get(name) or 0, peak)
