@@ -234,8 +234,7 @@ class _Differ:
         first = torch.topk(key, min(room, key.numel()), largest=False).indices if room < key.numel() else torch.arange(key.numel())
         first = first[torch.argsort(key[first])]
         picked = list(zip(*(col[first].tolist() for col in (pool_of, index, layer, slot, token, what, code, arg))))
-        findings = self._describe(picked, names, snap, ref)
-        for (p, _, l, sl, t, w, c, _), said in zip(picked, findings):
+        for (p, _, l, sl, t, w, c, _), said in zip(picked, self._describe(picked, names, snap, ref)):
             tok = snap.live[t]
             self.found.append(
                 KVMismatch(
@@ -253,13 +252,12 @@ class _Differ:
         by_rule: dict[int, list[int]] = {}
         for i, row in enumerate(picked):
             by_rule.setdefault(row[6], []).append(i)
-        out: list[Finding | None] = [None] * len(picked)
+        said: dict[int, Finding] = {}
         for code, which in by_rule.items():
             reported = [Reported(pool=names[picked[i][0]], layer=picked[i][1], slot=picked[i][3], arg=picked[i][7])
                         for i in which]
-            for i, said in zip(which, self.rules[code].describe(reported, snap, ref)):
-                out[i] = said
-        return out  # type: ignore[return-value]
+            said.update(zip(which, self.rules[code].describe(reported, snap, ref)))
+        return [said[i] for i in range(len(picked))]
 
     def classes(self) -> tuple[tuple[str, int], ...]:
         out = dict(self.hidden_classes)
