@@ -1,4 +1,4 @@
-"""A verdict per run: ``match``, ``diverge`` or ``error`` (DESIGN.md section 6). Data only; the report
+"""A verdict per run: ``match``, ``diverge`` or ``error`` (docs/design.md section 8). Data only; the report
 layer words it."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The competing rules for where a sliding-window layer writes its K/V (DESIGN.md section 2).
+"""The competing rules for where a sliding-window layer writes its K/V (docs/design.md section 3).
 
 A design is a function ``(forward_batch, pool, metadata, layer_id) -> swa write locations`` (the
 ``SWALocDesign`` protocol of ``batch.py``). The backend calls it from ``_get_layer_cache_loc`` for SWA
