@@ -143,9 +143,9 @@ class ReportFolder:
 
     def _dir_fd(self, relative: str) -> tuple[int, str]:
         parts = relative.split("/")
-        if len(parts) == 1:
-            return self._fd, parts[0]
-        if len(parts) != 2 or parts[0] != PAGES_DIR or parts[1] in ("", ".", ".."):
+        if len(parts) == 1 and relative in REPORT_FILES:
+            return self._fd, relative
+        if len(parts) != 2 or parts[0] != PAGES_DIR or not parts[1].endswith(".html") or parts[1].startswith("."):
             raise ReportFolderError(f"{self.root}: {relative!r} is not a report file")
         if self._pages_fd is None:
             try:

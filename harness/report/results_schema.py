@@ -68,7 +68,9 @@ class _Refused(Exception):
         self.at, self.message = at, message
 
 
-def _choice(*options: str) -> Callable[[Any], str | None]:
+def _choice(*choices: str) -> Callable[[Any], str | None]:
+    options = tuple(str(c) for c in choices)  # enum members as the strings a file holds
+
     def check(value: Any) -> str | None:
         return None if value in options else f"expected one of {', '.join(map(repr, options))}"
     return check
@@ -376,14 +378,18 @@ def _read_text(path: Path) -> str:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
     except OSError as exc:
         raise ResultsFileError(f"cannot read the file: {exc.strerror or exc}") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise ResultsFileError("not a regular file")
     with os.fdopen(fd, "rb") as f:
-        st = os.fstat(f.fileno())
-        if not stat.S_ISREG(st.st_mode):
-            raise ResultsFileError("not a regular file")
         if st.st_size > FILE_LIMIT:
             raise ResultsFileError(f"{st.st_size} bytes, more than the {FILE_LIMIT >> 20} MiB a results file may hold")
         os.set_blocking(f.fileno(), True)
-        raw = f.read(FILE_LIMIT + 1)
+        try:
+            raw = f.read(FILE_LIMIT + 1)
+        except OSError as exc:
+            raise ResultsFileError(f"cannot read the file: {exc.strerror or exc}") from None
     if len(raw) > FILE_LIMIT:
         raise ResultsFileError(f"more than the {FILE_LIMIT >> 20} MiB a results file may hold")
     try:

@@ -98,11 +98,12 @@ def _read_bytes(reader: Reader, path: Path) -> bytes | None:
     except OSError as exc:
         reader.add("", f"cannot read the file: {exc.strerror or exc}")
         return None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        reader.add("", "not a regular file (a scenario is a .toml file)")
+        return None
     with os.fdopen(fd, "rb") as f:
-        st = os.fstat(f.fileno())
-        if not stat.S_ISREG(st.st_mode):
-            reader.add("", "not a regular file (a scenario is a .toml file)")
-            return None
         if st.st_size > FILE_LIMIT:
             reader.add("", f"{st.st_size} bytes, more than the {FILE_LIMIT >> 10} KiB a scenario file may hold")
             return None
