@@ -437,3 +437,23 @@ def test_a_report_folder_holds_one_report_and_keeps_what_is_not_a_reports(cli_di
                                                                    "results.json", "scenarios"]
     index = (cli_dir / "rep" / "index.html").read_text()
     assert "tiny_wrong_window" not in index and (cli_dir / "rep" / "notes.txt").read_text() == "mine"
+
+
+def test_a_design_that_cannot_be_imported_is_one_line_of_its_own_type_naming_design_and_file(cli_dir, capsys,
+                                                                                             write_scenario):
+    write_scenario(cli_dir, "tiny_match")
+    (cli_dir / "exits_on_import.py").write_text("import sys\n\nsys.exit(0)\n")
+    sys.path.insert(0, str(cli_dir))
+    try:
+        code, out, _ = run_cli(capsys, "run", "--jobs", "1", "--mode", "eager", "--design", "exits_on_import:fn",
+                               "--expect", "error", "--json", "r.json")
+    finally:
+        sys.path.remove(str(cli_dir))
+        sys.modules.pop("exits_on_import", None)
+    assert code == 0, out
+    [record] = json.loads((cli_dir / "r.json").read_text())["records"]
+    assert record["error"]["type"] == "DesignImportError"
+    assert record["error"]["message"] == (f"design 'exits_on_import:fn' cannot be imported: SystemExit: 0 "
+                                          f"(at {cli_dir / 'exits_on_import.py'}, line 3)")
+    row = next(line for line in out.splitlines() if line.startswith("tiny_match[exits_on_import:fn"))
+    assert "DesignImportError: design 'exits_on_import:fn' cannot be imported: SystemExit: 0" in row
