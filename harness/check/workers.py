@@ -21,6 +21,7 @@ Generic on purpose: nothing here knows what a task is.
 from __future__ import annotations
 
 import ctypes
+import faulthandler
 import io
 import multiprocessing
 import os
@@ -105,6 +106,10 @@ def _capture_output(write_fd: int) -> None:
     # pytest's capture object, which writes to a file of its own, not to fd 1
     sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), errors="backslashreplace", line_buffering=True)
     sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), errors="backslashreplace", line_buffering=True)
+    if faulthandler.is_enabled():
+        # pytest's faulthandler writes a crash's traceback to a copy of the terminal's stderr: point it here,
+        # so that a run that aborts shows its traceback, escaped, with its result
+        faulthandler.enable(file=sys.stderr)
 
 
 def _child(conn: Connection, out: tuple[int, int], parent: int, fn: Callable[[Any], Any], arg: Any) -> None:

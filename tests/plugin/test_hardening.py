@@ -457,3 +457,32 @@ def test_a_design_that_cannot_be_imported_is_one_line_of_its_own_type_naming_des
                                           f"(at {cli_dir / 'exits_on_import.py'}, line 3)")
     row = next(line for line in out.splitlines() if line.startswith("tiny_match[exits_on_import:fn"))
     assert "DesignImportError: design 'exits_on_import:fn' cannot be imported: SystemExit: 0" in row
+
+
+@linux_only
+def test_sigterm_ends_a_pytest_session_as_ctrl_c_does(harness_pytester, add_scenario):
+    text = (SAMPLES / "tiny_match.toml").read_text()
+    text = text[:text.index("[expect.translate]")].replace(
+        'designs = ["translate", "stale_state", "forward_batch"]', 'designs = ["translate", "escaping_designs:spawns_and_hangs"]'
+    ).replace('modes = ["eager", "full"]', 'modes = ["eager"]').replace("[run]\n", "[run]\ntimeout_s = 600\n")
+    add_scenario("tiny_hangs", text=text + '[expect.translate]\nverdict = "match"\nwhy = "w"\n'
+                 '[expect."escaping_designs:spawns_and_hangs"]\nverdict = "error"\nwhy = "hangs"\n')
+    (harness_pytester.path / "escaping_designs.py").write_text((SAMPLES / "escaping_designs.py").read_text())
+    marker = "304.5"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(harness_pytester.path), *sys.path]),
+           "OMP_NUM_THREADS": "1", "SWA_TEST_MARKER": marker}
+    proc = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", "-p", "no:cacheprovider",
+                             "--harness-json", "r.json"], cwd=harness_pytester.path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert _wait_for(lambda: _with_arg(marker) or proc.poll() is not None, 120)
+        tree = _descendants(proc.pid)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        _kill_marked(marker)
+        proc.kill()
+    assert proc.returncode == pytest.ExitCode.INTERRUPTED, (out, err)
+    doc = json.loads((harness_pytester.path / "r.json").read_text())
+    assert doc["complete"] is False and [r["design"] for r in doc["records"]] == ["translate"]
+    assert not [pid for pid in tree if _alive(pid)]
