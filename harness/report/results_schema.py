@@ -6,7 +6,8 @@ added to a view is checked as soon as it exists), its enum (verdicts, modes, poo
 bounds (counts are non-negative integers; a pool is never larger than a scenario may make it, since a
 report loops over its slots), run names are unique, and the first problem refuses the file with one line
 naming the file, the record and the field. JSON that Python would accept but a results file never
-holds (``NaN``, ``Infinity``, a key twice in one object) is refused when the file is parsed.
+holds (``NaN``, ``Infinity``, a key twice in one object) is kept as a marker when the file is parsed and
+refused where it stands, naming its field.
 
 Fields a later version adds to a record are ignored, as ``CaseView.from_record`` ignores them; inside a
 record's parts (a mismatch, a step) an unknown field is refused, since the view would not accept it.
@@ -37,8 +38,11 @@ COUNT_LIMIT = 1 << 53
 """counts are exact in JSON up to here"""
 _STEP_LIMIT = 1 << 20
 _SEED_MAX = (1 << 63) - 1
-NO_EXPECTATION = "no expectation"
 SKIPPED = "skipped"
+"""the verdict of a case its backend cannot run"""
+NO_EXPECTATION = "no expectation"
+"""``check.case.NO_EXPECTATION``, the expectation of a design nobody stated one for (not imported: reading a
+results file needs nothing of the checking)"""
 
 
 class ResultsFileError(ValueError):

@@ -257,3 +257,10 @@ def test_a_field_added_to_a_view_is_checked_by_its_annotation(sample_views):
         check_document(doc)
     doc["records"][d]["first"]["found_in"] = None
     check_document(doc)
+
+
+def test_the_schema_knows_every_expectation_and_verdict_a_record_can_hold():
+    from harness.check.case import NO_EXPECTATION
+    from harness.report import results_schema
+
+    assert results_schema.NO_EXPECTATION == NO_EXPECTATION

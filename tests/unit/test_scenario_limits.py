@@ -160,8 +160,9 @@ def test_fewer_steps_or_smaller_pools_load(tmp_path):
 def test_the_largest_forward_past_the_bound_is_refused_and_chunking_fixes_it(tmp_path):
     path = tmp_path / "s.toml"
     text = GOOD.replace("full_size = 32\nswa_size = 16\n", "full_size = 8192\nswa_size = 8192\nmax_context_len = 4096\n")
-    path.write_text(text.replace("prompt_len = 5", "prompt_len = 4000"))
+    text = text.replace("prompt_len = 5", "prompt_len = 4000")
+    path.write_text(text)
     (line,) = _problems(path)
     assert ": timeline: the forward of 4000 tokens at step 0 attends over 4096 page-table columns: " in line
-    path.write_text(text.replace("prompt_len = 5", "prompt_len = 4000").replace("seed = 3", "seed = 3\nchunk_size = 256"))
+    path.write_text(text.replace("seed = 3", "seed = 3\nchunk_size = 256"))
     assert load_scenario(path).timeline.chunk_size == 256
