@@ -259,7 +259,7 @@ def test_a_field_added_to_a_view_is_checked_by_its_annotation(sample_views):
     check_document(doc)
 
 
-def test_the_schema_knows_every_expectation_and_verdict_a_record_can_hold():
+def test_the_schema_spells_no_expectation_as_the_cases_do():
     from harness.check.case import NO_EXPECTATION
     from harness.report import results_schema
 
