@@ -30,6 +30,7 @@ from ..serving.faults import FAULTS
 from ..serving.model import PRESETS, ModelSpec
 from ..serving.pool import PoolSpec
 from ..serving.timeline import TimelineSpec
+from .memory import graph_memory_problems
 from .toml_access import toml_key
 
 
@@ -172,6 +173,8 @@ class ScenarioSpec:
                                                f"got {self.model.name!r}"))
         out.extend(serving_problems(model=self.model, pool=self.pool, timeline=self.timeline, graphs=self.graphs,
                                     kv_write=self.kv_write, kv_write_key="run.kv_write", eviction=self.eviction))
+        if not out:  # estimates of sizes that are each within bounds, and only then
+            out.extend(graph_memory_problems(self.model, self.pool, self.graphs, self.modes))
         out.extend(_list_problems("graphs.modes", self.modes, lambda k, v: choice_problem(k, v, Mode)))
         out.extend(_list_problems("run.designs", self.designs, _design_problem))
         out.extend(_list_problems("run.backends", self.backends, _backend_problem))

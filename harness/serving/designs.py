@@ -13,6 +13,7 @@ A third-party design is a function with the same signature named by import path,
 from __future__ import annotations
 
 import importlib
+import traceback
 
 import torch
 
@@ -87,6 +88,11 @@ DESIGNS: dict[str, SWALocDesign] = {
 }
 
 
+class DesignImportError(ImportError):
+    """A design named by import path that cannot be imported or is not a function: one line naming the
+    design and the file where it failed."""
+
+
 def resolve_design(name: str) -> SWALocDesign:
     """A registered design by name, or a third-party one by ``package.module:function``."""
     if name in DESIGNS:
@@ -97,11 +103,33 @@ def resolve_design(name: str) -> SWALocDesign:
         )
     module_name, _, attr = name.partition(":")
     try:
-        fn = getattr(importlib.import_module(module_name), attr)
+        module = importlib.import_module(module_name)
     except KeyboardInterrupt:
         raise
     except BaseException as exc:  # noqa: BLE001 - a module that exits or raises at import is the design's fault
-        raise KeyError(f"design {name!r} cannot be imported: {type(exc).__name__}: {exc}") from None
+        raise DesignImportError(f"design {name!r} cannot be imported: {type(exc).__name__}: "
+                                f"{_one_line(exc)}{_where(exc)}") from None
+    fn = getattr(module, attr, None)
+    where = getattr(module, "__file__", None) or module_name
+    if fn is None:
+        raise DesignImportError(f"design {name!r}: {where} defines no {attr!r}")
     if not callable(fn):
-        raise KeyError(f"design {name!r} is not callable")
+        raise DesignImportError(f"design {name!r} is not callable: {attr} in {where} is {type(fn).__name__}")
     return fn
+
+
+def _one_line(exc: BaseException) -> str:
+    return "; ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+
+
+def _where(exc: BaseException) -> str:
+    """`` (at FILE, line N)`` where the import failed, and the design's own file when that is another."""
+    if isinstance(exc, SyntaxError) and exc.filename:
+        return f" (at {exc.filename}, line {exc.lineno})"
+    frames = [f for f in traceback.extract_tb(exc.__traceback__)
+              if not f.filename.startswith("<") and f.filename != __file__ and "importlib" not in f.filename]
+    if not frames:
+        return ""
+    last, first = frames[-1], frames[0]
+    at = f" (at {last.filename}, line {last.lineno}"
+    return at + (f", imported from {first.filename}, line {first.lineno})" if first is not last else ")")

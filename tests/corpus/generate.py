@@ -41,9 +41,10 @@ def sub(old, new):
 CASES = {
     # parsing
     "bom": ("line 1, column 1: the file starts with a UTF-8 byte-order mark", "\ufeff" + BASE),
-    "not_utf8": ("not UTF-8 text", None),
+    "not_utf8": ("line 2, column 19: not UTF-8 text: invalid continuation byte (byte 0xe9)", None),
     "invalid_toml": ("line 2, column 28: invalid TOML: Illegal character", "description = \"unterminated\n" + BASE.split("\n", 1)[1]),
-    "deep_nesting": ("nested too deeply", BASE + "x = " + "[" * 3000 + "]" * 3000 + "\n"),
+    "deep_nesting": (f"line {BASE.count(chr(10)) + 2}, column 69: invalid TOML: arrays or inline tables nested too "
+                     "deeply", BASE + "x = " + "[" * 3000 + "]" * 3000 + "\n"),
     "duplicate_key": ("invalid TOML: Cannot overwrite a value", sub('swa_size = 32\n', 'swa_size = 32\nswa_size = 33\n')),
     # top level
     "missing_description": ("description: missing required key", sub('description = "one request past the window"\n', "")),
@@ -75,9 +76,23 @@ CASES = {
     "context_past_rope": ("pool.max_context_len: expected at most 4096 (the RoPE cache), got 5000", sub("swa_size = 32\n", "swa_size = 32\nmax_context_len = 5000\n")),
     "kv_cache_too_big": ("pool: the KV buffers need 2048 MiB", sub("full_size = 64\nswa_size = 32\n", "full_size = 1048576\nswa_size = 1048576\n").replace('preset = "gpt-oss-mini"\n', 'preset = "gpt-oss-mini"\nnum_kv_heads = 4\n')),
     "swa_pool_too_small": ("pool.swa_size: too small for the timeline", sub("swa_size = 32", "swa_size = 4")),
+    # what a scenario makes a run allocate, each field within its own bounds
+    "snapshots_too_big": ("pool: every step snapshots both pools whole: 21 steps x 256 MiB",
+                          sub("full_size = 64\nswa_size = 32\n", "full_size = 262144\nswa_size = 262144\n")
+                          .replace("output_len = 3", "output_len = 20")),
+    "forward_too_big": ("timeline: the forward of 4000 tokens at step 0 attends over 4096 page-table columns",
+                        sub("full_size = 64\nswa_size = 32\n", "full_size = 8192\nswa_size = 8192\nmax_context_len = 4096\n")
+                        .replace("prompt_len = 10", "prompt_len = 4000")),
     # graphs
     "mode_typo": ("graphs.modes[1]: expected one of 'eager', 'full', 'piecewise', got 'fulll'", sub('modes = ["eager", "full"]', 'modes = ["eager", "fulll"]')),
     "duplicate_bucket": ("graphs.decode_buckets[1]: duplicate of decode_buckets[0] (2)", sub("decode_buckets = [1, 2]", "decode_buckets = [2, 2]")),
+    "decode_graphs_too_big": ("graphs.decode_buckets: the decode graphs need 9650176 MiB (page tables of 1048576 rows "
+                              "x 4096 columns", sub("decode_buckets = [1, 2]", "decode_buckets = [1048576]")
+                              .replace("swa_size = 32\n", "swa_size = 32\nmax_context_len = 4096\n")),
+    "prefill_capture_too_big": ("graphs.prefill_buckets: capturing the 65536-token bucket attends over 4096 columns",
+                                sub('modes = ["eager", "full"]\ndecode_buckets = [1, 2]',
+                                    'modes = ["eager", "piecewise"]\nprefill_buckets = [8, 65536]')
+                                .replace("swa_size = 32\n", "swa_size = 32\nmax_context_len = 4096\n")),
     "bucket_zero": ("graphs.decode_buckets[0]: expected an integer from 1 to 1048576, got 0", sub("decode_buckets = [1, 2]", "decode_buckets = [0, 2]")),
     "capture_policy": ("graphs.capture: expected one of 'startup', 'on_demand', got 'lazy'", sub("decode_buckets = [1, 2]\n", 'decode_buckets = [1, 2]\ncapture = "lazy"\n')),
     "empty_modes": ("graphs.modes: expected at least one item", sub('modes = ["eager", "full"]', "modes = []")),
