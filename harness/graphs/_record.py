@@ -31,7 +31,7 @@ which a resize keeps.  In record mode every storage stays alive (through a pin,
 a snapshot or the program) so identities stay unique; the cuda engine's capture
 keeps nothing alive and only compares storages within one op.
 
-The protocol around a recorder (warm-up, islands, outputs) is in ``_protocol.py``.
+The warm-up routine is in ``_warm_up.py``; islands' and captured callables' outputs in ``_islands.py``.
 """
 
 from __future__ import annotations

@@ -75,8 +75,8 @@ class CaptureError(RuntimeError):
 
 
 
-class Recorder(Protocol):
-    """What the rules read of the recorder running on this thread (``_record.Recorder``)."""
+class CaptureContext(Protocol):
+    """What the rules read of the capture running on this thread (a ``_record.Recorder``)."""
 
     cpu_only_syncs: int
     _paused: int
@@ -108,7 +108,7 @@ def user_location() -> str:
     return f"{shown}:{frame.f_lineno}: {code}"
 
 
-Predicate = Callable[[tuple[Any, ...], dict[str, Any], Recorder], bool]
+Predicate = Callable[[tuple[Any, ...], dict[str, Any], CaptureContext], bool]
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,7 +134,7 @@ def _arg(args: tuple[Any, ...], kwargs: dict[str, Any], pos: int, name: str, def
 # ---------------------------------------------------------------- the device model
 
 
-def _host_scalar(value: Any, self: torch.Tensor, rec: Recorder) -> bool:
+def _host_scalar(value: Any, self: torch.Tensor, rec: CaptureContext) -> bool:
     """A value the op reads on the host: a CPU tensor next to a device tensor, or a Python number."""
     if not isinstance(value, torch.Tensor):
         return True
@@ -171,20 +171,20 @@ def _host_index(index: object) -> bool:
 # ---------------------------------------------------------------- predicates
 
 
-def _cpu_check_outside_allowance(args: tuple[Any, ...], kwargs: dict[str, Any], rec: Recorder) -> bool:
+def _cpu_check_outside_allowance(args: tuple[Any, ...], kwargs: dict[str, Any], rec: CaptureContext) -> bool:
     return not (rec.cpu_only_syncs and args[0].device.type == "cpu")
 
 
-def _repeat_interleave_unsized(args: tuple[Any, ...], kwargs: dict[str, Any], rec: Recorder) -> bool:
+def _repeat_interleave_unsized(args: tuple[Any, ...], kwargs: dict[str, Any], rec: CaptureContext) -> bool:
     repeats_tensor = isinstance(args[0], torch.Tensor) and (len(args) == 1 or isinstance(args[1], torch.Tensor))
     return repeats_tensor and kwargs.get("output_size") is None
 
 
-def _mask_index(args: tuple[Any, ...], kwargs: dict[str, Any], rec: Recorder) -> bool:
+def _mask_index(args: tuple[Any, ...], kwargs: dict[str, Any], rec: CaptureContext) -> bool:
     return any(_is_mask(i) for i in args[1])
 
 
-def _mask_put_needs_nonzero(args: tuple[Any, ...], kwargs: dict[str, Any], rec: Recorder) -> bool:
+def _mask_put_needs_nonzero(args: tuple[Any, ...], kwargs: dict[str, Any], rec: CaptureContext) -> bool:
     self, indices, value = args[0], args[1], args[2]
     if not any(_is_mask(i) for i in indices):
         return False
@@ -202,45 +202,45 @@ def _mask_put_needs_nonzero(args: tuple[Any, ...], kwargs: dict[str, Any], rec: 
     return not masked_fill_path
 
 
-def _device_fill_value(args: tuple[Any, ...], kwargs: dict[str, Any], rec: Recorder) -> bool:
+def _device_fill_value(args: tuple[Any, ...], kwargs: dict[str, Any], rec: CaptureContext) -> bool:
     value = args[2]
     return isinstance(value, torch.Tensor) and not _host_scalar(value, args[0], rec)
 
 
-def _histc_without_range(args: tuple[Any, ...], kwargs: dict[str, Any], rec: Recorder) -> bool:
+def _histc_without_range(args: tuple[Any, ...], kwargs: dict[str, Any], rec: CaptureContext) -> bool:
     return _arg(args, kwargs, 2, "min", 0) == _arg(args, kwargs, 3, "max", 0) and args[0].numel() > 0
 
 
-def _to_host(args: tuple[Any, ...], kwargs: dict[str, Any], rec: Recorder) -> bool:
+def _to_host(args: tuple[Any, ...], kwargs: dict[str, Any], rec: CaptureContext) -> bool:
     device = kwargs.get("device")
     return device is not None and args[0].device.type == "cuda" and torch.device(device).type == "cpu"
 
 
-def _copy_to_host(args: tuple[Any, ...], kwargs: dict[str, Any], rec: Recorder) -> bool:
+def _copy_to_host(args: tuple[Any, ...], kwargs: dict[str, Any], rec: CaptureContext) -> bool:
     return args[0].device.type == "cpu" and isinstance(args[1], torch.Tensor) and args[1].device.type == "cuda"
 
 
-def _tensor_to_host_string(args: tuple[Any, ...], kwargs: dict[str, Any], rec: Recorder) -> bool:
+def _tensor_to_host_string(args: tuple[Any, ...], kwargs: dict[str, Any], rec: CaptureContext) -> bool:
     device = kwargs.get("device", args[1] if len(args) > 1 else None)
     return isinstance(device, str) and torch.device(device).type == "cpu"
 
 
 def _python_data(pos: int, name: str) -> Predicate:
-    def when(args: tuple[Any, ...], kwargs: dict[str, Any], rec: Recorder) -> bool:
+    def when(args: tuple[Any, ...], kwargs: dict[str, Any], rec: CaptureContext) -> bool:
         return not isinstance(_arg(args, kwargs, pos, name), torch.Tensor)
 
     return when
 
 
-def _getitem_host_data(args: tuple[Any, ...], kwargs: dict[str, Any], rec: Recorder) -> bool:
+def _getitem_host_data(args: tuple[Any, ...], kwargs: dict[str, Any], rec: CaptureContext) -> bool:
     return _host_index(args[1])
 
 
-def _setitem_host_data(args: tuple[Any, ...], kwargs: dict[str, Any], rec: Recorder) -> bool:
+def _setitem_host_data(args: tuple[Any, ...], kwargs: dict[str, Any], rec: CaptureContext) -> bool:
     return _host_index(args[1]) or _host_sequence(args[2])
 
 
-def _one_hot_sized(args: tuple[Any, ...], kwargs: dict[str, Any], rec: Recorder) -> bool:
+def _one_hot_sized(args: tuple[Any, ...], kwargs: dict[str, Any], rec: CaptureContext) -> bool:
     return _arg(args, kwargs, 1, "num_classes", -1) >= 1
 
 
@@ -366,7 +366,7 @@ def _default_generator(gen: Any) -> bool:
 
 
 def check_op(func: Any, rule: Rule | None, gen_pos: int | None, args: tuple[Any, ...], kwargs: dict[str, Any],
-             rec: Recorder) -> None:
+             rec: CaptureContext) -> None:
     """Raise ``CaptureError`` if CUDA stream capture refuses this aten call."""
     if rule is not None and (rule.when is None or rule.when(args, kwargs, rec)):
         raise CaptureError(str(func), user_location(), rule.why)

@@ -2,7 +2,7 @@
 
 Capture follows what serving engines do:
 
-1. Warm-up: the protocol shared with the tape (``_protocol.warm_up``), run on a
+1. Warm-up: the protocol shared with the tape (``_warm_up.warm_up``), run on a
    side stream: ``WARMUP_RUNS`` eager runs (lazy init, cuBLAS workspaces and
    allocator growth must not happen inside capture) under a rehearsing
    ``Recorder``.  Refused ops raise the same ``CaptureError`` as the tape engine,
@@ -36,15 +36,9 @@ from typing import Any
 import torch
 
 from ._audit import StaleWatch, build_audit
-from ._protocol import (
-    WarmIslands,
-    island_identity,
-    island_runner,
-    no_cycle_collection,
-    static_outputs,
-    warm_up,
-)
+from ._islands import island_runner, static_outputs
 from ._record import IslandStep, Recorder, poison_storage, storage_key
+from ._warm_up import WarmIslands, island_identity, no_cycle_collection, warm_up
 from .engine import InputAudit, StaleInput
 
 __all__ = ["CudaEngine", "CudaGraph"]

@@ -10,7 +10,7 @@ is *memory* (the bytes at an address) is live.  The tape reproduces exactly that
 split by recording aten ops and replaying them on the memory they touched.
 
 Capture follows the protocol of the ``cuda`` engine and of serving engines'
-graph runners.  First ``WARMUP_RUNS`` eager runs (``_protocol.warm_up``), checked
+graph runners.  First ``WARMUP_RUNS`` eager runs (``_warm_up.warm_up``), checked
 like capture, their writes to pre-existing tensors undone, islands run eagerly.
 A program that caches something in Python during warm-up (a memo keyed on a
 tensor's ``data_ptr``) then captures against that cache, and the tape freezes
@@ -94,14 +94,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ._audit import StaleWatch, build_audit
-from ._protocol import (
-    WarmIslands,
-    island_outputs,
-    island_runner,
-    no_cycle_collection,
-    static_outputs,
-    warm_up,
-)
+from ._islands import island_outputs, island_runner, static_outputs
 from ._record import (
     IslandStep,
     OpStep,
@@ -111,6 +104,7 @@ from ._record import (
     poison_storage,
     storage_key,
 )
+from ._warm_up import WarmIslands, no_cycle_collection, warm_up
 from .engine import InputAudit, StaleInput
 
 __all__ = ["TapeEngine", "TapeGraph"]

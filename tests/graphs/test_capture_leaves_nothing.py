@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from harness.graphs._protocol import WARMUP_RUNS
+from harness.graphs._warm_up import WARMUP_RUNS
 
 from ._helpers import ENGINES, capture, sync
 

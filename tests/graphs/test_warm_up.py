@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from harness.graphs import CaptureError, eager_island
-from harness.graphs._protocol import WARMUP_RUNS
+from harness.graphs._warm_up import WARMUP_RUNS
 
 from ._helpers import ENGINES, capture, no_modes_active, sync
 
