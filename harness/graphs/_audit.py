@@ -484,6 +484,8 @@ def build_audit(
     inputs: Iterable[torch.Tensor],
     roots: Mapping[str, object],
     static_inputs: Iterable[torch.Tensor],
+    *,
+    notes: Iterable[str] = (),
 ) -> tuple[InputAudit, StaleWatch]:
     static = list(static_inputs)
     static_ids = {id(t) for t in static}
@@ -531,4 +533,4 @@ def build_audit(
             base_path = base[0] + _index_text(b.held, t)
             leaves.append(_Leaf(base_path, b.root, b.steps, tuple(_getter(s) for s in b.steps), b.held, describe(t),
                                 watch(b.held, base[0])))
-    return InputAudit(inputs=tuple(entries)), StaleWatch(leaves, tensors, layouts)
+    return InputAudit(inputs=tuple(entries), notes=tuple(notes)), StaleWatch(leaves, tensors, layouts)

@@ -12,7 +12,8 @@ from typing import Any
 
 import torch
 
-from ._record import IslandStep, replaying_island
+from ._cuda_queries import replaying_island
+from ._record import IslandStep
 
 
 def island_outputs(fn: Callable[..., Any], result: Any) -> tuple[tuple[torch.Tensor, ...], bool]:

@@ -45,6 +45,7 @@ from typing import Any, NamedTuple
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from ._cuda_queries import AVAILABILITY
 from ._refusals import FUNCTION_HOOKS, HOOKS, Rule, _tls, check_op, op_rule
 
 StorageKey = int
@@ -255,6 +256,8 @@ class Recorder:
         # record: pin id -> serial of the program tensor it stands for (one name per tensor in traces).
         self.serial_of_pin: dict[int, int] = {}
         self.cpu_only_syncs = 0
+        # what a capture could not model and says instead of staying silent (_cuda_queries), in order, once each
+        self.notes: list[str] = []
         self._seen: dict[int, _Seen] = {}
         self._keys: set[StorageKey] = set()  # record: every storage seen, so "never seen" means fresh
         self._constants: dict[int, torch.Tensor] = {}
@@ -287,6 +290,10 @@ class Recorder:
             yield
         finally:
             self._paused -= 1
+
+    def note(self, text: str) -> None:
+        if text not in self.notes:
+            self.notes.append(text)
 
     def is_constant(self, t: torch.Tensor) -> bool:
         """A scalar the program wrote as a Python number (a graph constant on the host)."""
@@ -521,36 +528,4 @@ class _OpHook(TorchDispatchMode):
         return self._on_op(func, args, kwargs or {})
 
 
-# ---------------------------------------------------------------- torch.cuda.is_current_stream_capturing
-
-
-def _capture_query(original: Callable[[], bool]) -> Callable[[], bool]:
-    def is_current_stream_capturing() -> bool:
-        rec = getattr(_tls, "recorder", None)
-        if rec is not None:
-            return rec.capturing and not rec._paused
-        if getattr(_tls, "replaying", 0):
-            return False
-        return original()
-
-    is_current_stream_capturing.__doc__ = original.__doc__
-    return is_current_stream_capturing
-
-
-# Both names the query is reachable by; a program that imported the function itself is not reached.
-CAPTURE_QUERY = (
-    HOOKS.add(torch.cuda, "is_current_stream_capturing", _capture_query),
-    HOOKS.add(torch.cuda.graphs, "is_current_stream_capturing", _capture_query),
-)
-_ACTIVE_PATCHES = FUNCTION_HOOKS + CAPTURE_QUERY
-
-
-@contextmanager
-def replaying_island() -> Iterator[None]:
-    """While a replay runs an island's Python, the capture query answers False, as on a device (and on CPU-only torch)."""
-    _tls.replaying = getattr(_tls, "replaying", 0) + 1
-    try:
-        with HOOKS.held(CAPTURE_QUERY):
-            yield
-    finally:
-        _tls.replaying -= 1
+_ACTIVE_PATCHES = FUNCTION_HOOKS + (AVAILABILITY,)

@@ -97,6 +97,12 @@ def user_location() -> str:
         frame = frame.f_back
     if frame is None:
         return "<unknown>"
+    return frame_location(frame)
+
+
+def frame_location(frame: Any) -> str:
+    """``file:line: code`` of a frame, the file relative to the working directory when it lies below it."""
+    filename = frame.f_code.co_filename
     code = linecache.getline(filename, frame.f_lineno).strip()
     shown = filename
     try:

@@ -194,7 +194,7 @@ class CudaEngine:
                     poison_storage(t)
         _cuda.synchronize()
 
-        audit, watch = build_audit(tuple(rec.inputs.values()), roots, static)
+        audit, watch = build_audit(tuple(rec.inputs.values()), roots, static, notes=rec.notes)
         return CudaGraph(
             label=label,
             audit=audit,

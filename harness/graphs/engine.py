@@ -71,6 +71,9 @@ class InputAudit:
     """Every tensor a graph reads that capture did not allocate, in first-read order."""
 
     inputs: tuple[GraphInput, ...]
+    notes: tuple[str, ...] = ()
+    """what the engine could not model of this capture and says instead of staying silent: a
+    capture-query guard that cannot see the capture on a machine without CUDA (``file:line: code: why``)"""
 
     @property
     def unregistered(self) -> tuple[GraphInput, ...]:

@@ -605,7 +605,7 @@ class TapeEngine:
             rec.restore()
         del result
         inputs = tuple(rec.inputs.values())
-        audit, watch = build_audit(inputs, roots, static)
+        audit, watch = build_audit(inputs, roots, static, notes=rec.notes)
         compiled = _compile(rec)
         serials = dict(rec.serial_of_pin)
         for step in rec.steps:
