@@ -6,12 +6,11 @@ Python-level calls that dispatch no op of their own (``_refusals.HOOKS``).  It
 
 * checks every call against what CUDA refuses during stream capture
   (``_refusals.TABLE``), raising ``CaptureError`` with the user's source line;
-* undoes writes to storages that existed before it started (``undo``).  A
-  warm-up is a *rehearsal*: it also puts back the layout of tensors an op
-  resized or re-strided, and poisons storage an op grew, so that every warm-up
-  leaves pre-existing tensors exactly as it found them.  A capture only rolls
-  back contents (on CUDA a resize at capture really happens; its new memory is
-  graph memory, so it is poisoned);
+* with ``undo`` (a capture: capture does not compute), undoes writes to
+  storages that existed before it started.  It rolls back contents only: on
+  CUDA a resize at capture really happens, and its new memory is graph memory,
+  so it is poisoned.  A warm-up runs without ``undo`` or ``track``: its runs are
+  real eager runs, checked, and what they write stays written;
 * tracks which tensors it produced and which it read (the graph's inputs, for
   the input audit) and which storages ops allocated (``fresh``, poisoned after
   capture);
@@ -236,13 +235,13 @@ class Recorder:
         self,
         *,
         undo: bool = False,
-        rehearsal: bool = False,
+        track: bool = True,
         record: bool = False,
         capturing: bool = False,
         island_impl: IslandImpl | None = None,
     ) -> None:
-        self.undo = undo or rehearsal
-        self.rehearsal = rehearsal
+        self.undo = undo
+        self.track = track or record
         self.record = record
         self.capturing = capturing
         self.island_impl = island_impl
@@ -262,7 +261,6 @@ class Recorder:
         self._keys: set[StorageKey] = set()  # record: every storage seen, so "never seen" means fresh
         self._constants: dict[int, torch.Tensor] = {}
         self._snapshots: dict[StorageKey, tuple[torch.UntypedStorage, torch.Tensor, torch.dtype]] = {}
-        self._layouts: dict[int, tuple[torch.Tensor, torch.UntypedStorage, int, tuple[int, ...], tuple[int, ...]]] = {}
         self._serial = 0
         self._paused = 0
 
@@ -300,23 +298,16 @@ class Recorder:
         return self._constants.get(id(t)) is t
 
     def restore(self) -> None:
-        """Undo writes to storages that existed before recording (and, rehearsing, their layouts)."""
+        """Undo writes to storages that existed before recording."""
         with torch.no_grad():
             for storage, saved, dtype in self._snapshots.values():
                 old, now = saved.numel(), storage.nbytes()
                 whole = torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
                 if now == old:
                     whole.copy_(saved)
-                elif self.rehearsal:  # put the old bytes back; what the op added is poison
-                    n = min(now, old)
-                    whole[:n].copy_(saved[:n])
-                    poison_bytes(storage, dtype, n)
                 else:  # an op at capture moved this storage into graph memory: nothing computed stays
                     poison_bytes(storage, dtype)
-            for t, storage, offset, size, stride in self._layouts.values():
-                t.set_(storage, offset, size, stride)
         self._snapshots.clear()
-        self._layouts.clear()
 
     # -- bookkeeping
 
@@ -380,7 +371,7 @@ class Recorder:
         e = self._seen.get(id(t))
         return e[_SERIAL] if e is not None and e[_REF]() is t else None
 
-    def _before_write(self, t: torch.Tensor, info: OpInfo) -> None:
+    def _before_write(self, t: torch.Tensor) -> None:
         key = storage_key(t)
         if key is None or key in self.fresh:
             return
@@ -388,9 +379,6 @@ class Recorder:
             storage = t.untyped_storage()
             whole = torch.empty(0, dtype=torch.uint8, device=t.device).set_(storage)
             self._snapshots[key] = (storage, whole.clone(), t.dtype)
-        if self.rehearsal and info.relayouts and id(t) not in self._layouts:
-            # a tensor over storage that existed before warm-up: its layout is put back with its bytes
-            self._layouts[id(t)] = (t, t.untyped_storage(), t.storage_offset(), tuple(t.shape), t.stride())
 
     # -- hooks
 
@@ -407,30 +395,19 @@ class Recorder:
             written = written_tensors(info, args, kwargs)
             if self.undo:
                 for t in written:
-                    self._before_write(t, info)
+                    self._before_write(t)
         out = info.call(*args, **kwargs)
         if info.lift:
             for t in _tensor_args(args, kwargs):
                 self._constants[id(t)] = t
         if self.record:
             self._record(func, info, args, kwargs, out, written)
-        elif self.rehearsal:
-            self._note_fresh(args, kwargs, out)
-        else:
+        elif self.track:
             self._observe(args, kwargs, out)
         return out
 
-    def _note_fresh(self, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
-        """Warm-up only needs to know which storages its ops allocated (they need no undo)."""
-        in_keys = {storage_key(t) for t in _tensor_args(args, kwargs)}
-        for o in (out,) if isinstance(out, _Tensor) else flat_outputs(out):
-            if isinstance(o, _Tensor):
-                key = storage_key(o)
-                if key is not None and key not in in_keys:
-                    self.fresh[key] = None
-
     def _observe(self, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
-        """Inputs and fresh outputs without recording (cuda capture, warm-up): nothing is kept alive."""
+        """Inputs and fresh outputs without recording (cuda capture): nothing is kept alive."""
         seen = self._seen
         in_keys = set()
         for t in _tensor_args(args, kwargs):
@@ -506,9 +483,10 @@ class Recorder:
     def run_island(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if self._paused or self.island_impl is None:  # an island inside an island is plain code
             return fn(*args, **kwargs)
-        with self.paused():
-            for t in flat_tensors((args, kwargs)):
-                self._take(t)
+        if self.track:
+            with self.paused():
+                for t in flat_tensors((args, kwargs)):
+                    self._take(t)
         return self.island_impl(self, fn, args, kwargs)
 
 

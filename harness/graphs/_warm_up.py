@@ -1,11 +1,15 @@
 """The warm-up routine both engines run before capture.
 
-``warm_up`` is the warm-up protocol both engines run before capture, as serving
-engines' graph runners do (SGLang's and vLLM's run the function eagerly twice):
-``WARMUP_RUNS`` eager runs under a rehearsing ``Recorder``, checked like capture,
-islands run eagerly, and afterwards every pre-existing tensor exactly as it was.
-Whatever the program caches in Python during warm-up (a memo keyed on a tensor's
-``data_ptr``) is then part of the world capture sees, and a graph freezes it.
+``warm_up`` runs the program ``WARMUP_RUNS`` times eagerly before capture, as serving
+engines' graph runners do (SGLang's and vLLM's run the function twice, so lazy
+initialization, workspace growth and first-use caches happen outside the graph).  The
+runs are real: what they write stays written, as it does on a device, so Python state
+a run sets (a memo keyed on a tensor's ``data_ptr``, a flag saying a pre-allocated table
+is filled) agrees with the tensors capture then finds, and a graph freezes that world.
+Each run is checked like capture (a refused op raises ``CaptureError`` before any
+capture opens) and runs its islands eagerly.  A caller that captures in the middle of a
+run (a bucket captured on demand) protects live state with its capture batch, whose
+padding rows write only the dummy slot, as a real runner's do; nothing is undone.
 """
 
 from __future__ import annotations
@@ -63,13 +67,10 @@ def island_identity(fn: Callable[..., Any]) -> Any:
 
 
 def warm_up(fn: Callable[[], object], islands: WarmIslands | None) -> None:
-    """Run ``fn`` ``WARMUP_RUNS`` times as a rehearsal: checked, islands eager, pre-existing tensors restored."""
-    rec = Recorder(rehearsal=True, island_impl=islands)
-    try:
-        for _ in range(WARMUP_RUNS):
-            if islands is not None:
-                islands.start_run()
-            with rec.active():
-                static_outputs(fn())
-    finally:
-        rec.restore()
+    """Run ``fn`` ``WARMUP_RUNS`` times for real: checked, islands eager, every write kept."""
+    rec = Recorder(track=False, island_impl=islands)
+    for _ in range(WARMUP_RUNS):
+        if islands is not None:
+            islands.start_run()
+        with rec.active():
+            static_outputs(fn())
