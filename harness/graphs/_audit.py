@@ -26,8 +26,10 @@ from the previous replay is a report built (``StaleInput``):
   program refreshes the graph's buffer and only keeps another tensor under the
   name.  Otherwise it is a finding: nothing
   refreshes what the graph reads.
-* ``kind="memory"``: the captured tensor's storage, storage offset, size or
-  stride differs from capture (``changed`` says which).
+* ``kind="memory"``: the captured tensor's storage, storage offset or strides
+  differ from capture (``changed`` says which, sizes included).  Sizes alone
+  are no finding: a tensor trimmed or grown with ``resize_`` inside its
+  storage's capacity keeps its memory, and the graph reads the rows it captured.
 
 A re-pointing that changes neither the data pointer nor the version counter
 (``t.data = t.t()``: same address, new strides, and ``.data`` assignment bumps no
@@ -393,7 +395,20 @@ def _layout(path: str, t: torch.Tensor) -> _Layout:
     return _Layout(path, storage_key(t), t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride())
 
 
+def _same_memory(was: _Layout, now: _Layout) -> bool:
+    """Whether each element index both layouts hold lands on the same address (sizes may differ).
+
+    A tensor trimmed or grown with ``resize_`` inside its storage's capacity keeps its storage,
+    offset and strides: the program's rows are the graph's rows, only fewer or more of them.
+    """
+    return (was.key == now.key and was.storage_ptr == now.storage_ptr and was.offset == now.offset
+            and len(was.size) == len(now.size)
+            and all(a == b for a, b, m, n in zip(was.stride, now.stride, was.size, now.size) if m > 1 and n > 1))
+
+
 def _changes(was: _Layout, now: _Layout) -> str:
+    if _same_memory(was, now):
+        return ""
     found = []
     if was.key != now.key:
         found.append(f"storage {was.storage_ptr:#x} -> {now.storage_ptr:#x} (another storage)")

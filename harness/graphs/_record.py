@@ -141,6 +141,7 @@ class OpInfo:
     lift: bool  # turns a Python scalar into a tensor (a graph constant)
     alloc: bool  # only allocates (empty*, new_empty*)
     returns: bool  # has a return value (an op without one acts by its effect: an assert)
+    has_out: bool  # an ``out=`` overload: it writes its whole output, after resizing it if need be
 
 
 # Keyed by id: OpOverload.__hash__ is Python code, and overloads live as long as the process.
@@ -160,7 +161,8 @@ def op_info(func: Any) -> OpInfo:
         relayouts = inplace_view or any(a.is_out for a in args) or (bool(writes) and not schema.returns)
         alloc = schema.name.split("::", 1)[-1].startswith(("empty", "new_empty"))
         info = OpInfo(func, getattr(func, "_op", func), schema.name, writes, inplace_view, relayouts,
-                      op_rule(schema.name), gen_pos, seeded, schema.name in _LIFT_OPS, alloc, bool(schema.returns))
+                      op_rule(schema.name), gen_pos, seeded, schema.name in _LIFT_OPS, alloc, bool(schema.returns),
+                      any(a.is_out for a in args))
         _INFO_CACHE[id(func)] = info
     return info
 
@@ -223,6 +225,8 @@ _Seen = tuple[weakref.ref, bool, "torch.Tensor | None", int, "StorageKey | None"
 _REF, _PRODUCED, _PIN, _SERIAL, _KEY = range(5)
 _Tensor = torch.Tensor
 _ref = weakref.ref
+_COPY = torch.ops.aten.copy_.default
+_below_inplace_view = torch._C._AutoDispatchBelowADInplaceOrView
 
 
 # ---------------------------------------------------------------- recorder
@@ -254,6 +258,12 @@ class Recorder:
         self.pins_by_key: dict[StorageKey, list[torch.Tensor]] = {}
         # record: pin id -> serial of the program tensor it stands for (one name per tensor in traces).
         self.serial_of_pin: dict[int, int] = {}
+        # record: storages an op reallocated during capture, and the stand-ins for their old blocks
+        # (memory of the tape's own that the steps recorded before the op keep reading and writing)
+        self.relocated: set[StorageKey] = set()
+        self.old_block_keys: set[StorageKey] = set()
+        self.block_copies: set[int] = set()  # indices of the steps that copy an old block into its new one
+        self._old_blocks: list[tuple[torch.UntypedStorage, torch.dtype]] = []
         self.cpu_only_syncs = 0
         # what a capture could not model and says instead of staying silent (_cuda_queries), in order, once each
         self.notes: list[str] = []
@@ -307,6 +317,8 @@ class Recorder:
                     whole.copy_(saved)
                 else:  # an op at capture moved this storage into graph memory: nothing computed stays
                     poison_bytes(storage, dtype)
+            for storage, dtype in self._old_blocks:  # the allocator freed them when the op reallocated
+                poison_bytes(storage, dtype)
         self._snapshots.clear()
 
     # -- bookkeeping
@@ -391,20 +403,82 @@ class Recorder:
         if info.rule is not None or info.gen_pos is not None:
             check_op(func, info.rule, info.gen_pos, args, kwargs, self)
         written = None
+        memory = None
         if info.writes:
             written = written_tensors(info, args, kwargs)
             if self.undo:
                 for t in written:
                     self._before_write(t)
+            if self.record and info.relayouts:
+                memory = [(t, storage_key(t), t.untyped_storage().data_ptr(), t.untyped_storage().nbytes())
+                          for t in written]
         out = info.call(*args, **kwargs)
         if info.lift:
             for t in _tensor_args(args, kwargs):
                 self._constants[id(t)] = t
         if self.record:
+            moved = self._reallocated(memory) if memory else None
             self._record(func, info, args, kwargs, out, written)
+            if moved and not info.has_out:
+                self._record_block_copies(moved)
         elif self.track:
             self._observe(args, kwargs, out)
         return out
+
+    # -- storages reallocated during capture
+
+    def _reallocated(self, memory: list[tuple[torch.Tensor, StorageKey | None, int, int]]
+                     ) -> list[tuple[torch.Tensor, StorageKey, torch.Tensor, int]]:
+        """Storages the op just reallocated (a ``resize_`` past capacity), their earlier pins moved to stand-ins.
+
+        On CUDA the kernels captured before the op keep the old block's address; the allocator frees
+        that block at the op, so the graph's later reads of it find whatever was put there (poison, here).
+        """
+        moved = []
+        done: set[StorageKey] = set()
+        for t, key, ptr, nbytes in memory:
+            if key is None or key in done or nbytes == 0 or storage_key(t) != key:
+                continue  # set_ binds another storage: earlier pins keep the old one by themselves
+            storage = t.untyped_storage()
+            if storage.data_ptr() == ptr and storage.nbytes() == nbytes:
+                continue
+            done.add(key)
+            old = torch.empty(nbytes, dtype=torch.uint8, device=t.device)
+            old_key = storage_key(old)
+            assert old_key is not None
+            with torch.no_grad(), _below_inplace_view():
+                for pin in self.pins_by_key.pop(key, []):
+                    pin.set_(old.untyped_storage(), pin.storage_offset(), pin.size(), pin.stride())
+                    self._pinned(pin, old_key, self.serial_of_pin[id(pin)])
+            for tid, e in list(self._seen.items()):  # later ops see live tensors over the storage at its new block
+                obj = e[_REF]()
+                if e[_KEY] == key and e[_PIN] is not None and obj is not None:
+                    pin = obj.detach()
+                    self._pinned(pin, key, e[_SERIAL])
+                    self._seen[tid] = (e[_REF], e[_PRODUCED], pin, e[_SERIAL], key)
+            if key in self.fresh:  # graph memory either way: the new block is poisoned after capture too
+                self.fresh[key] = self._seen[id(t)][_PIN] if id(t) in self._seen else t.detach()
+            self.relocated.update((key, old_key))
+            self.old_block_keys.add(old_key)
+            self._old_blocks.append((old.untyped_storage(), t.dtype))
+            moved.append((t, key, old, nbytes))
+        return moved
+
+    def _record_block_copies(self, moved: list[tuple[torch.Tensor, StorageKey, torch.Tensor, int]]) -> None:
+        """The device-to-device copy of each old block into the head of the new one (CUDA's ``resize_bytes_cuda``)."""
+        for t, key, old, nbytes in moved:
+            storage = t.untyped_storage()
+            n = min(nbytes, storage.nbytes())
+            serial = self._seen[id(t)][_SERIAL]
+            src = old[:n]
+            dst = torch.empty(0, dtype=torch.uint8, device=t.device).set_(storage, 0, (n,), (1,))
+            old_key = storage_key(old)
+            assert old_key is not None
+            self._pinned(src, old_key, serial)
+            self._pinned(dst, key, serial)
+            self.block_copies.add(len(self.steps))
+            self.steps.append(OpStep(_COPY, op_info(_COPY), (dst, src), {}, (dst,), (False,), (key, old_key), (key,),
+                                     (key,)))
 
     def _observe(self, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
         """Inputs and fresh outputs without recording (cuda capture): nothing is kept alive."""

@@ -47,8 +47,9 @@ class StaleInput:
 
     ``kind="rebound"``: the attribute at ``path`` now holds another object, while the graph
     keeps reading the tensor it captured.  ``kind="memory"``: the captured tensor itself now
-    has another storage, storage offset, size or stride, while the graph keeps reading the
-    memory and layout it captured.
+    has another storage (or its storage was reallocated), storage offset or stride, while the
+    graph keeps reading the memory and layout it captured (a size change inside the storage's
+    capacity moves no memory and is not reported).
     """
 
     path: str

@@ -94,6 +94,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ._audit import StaleWatch, build_audit
+from ._homes import Homes
 from ._islands import island_outputs, island_runner, static_outputs
 from ._record import (
     IslandStep,
@@ -436,11 +437,13 @@ class _Compiled:
     segments: tuple[_Segment, ...]
     notes: tuple[str, ...]
     reused: dict[int, list[torch.Tensor]]
+    homes: Homes
 
 
 def _compile(rec: Recorder) -> _Compiled:
     steps = rec.steps
-    private = set(rec.fresh) - rec.held_keys()
+    # storages reallocated during capture stay where they are: steps on both sides of the op bind them
+    private = set(rec.fresh) - rec.held_keys() - rec.relocated
     kinds = ["island" if isinstance(step, IslandStep) else _plan_kind(step) for step in steps]
     _drop_dead(steps, kinds, private)
     reused = _reuse_memory(rec, steps, kinds, private)
@@ -460,7 +463,11 @@ def _compile(rec: Recorder) -> _Compiled:
             ops.append(_plan_call(step, kind))
     if ops or not segments:
         segments.append((tuple(ops), None))
-    return _Compiled(tuple(segments), tuple(kinds), reused)
+    watched = {k for k in (storage_key(t) for t in rec.inputs.values()) if k is not None}
+    homes = Homes(rec.pins_by_key, skip=private | rec.old_block_keys, watched=watched, captured=rec.fresh)
+    notes = tuple(f"{kind}: the old block into the reallocated one" if i in rec.block_copies else kind
+                  for i, kind in enumerate(kinds))
+    return _Compiled(tuple(segments), notes, reused, homes)
 
 
 # ---------------------------------------------------------------- trace text
@@ -529,6 +536,8 @@ class TapeGraph:
         self._segments = compiled.segments
         self._notes = compiled.notes
         self._reused = compiled.reused
+        self._homes = compiled.homes
+        self._check_homes = compiled.homes.checks_every_replay
         self._steps = steps
         self._serials = serials
         self._input_names = input_names
@@ -541,6 +550,8 @@ class TapeGraph:
 
     def replay(self) -> tuple[StaleInput, ...]:
         stale = self._watch.check()
+        if stale or self._check_homes:
+            self._homes.before_replay(any(st.kind == "memory" for st in stale))
         for ops, island in self._segments:
             with _below_autograd():
                 for call, args, kwargs in ops:
