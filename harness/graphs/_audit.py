@@ -501,6 +501,7 @@ def build_audit(
     static_inputs: Iterable[torch.Tensor],
     *,
     notes: Iterable[str] = (),
+    rerun_ops: Iterable[str] = (),
 ) -> tuple[InputAudit, StaleWatch]:
     static = list(static_inputs)
     static_ids = {id(t) for t in static}
@@ -548,4 +549,5 @@ def build_audit(
             base_path = base[0] + _index_text(b.held, t)
             leaves.append(_Leaf(base_path, b.root, b.steps, tuple(_getter(s) for s in b.steps), b.held, describe(t),
                                 watch(b.held, base[0])))
-    return InputAudit(inputs=tuple(entries), notes=tuple(notes)), StaleWatch(leaves, tensors, layouts)
+    audit = InputAudit(inputs=tuple(entries), notes=tuple(notes), rerun_ops=tuple(rerun_ops))
+    return audit, StaleWatch(leaves, tensors, layouts)

@@ -142,11 +142,32 @@ class OpInfo:
     alloc: bool  # only allocates (empty*, new_empty*)
     returns: bool  # has a return value (an op without one acts by its effect: an assert)
     has_out: bool  # an ``out=`` overload: it writes its whole output, after resizing it if need be
+    custom: bool  # not an ATen or prims op (torch.library): recorded through its body
+    implicit: bool  # has a CompositeImplicitAutograd kernel and no explicit composite one
 
 
 # Keyed by id: OpOverload.__hash__ is Python code, and overloads live as long as the process.
 _INFO_CACHE: dict[int, OpInfo] = {}
 _LIFT_OPS = frozenset({"aten::lift_fresh", "aten::lift_fresh_copy"})
+_BUILTIN_NAMESPACES = frozenset({"aten", "prims", "prim"})
+_has_kernel = torch._C._dispatch_has_kernel_for_dispatch_key
+_DECOMPOSES: dict[tuple[int, str], bool] = {}
+
+
+def _runs_its_composite(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether the backend of the call's tensors runs the op's CompositeImplicitAutograd kernel.
+
+    Such an op reaches a dispatch mode only when autograd is excluded (inside a custom op's kernel,
+    under ``torch.inference_mode``); above autograd the dispatcher decomposes it before the mode.
+    """
+    tensors = _tensor_args(args, kwargs)
+    device = tensors[0].device.type if tensors else "cpu"
+    key = (id(func), device)
+    found = _DECOMPOSES.get(key)
+    if found is None:
+        backend = {"cpu": "CPU", "cuda": "CUDA"}.get(device)
+        found = _DECOMPOSES[key] = backend is None or not _has_kernel(func.name(), backend)
+    return found
 
 
 def op_info(func: Any) -> OpInfo:
@@ -162,7 +183,10 @@ def op_info(func: Any) -> OpInfo:
         alloc = schema.name.split("::", 1)[-1].startswith(("empty", "new_empty"))
         info = OpInfo(func, getattr(func, "_op", func), schema.name, writes, inplace_view, relayouts,
                       op_rule(schema.name), gen_pos, seeded, schema.name in _LIFT_OPS, alloc, bool(schema.returns),
-                      any(a.is_out for a in args))
+                      any(a.is_out for a in args), schema.name.split("::", 1)[0] not in _BUILTIN_NAMESPACES,
+                      _has_kernel(func.name(), "CompositeImplicitAutograd")
+                      and not _has_kernel(func.name(), "CompositeExplicitAutograd")
+                      and not _has_kernel(func.name(), "CompositeExplicitAutogradNonFunctional"))
         _INFO_CACHE[id(func)] = info
     return info
 
@@ -227,6 +251,7 @@ _Tensor = torch.Tensor
 _ref = weakref.ref
 _COPY = torch.ops.aten.copy_.default
 _below_inplace_view = torch._C._AutoDispatchBelowADInplaceOrView
+_BELOW_PYTHON = torch._C._dispatch_keyset_full_after(torch._C.DispatchKey.Python)
 
 
 # ---------------------------------------------------------------- recorder
@@ -263,6 +288,9 @@ class Recorder:
         self.relocated: set[StorageKey] = set()
         self.old_block_keys: set[StorageKey] = set()
         self.block_copies: set[int] = set()  # indices of the steps that copy an old block into its new one
+        # record: custom ops recorded as one opaque op, re-run at every replay (work the dispatcher cannot see)
+        self.rerun_ops: list[str] = []
+        self.rerun_steps: set[int] = set()
         self._old_blocks: list[tuple[torch.UntypedStorage, torch.dtype]] = []
         self.cpu_only_syncs = 0
         # what a capture could not model and says instead of staying silent (_cuda_queries), in order, once each
@@ -400,6 +428,9 @@ class Recorder:
         info = _INFO_CACHE.get(id(func))
         if info is None or info.func is not func:
             info = op_info(func)
+        if info.implicit and _runs_its_composite(func, args, kwargs):
+            with _OpHook(self):  # its constituents come back through this recorder, checked and recorded
+                return func.decompose(*args, **kwargs)
         if info.rule is not None or info.gen_pos is not None:
             check_op(func, info.rule, info.gen_pos, args, kwargs, self)
         written = None
@@ -412,6 +443,8 @@ class Recorder:
             if self.record and info.relayouts:
                 memory = [(t, storage_key(t), t.untyped_storage().data_ptr(), t.untyped_storage().nbytes())
                           for t in written]
+        if info.custom:
+            return self._custom_op(func, info, args, kwargs, written)
         out = info.call(*args, **kwargs)
         if info.lift:
             for t in _tensor_args(args, kwargs):
@@ -424,6 +457,55 @@ class Recorder:
         elif self.track:
             self._observe(args, kwargs, out)
         return out
+
+    # -- custom ops
+
+    def _custom_op(self, func: Any, info: OpInfo, args: tuple[Any, ...], kwargs: dict[str, Any],
+                   written: list[torch.Tensor] | None) -> Any:
+        """Run a ``torch.library`` op's kernel with this recorder active, so its body's own ops are checked and recorded.
+
+        CUDA captures the kernels the body launches, not the Python that launched them.  When the body's
+        recorded ops do not account for everything the op returns or declares it mutates, part of its
+        work is invisible to the dispatcher (an FFI kernel launch): the op is recorded as one opaque op,
+        called again at every replay, and named in ``rerun_ops``.
+        """
+        keys = None
+        for t in _tensor_args(args, kwargs):
+            keys = torch._C._dispatch_keys(t) if keys is None else keys | torch._C._dispatch_keys(t)
+        mark, made_from = len(self.steps), len(self.fresh)
+        if keys is None:  # nothing to dispatch on below this mode: the kernel runs out of sight
+            out = info.call(*args, **kwargs)
+        else:
+            with _OpHook(self):  # the kernel below the Python key, its own ops back through this recorder
+                out = func.redispatch(keys & _BELOW_PYTHON, *args, **kwargs)
+        if not self.record:
+            if self.track:
+                self._observe(args, kwargs, out)
+            return out
+        if keys is not None and self._accounted(written, out, mark):
+            return out
+        del self.steps[mark:]
+        self.block_copies = {i for i in self.block_copies if i < mark}
+        self.rerun_steps = {i for i in self.rerun_steps if i < mark}
+        self.rerun_steps.add(mark)
+        if info.name not in self.rerun_ops:
+            self.rerun_ops.append(info.name)
+        self._record(func, info, args, kwargs, out, written, made=set(list(self.fresh)[made_from:]))
+        return out
+
+    def _accounted(self, written: list[torch.Tensor] | None, out: Any, mark: int) -> bool:
+        """Whether the steps recorded since ``mark`` wrote every storage the op mutates and computed every one it returns."""
+        computed: set[StorageKey | None] = set()
+        for step in self.steps[mark:]:
+            if isinstance(step, IslandStep):
+                return False
+            computed.update(step.write_keys)
+            if not step.info.alloc:  # an allocation is no computation: memory left to a kernel out of sight
+                computed.update(k for k, fresh in zip(step.out_keys, step.fresh) if fresh)
+        for t in written or ():
+            if storage_key(t) not in computed:
+                return False
+        return all(storage_key(o) in computed for o in flat_outputs(out) if isinstance(o, _Tensor))
 
     # -- storages reallocated during capture
 
@@ -515,11 +597,15 @@ class Recorder:
                 out.append(a)
         return out
 
-    def _output(self, o: torch.Tensor) -> tuple[torch.Tensor | None, bool, StorageKey | None]:
-        """(pin, fresh, storage) of a tensor an op returned; a storage never seen before is fresh."""
+    def _output(self, o: torch.Tensor, made: set[StorageKey] | None = None
+                ) -> tuple[torch.Tensor | None, bool, StorageKey | None]:
+        """(pin, fresh, storage) of a tensor an op returned; a storage never seen before is fresh.
+
+        ``made``: storages the op allocated, for an opaque op whose body's ops saw its outputs first.
+        """
         e = self._seen.get(id(o))
         if e is not None and e[_REF]() is o:  # an in-place op hands back its argument
-            return e[_PIN], False, e[_KEY]
+            return e[_PIN], made is not None and e[_KEY] in made, e[_KEY]
         key = storage_key(o)
         fresh = key is not None and key not in self._keys
         e = self._new(o, True, key)
@@ -528,7 +614,7 @@ class Recorder:
         return e[_PIN], fresh, key
 
     def _record(self, func: Any, info: OpInfo, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any,
-                written: list[torch.Tensor] | None) -> None:
+                written: list[torch.Tensor] | None, made: set[StorageKey] | None = None) -> None:
         if written and info.relayouts:
             for t in written:
                 self._repin(t)
@@ -537,7 +623,7 @@ class Recorder:
         pinned_kwargs = dict(zip(kwargs, self._pin_args(kwargs.values(), keys))) if kwargs else {}
         write_keys = tuple(k for k in (self._seen[id(t)][_KEY] for t in written) if k is not None) if written else ()
         if isinstance(out, _Tensor):  # the common case: one output
-            pin, fresh, key = self._output(out)
+            pin, fresh, key = self._output(out, made)
             self.steps.append(OpStep(func, info, pinned, pinned_kwargs, (pin,), (fresh,), tuple(keys), (key,), write_keys))
             return
         outputs: list[Any] = []
@@ -545,7 +631,7 @@ class Recorder:
         out_keys: list[StorageKey | None] = []
         for o in flat_outputs(out):
             if isinstance(o, _Tensor):
-                pin, fresh, key = self._output(o)
+                pin, fresh, key = self._output(o, made)
             else:
                 pin, fresh, key = o, False, None
             outputs.append(pin)

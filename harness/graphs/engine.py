@@ -75,6 +75,9 @@ class InputAudit:
     notes: tuple[str, ...] = ()
     """what the engine could not model of this capture and says instead of staying silent: a
     capture-query guard that cannot see the capture on a machine without CUDA (``file:line: code: why``)"""
+    rerun_ops: tuple[str, ...] = ()
+    """custom ops whose work the dispatcher cannot see (an FFI kernel launch), which replay calls again,
+    Python body included, instead of replaying recorded kernels (``namespace::name``; the tape only)"""
 
     @property
     def unregistered(self) -> tuple[GraphInput, ...]:

@@ -465,8 +465,8 @@ def _compile(rec: Recorder) -> _Compiled:
         segments.append((tuple(ops), None))
     watched = {k for k in (storage_key(t) for t in rec.inputs.values()) if k is not None}
     homes = Homes(rec.pins_by_key, skip=private | rec.old_block_keys, watched=watched, captured=rec.fresh)
-    notes = tuple(f"{kind}: the old block into the reallocated one" if i in rec.block_copies else kind
-                  for i, kind in enumerate(kinds))
+    notes = tuple(f"{kind}: the old block into the reallocated one" if i in rec.block_copies
+                  else f"{kind}, calls the op again" if i in rec.rerun_steps else kind for i, kind in enumerate(kinds))
     return _Compiled(tuple(segments), notes, reused, homes)
 
 
@@ -616,7 +616,7 @@ class TapeEngine:
             rec.restore()
         del result
         inputs = tuple(rec.inputs.values())
-        audit, watch = build_audit(inputs, roots, static, notes=rec.notes)
+        audit, watch = build_audit(inputs, roots, static, notes=rec.notes, rerun_ops=rec.rerun_ops)
         compiled = _compile(rec)
         serials = dict(rec.serial_of_pin)
         for step in rec.steps:
