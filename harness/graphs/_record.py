@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -45,9 +45,26 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ._cuda_queries import AVAILABILITY
-from ._refusals import FUNCTION_HOOKS, HOOKS, Rule, _tls, check_op, op_rule
+from ._refusals import (
+    FUNCTION_HOOKS,
+    HOOKS,
+    SCALAR_SYNC_HOOKS,
+    CaptureError,
+    Rule,
+    _tls,
+    capturing_globally,
+    check_op,
+    op_rule,
+)
 
 StorageKey = int
+CAPTURE_ERROR_MODES = ("global", "thread_local", "relaxed")
+"""``torch.cuda.graph``'s capture error modes (``cudaStreamCaptureMode``)."""
+
+
+def check_capture_error_mode(mode: str) -> None:
+    if mode not in CAPTURE_ERROR_MODES:
+        raise ValueError(f"capture_error_mode must be one of {', '.join(CAPTURE_ERROR_MODES)}, got {mode!r}")
 
 _storage_id: Callable[[torch.Tensor], int] = getattr(torch._C, "_storage_id", None) or (
     lambda t: t.untyped_storage()._cdata
@@ -267,12 +284,18 @@ class Recorder:
         track: bool = True,
         record: bool = False,
         capturing: bool = False,
+        capture_error_mode: str = "global",
         island_impl: IslandImpl | None = None,
     ) -> None:
+        check_capture_error_mode(capture_error_mode)
         self.undo = undo
         self.track = track or record
         self.record = record
         self.capturing = capturing
+        # "global": while this capture runs, another thread's host sync fails and invalidates it
+        self.capture_error_mode = capture_error_mode
+        self.invalidated: CaptureError | None = None
+        self.device_type: str | None = None  # of the first tensor seen: what another thread's sync is judged on
         self.island_impl = island_impl
         self.steps: list[OpStep | IslandStep] = []
         # Captured-read tensors that this recording did not produce, first-seen order.
@@ -311,12 +334,24 @@ class Recorder:
         _tls.recorder = self
         previous = getattr(_tls, "island_host", None)
         _tls.island_host = self if self.island_impl is not None else None  # engine.eager_island looks here
+        globally = self.capturing and self.capture_error_mode == "global"
         try:
-            with HOOKS.held(_ACTIVE_PATCHES), _OpHook(self):
+            with ExitStack() as stack:
+                if globally:
+                    stack.enter_context(capturing_globally(self))
+                stack.enter_context(HOOKS.held(_ACTIVE_PATCHES + SCALAR_SYNC_HOOKS if globally else _ACTIVE_PATCHES))
+                stack.enter_context(_OpHook(self))
                 yield
         finally:
             _tls.island_host = previous
             _tls.recorder = None
+        if self.invalidated is not None:  # another thread's host sync: CUDA fails the capture at its end
+            raise self.invalidated
+
+    def invalidate(self, error: CaptureError) -> None:
+        """Another thread did what this capture's mode prohibits (called from that thread)."""
+        if self.invalidated is None:
+            self.invalidated = error
 
     @contextmanager
     def paused(self) -> Iterator[None]:
@@ -352,6 +387,8 @@ class Recorder:
     # -- bookkeeping
 
     def _new(self, t: torch.Tensor, produced: bool, key: StorageKey | None) -> _Seen:
+        if self.device_type is None:
+            self.device_type = t.device.type
         self._serial += 1
         pin = None
         if self.record:

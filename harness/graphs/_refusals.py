@@ -80,8 +80,11 @@ class CaptureContext(Protocol):
 
     cpu_only_syncs: int
     _paused: int
+    device_type: str | None
 
     def is_constant(self, t: torch.Tensor) -> bool: ...
+
+    def invalidate(self, error: CaptureError) -> None: ...
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _PKG_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
@@ -450,13 +453,58 @@ _MISSING = object()
 HOOKS = Patches()
 
 
+# ---------------------------------------------------------------- other threads
+
+# Captures running in capture_error_mode="global", by thread.  CUDA then prohibits potentially unsafe
+# calls on every other thread: a host sync there fails and invalidates the capture.
+GLOBAL_CAPTURES: dict[int, CaptureContext] = {}
+_CAPTURES_LOCK = threading.Lock()
+OTHER_THREAD_SYNCS = frozenset({"Tensor.tolist", "Tensor.numpy", "Tensor.__array__", "Tensor.__repr__",
+                                "Tensor.__format__", "Tensor.cpu", "Tensor.to"})
+"""Entries of the table that are host syncs on any thread (the rest concern what the capture itself reads)."""
+_OTHER_THREAD = ("host sync on another thread while a capture runs in capture_error_mode='global', which "
+                 "prohibits it on every thread")
+
+
+@contextmanager
+def capturing_globally(rec: CaptureContext) -> Iterator[None]:
+    """Register ``rec`` as a global-mode capture of this thread while the block runs."""
+    me = threading.get_ident()
+    with _CAPTURES_LOCK:
+        GLOBAL_CAPTURES[me] = rec
+    try:
+        yield
+    finally:
+        with _CAPTURES_LOCK:
+            GLOBAL_CAPTURES.pop(me, None)
+
+
+def refuse_on_other_threads(name: str, args: tuple[Any, ...]) -> None:
+    """Raise ``CaptureError`` for a host sync of this thread if a global-mode capture runs on another; invalidate it too."""
+    me = threading.get_ident()
+    tensor = next((a for a in args if isinstance(a, torch.Tensor)), None)
+    hit = [rec for tid, rec in list(GLOBAL_CAPTURES.items())
+           if tid != me and (tensor is None or rec.device_type in (None, tensor.device.type))]
+    if not hit:
+        return
+    location = user_location()
+    for rec in hit:
+        rec.invalidate(CaptureError(name, location, _OTHER_THREAD + "; the capture is invalidated"))
+    raise CaptureError(name, location, _OTHER_THREAD)
+
+
 def _wrap(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
     """``original`` under the table's rule for ``name`` while a recorder runs on this thread."""
     rule = TABLE[name]
     when, refused, why = rule.when, rule.refused, rule.why
+    other_threads = name in OTHER_THREAD_SYNCS
 
     def hooked(*args: Any, **kwargs: Any) -> Any:
         rec = getattr(_tls, "recorder", None)
+        if rec is None and other_threads and GLOBAL_CAPTURES:
+            captures = list(GLOBAL_CAPTURES.values())
+            if captures and (when is None or when(args, kwargs, captures[0])):
+                refuse_on_other_threads(name, args)
         if rec is None or rec._paused or (when is not None and not when(args, kwargs, rec)):
             return original(*args, **kwargs)
         if refused:
@@ -478,3 +526,23 @@ FUNCTION_HOOKS: tuple[tuple[Any, str], ...] = tuple(
     for name in TABLE
     if not name.startswith("aten::") and name != SEEDED
 )
+
+
+def _refused_on_other_threads(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
+    def hooked(*args: Any, **kwargs: Any) -> Any:
+        if GLOBAL_CAPTURES and getattr(_tls, "recorder", None) is None:
+            refuse_on_other_threads(name, args)
+        return original(*args, **kwargs)  # on the capturing thread the recorder sees the op it dispatches
+
+    hooked.__name__ = getattr(original, "__name__", name)
+    hooked.__qualname__ = getattr(original, "__qualname__", name)
+    hooked.__doc__ = getattr(original, "__doc__", None)
+    return hooked
+
+
+SCALAR_SYNC_HOOKS: tuple[tuple[Any, str], ...] = tuple(
+    HOOKS.add(torch.Tensor, attr, lambda original, _name=f"Tensor.{attr}": _refused_on_other_threads(_name, original))
+    for attr in ("item", "__bool__", "__int__", "__float__", "__index__", "__complex__")
+)
+"""Python entry points of ``_local_scalar_dense``, held while a global-mode capture runs: another thread's
+dispatch is invisible to the capturing thread's recorder, so its host syncs are caught where Python calls them."""

@@ -37,7 +37,7 @@ import torch
 
 from ._audit import StaleWatch, build_audit
 from ._islands import island_runner, static_outputs
-from ._record import IslandStep, Recorder, poison_storage, storage_key
+from ._record import IslandStep, Recorder, check_capture_error_mode, poison_storage, storage_key
 from ._warm_up import WarmIslands, island_identity, no_cycle_collection, warm_up
 from .engine import InputAudit, StaleInput
 
@@ -50,8 +50,9 @@ _cuda: Any = torch.cuda
 class _Segments:
     """Capture state: the open graph, the closed ones, and the islands between them."""
 
-    def __init__(self, pool: Any, warm: WarmIslands | None) -> None:
+    def __init__(self, pool: Any, warm: WarmIslands | None, capture_error_mode: str) -> None:
         self._pool = pool
+        self._mode = capture_error_mode
         self._warm = warm.results if warm is not None else []
         self.graphs: list[Any] = []
         self.islands: list[IslandStep] = []
@@ -59,7 +60,7 @@ class _Segments:
 
     def begin(self) -> None:
         graph = _cuda.CUDAGraph()
-        graph.capture_begin(pool=self._pool)
+        graph.capture_begin(pool=self._pool, capture_error_mode=self._mode)
         self._open = graph
 
     def end(self) -> None:
@@ -156,7 +157,9 @@ class CudaEngine:
         roots: Mapping[str, object],
         static_inputs: Iterable[torch.Tensor],
         islands: bool = False,
+        capture_error_mode: str = "global",
     ) -> CudaGraph:
+        check_capture_error_mode(capture_error_mode)
         self._ready()
         static = tuple(static_inputs)
         stream = self._stream
@@ -170,8 +173,9 @@ class CudaEngine:
             _cuda.current_stream().wait_stream(stream)
             _cuda.synchronize()
 
-        segments = _Segments(self._pool, warm)
-        rec = Recorder(capturing=True, island_impl=segments.island if islands else None)
+        segments = _Segments(self._pool, warm, capture_error_mode)
+        rec = Recorder(capturing=True, capture_error_mode=capture_error_mode,
+                       island_impl=segments.island if islands else None)
         with _cuda.stream(stream):
             segments.begin()
             try:

@@ -104,7 +104,15 @@ class GraphEngine(Protocol):
         roots: Mapping[str, object],
         static_inputs: Iterable[torch.Tensor],
         islands: bool = False,
-    ) -> CapturedGraph: ...
+        capture_error_mode: str = "global",
+    ) -> CapturedGraph:
+        """Warm ``fn`` up, capture it and audit what it reads.
+
+        ``capture_error_mode`` is ``torch.cuda.graph``'s: ``"global"`` (PyTorch's default) refuses a host
+        sync on any other thread while the capture runs, and the capture fails with it; ``"thread_local"``
+        and ``"relaxed"`` let other threads be.
+        """
+        ...
 
 
 class _IslandHost(Protocol):

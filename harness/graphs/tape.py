@@ -604,10 +604,12 @@ class TapeEngine:
         roots: Mapping[str, object],
         static_inputs: Iterable[torch.Tensor],
         islands: bool = False,
+        capture_error_mode: str = "global",
     ) -> TapeGraph:
         static = tuple(static_inputs)
+        rec = Recorder(undo=True, record=True, capturing=True, capture_error_mode=capture_error_mode,
+                       island_impl=_tape_island if islands else None)
         warm_up(fn, WarmIslands() if islands else None)
-        rec = Recorder(undo=True, record=True, capturing=True, island_impl=_tape_island if islands else None)
         try:
             with rec.active():
                 result = fn()

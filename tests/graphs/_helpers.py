@@ -20,9 +20,10 @@ def capture(
     static: Iterable[torch.Tensor] = (),
     islands: bool = False,
     engine: str = "tape",
+    **options,
 ):
     return get_engine(engine).capture(
-        fn, label="test", roots=roots or {}, static_inputs=static, islands=islands
+        fn, label="test", roots=roots or {}, static_inputs=static, islands=islands, **options
     )
 
 
