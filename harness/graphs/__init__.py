@@ -16,6 +16,7 @@ from .engine import (
     InputAudit,
     StaleInput,
     eager_island,
+    module_roots,
 )
 from .registry import get_engine
 
@@ -28,4 +29,5 @@ __all__ = [
     "StaleInput",
     "eager_island",
     "get_engine",
+    "module_roots",
 ]

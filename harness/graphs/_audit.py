@@ -9,8 +9,10 @@ old layout.  Nothing fails either way; the numbers are just wrong.
 
 At capture end we walk the caller's ``roots`` (attributes, ``__slots__``,
 dataclass fields, module parameters/buffers/submodules, lists, tuples, and dicts
-with string or integer keys) to map each graph input to the attribute path that
-held it.  A view of a held tensor is named by its base's path plus the slice
+with string or integer keys; a Python module given as a root, by
+``module_roots``, is walked through its globals after every object root) to map
+each graph input to the attribute path that held it (``pool.swa_loc``,
+``my_backend.impl._cache``).  A view of a held tensor is named by its base's path plus the slice
 that makes it (``runner.out_cache_loc_swa[:4]``), and the base is what is
 watched.  Paths and inputs are compiled into a generated, unrolled probe that
 re-resolves every path with plain attribute and item access (module attributes
@@ -102,6 +104,11 @@ def _slot_names(cls: type) -> list[str]:
 
 
 def _children(obj: object) -> Iterable[tuple[Step, object]]:
+    if isinstance(obj, types.ModuleType):  # a module root: its globals, not its import machinery
+        for k, v in list(vars(obj).items())[:_MAX_ITEMS]:
+            if not (k.startswith("__") and k.endswith("__")):
+                yield ("attr", k), v
+        return
     if isinstance(obj, dict):
         for i, (k, v) in enumerate(obj.items()):
             if i >= _MAX_ITEMS:
@@ -167,13 +174,26 @@ _Index = dict[Any, list[tuple[str, _Found]]]
 
 
 def _walk(roots: Mapping[str, object]) -> tuple[dict[int, tuple[str, _Found]], dict[_ViewKey, tuple[str, _Found]], _Index]:
-    """Breadth-first, so each tensor gets its shortest path; the first root wins ties."""
+    """Breadth-first, so each tensor gets its shortest path; the first root wins ties.
+
+    Object roots are walked first, module roots (``module_roots``: their globals) after them, so a
+    tensor an object holds keeps the object's name however near a module global it is.
+    """
     by_id: dict[int, tuple[str, _Found]] = {}
     by_view: dict[_ViewKey, tuple[str, _Found]] = {}
     by_storage: _Index = {}
     visited: set[int] = set()
+    objects = [(name, root) for name, root in roots.items() if not isinstance(root, types.ModuleType)]
+    modules = [(name, root) for name, root in roots.items() if isinstance(root, types.ModuleType)]
+    for group in (objects, modules):
+        _walk_from(group, by_id, by_view, by_storage, visited)
+    return by_id, by_view, by_storage
+
+
+def _walk_from(roots: list[tuple[str, object]], by_id: dict[int, tuple[str, _Found]],
+               by_view: dict[_ViewKey, tuple[str, _Found]], by_storage: _Index, visited: set[int]) -> None:
     queue: deque[tuple[str, object, tuple[Step, ...], object]] = deque(
-        (name, root, (), root) for name, root in roots.items()
+        (name, root, (), root) for name, root in roots
     )
     while queue:
         name, root, steps, obj = queue.popleft()
@@ -186,8 +206,8 @@ def _walk(roots: Mapping[str, object]) -> tuple[dict[int, tuple[str, _Found]], d
                     by_view.setdefault(vk, found)
                     by_storage.setdefault(vk[0], []).append(found)
             continue
-        if isinstance(obj, _LEAVES) or isinstance(obj, _SKIPPED) or id(obj) in visited:
-            continue
+        if isinstance(obj, _LEAVES) or (isinstance(obj, _SKIPPED) and steps) or id(obj) in visited:
+            continue  # a module is walked only as a root: its globals
         if len(steps) >= _MAX_DEPTH or len(visited) >= _MAX_OBJECTS:
             continue
         if type(obj).__module__.startswith(_OWN_PACKAGE + "."):
@@ -200,7 +220,6 @@ def _walk(roots: Mapping[str, object]) -> tuple[dict[int, tuple[str, _Found]], d
             continue
         for step, child in children:
             queue.append((name, root, steps + (step,), child))
-    return by_id, by_view, by_storage
 
 
 # ---------------------------------------------------------------- naming a view by its base

@@ -8,12 +8,20 @@ its Python again, its fresh results copied into the static tensors capture hande
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
 from ._cuda_queries import replaying_island
-from ._record import IslandStep
+
+
+class IslandCall(Protocol):
+    """What replay needs of a recorded island (``_record.IslandStep``)."""
+
+    fn: Callable[..., Any]
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    statics: tuple[torch.Tensor, ...]
 
 
 def island_outputs(fn: Callable[..., Any], result: Any) -> tuple[tuple[torch.Tensor, ...], bool]:
@@ -26,7 +34,7 @@ def island_outputs(fn: Callable[..., Any], result: Any) -> tuple[tuple[torch.Ten
     raise TypeError(f"eager island {name} must return a tensor or a tuple of tensors, got {type(result).__name__}")
 
 
-def island_runner(step: IslandStep, into: tuple[torch.Tensor, ...] | None = None) -> Callable[[], None]:
+def island_runner(step: IslandCall, into: tuple[torch.Tensor, ...] | None = None) -> Callable[[], None]:
     """What replay runs for an island: its Python again, fresh results copied into the capture's statics.
 
     ``into`` are tensors over the statics' memory to copy into (the tape's pins); by default the statics.

@@ -161,12 +161,15 @@ class OpInfo:
     has_out: bool  # an ``out=`` overload: it writes its whole output, after resizing it if need be
     custom: bool  # not an ATen or prims op (torch.library): recorded through its body
     implicit: bool  # has a CompositeImplicitAutograd kernel and no explicit composite one
+    overwrites: tuple[tuple[int, str], ...]  # (position, name) of arguments written whole and not read
 
 
 # Keyed by id: OpOverload.__hash__ is Python code, and overloads live as long as the process.
 _INFO_CACHE: dict[int, OpInfo] = {}
 _LIFT_OPS = frozenset({"aten::lift_fresh", "aten::lift_fresh_copy"})
 _BUILTIN_NAMESPACES = frozenset({"aten", "prims", "prim"})
+# in-place ops that write all of ``self`` without reading it (an ``out=`` overload does the same to its outputs)
+_OVERWRITE_SELF = frozenset({"aten::copy_", "aten::fill_", "aten::zero_"})
 _has_kernel = torch._C._dispatch_has_kernel_for_dispatch_key
 _DECOMPOSES: dict[tuple[int, str], bool] = {}
 
@@ -203,7 +206,9 @@ def op_info(func: Any) -> OpInfo:
                       any(a.is_out for a in args), schema.name.split("::", 1)[0] not in _BUILTIN_NAMESPACES,
                       _has_kernel(func.name(), "CompositeImplicitAutograd")
                       and not _has_kernel(func.name(), "CompositeExplicitAutograd")
-                      and not _has_kernel(func.name(), "CompositeExplicitAutogradNonFunctional"))
+                      and not _has_kernel(func.name(), "CompositeExplicitAutogradNonFunctional"),
+                      tuple((i, a.name) for i, a in enumerate(args) if a.is_out)
+                      or (((0, args[0].name),) if schema.name in _OVERWRITE_SELF else ()))
         _INFO_CACHE[id(func)] = info
     return info
 
@@ -488,12 +493,32 @@ class Recorder:
                 self._constants[id(t)] = t
         if self.record:
             moved = self._reallocated(memory) if memory else None
+            if info.overwrites:
+                self._overwritten(info, args, kwargs)
             self._record(func, info, args, kwargs, out, written)
             if moved and not info.has_out:
                 self._record_block_copies(moved)
         elif self.track:
+            if info.overwrites:
+                self._overwritten(info, args, kwargs)
             self._observe(args, kwargs, out)
         return out
+
+    def _overwritten(self, info: OpInfo, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """Tensors first met as a target the op writes whole, without reading it: graph outputs, not inputs.
+
+        A buffer the graph fills with ``out=`` (or ``copy_``, ``fill_``, ``zero_``) before it reads it
+        holds nothing the graph depends on; listing it as an unregistered input is a false finding.
+        """
+        positions = {pos for pos, _ in info.overwrites}
+        names = {name for _, name in info.overwrites}
+        targets = flat_tensors([args[p] for p in positions if p < len(args)] + [kwargs[n] for n in names if n in kwargs])
+        reads = flat_tensors([a for i, a in enumerate(args) if i not in positions]
+                             + [v for k, v in kwargs.items() if k not in names])
+        for t in targets:
+            e = self._seen.get(id(t))
+            if (e is None or e[_REF]() is not t) and not any(r is t for r in reads):
+                self._new(t, False, storage_key(t))
 
     # -- custom ops
 

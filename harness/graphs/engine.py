@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from ._module_roots import module_roots
 from ._refusals import CaptureError, _tls
 
 if TYPE_CHECKING:
@@ -26,6 +27,7 @@ __all__ = [
     "InputAudit",
     "StaleInput",
     "eager_island",
+    "module_roots",
 ]
 
 

@@ -20,7 +20,7 @@ from collections.abc import Collection
 
 import torch
 
-from ..graphs.engine import GraphEngine
+from ..graphs.engine import GraphEngine, module_roots
 from ..runspec import CapturePolicy
 from ..serving.batch import ForwardBatch, ForwardMode
 from ..serving.faults import Component
@@ -111,7 +111,9 @@ class DecodeGraphRunner(GraphRunner):
         graph = self.engine.capture(
             forward,
             label=f"decode bs={bs}",
-            roots={"pool": self.pool, "backend": self.backend, "runner": self, "model": self.model},
+            roots={"pool": self.pool, "backend": self.backend, "runner": self, "model": self.model,
+                   # module-level state of the design, the backend and this runner, named module.attr
+                   **module_roots(self.backend.impl.design, self.backend.impl, self.backend, self)},
             static_inputs=[
                 *self.static_buffers(),
                 *self.model.parameters(),
