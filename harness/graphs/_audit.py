@@ -51,7 +51,7 @@ from typing import Any
 
 import torch
 
-from ._record import storage_key
+from ._ops import storage_key
 from .engine import GraphInput, InputAudit, StaleInput
 
 _MAX_DEPTH = 6

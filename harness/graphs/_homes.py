@@ -31,7 +31,7 @@ from collections.abc import Iterable
 
 import torch
 
-from ._record import StorageKey, poison_bytes, storage_key
+from ._ops import StorageKey, poison_bytes, storage_key
 
 __all__ = ["Homes"]
 

@@ -2,17 +2,17 @@
 
 Capture follows what serving engines do:
 
-1. Warm-up: the protocol shared with the tape (``_warm_up.warm_up``), run on a
-   side stream: ``WARMUP_RUNS`` eager runs (lazy init, cuBLAS workspaces and
-   allocator growth must not happen inside capture) under a rehearsing
+1. Warm-up: the routine shared with the tape (``_warm_up.warm_up``), run on a
+   side stream: ``WARMUP_RUNS`` real eager runs (lazy init, cuBLAS workspaces and
+   allocator growth must not happen inside capture) under a checking
    ``Recorder``.  Refused ops raise the same ``CaptureError`` as the tape engine,
-   before any capture is open, and warm-up writes to pre-existing tensors are
-   undone so that, as in the tape, capture computes nothing.
+   before any capture is open; what the runs write stays, as in the tape.
 2. Capture on the same side stream into one private memory pool per engine
    instance (``graph_pool_handle()`` once, shared by every graph the engine
    captures, as serving engines share one pool across batch-size buckets), under
    the recorder in audit-only mode (checks and input tracking, no tape, no
-   snapshots: a snapshot would itself be captured).
+   snapshots: a snapshot would itself be captured), with the runner's
+   ``capture_error_mode`` (``"global"`` by default, as ``torch.cuda.graph``).
 
 With ``islands=True`` capture is split into segments: at an island the current
 graph ends, the island's static outputs are allocated outside the graph, and the
@@ -37,7 +37,8 @@ import torch
 
 from ._audit import StaleWatch, build_audit
 from ._islands import island_runner, static_outputs
-from ._record import IslandStep, Recorder, check_capture_error_mode, poison_storage, storage_key
+from ._ops import poison_storage, storage_key
+from ._record import IslandStep, Recorder, check_capture_error_mode
 from ._warm_up import WarmIslands, island_identity, no_cycle_collection, warm_up
 from .engine import InputAudit, StaleInput
 

@@ -10,16 +10,17 @@ is *memory* (the bytes at an address) is live.  The tape reproduces exactly that
 split by recording aten ops and replaying them on the memory they touched.
 
 Capture follows the protocol of the ``cuda`` engine and of serving engines'
-graph runners.  First ``WARMUP_RUNS`` eager runs (``_warm_up.warm_up``), checked
-like capture, their writes to pre-existing tensors undone, islands run eagerly.
-A program that caches something in Python during warm-up (a memo keyed on a
-tensor's ``data_ptr``) then captures against that cache, and the tape freezes
-the cached tensor as an input, as a real graph would.  Then the capture run,
-under a ``Recorder`` (``_record.py``): a ``TorchDispatchMode`` that sees every
-aten op below autograd, plus wrappers around the Python-level calls that
-dispatch none (``.tolist()``, ``torch.from_numpy``, printing).  While it runs,
-``torch.cuda.is_current_stream_capturing()`` answers True.  For each op the
-recorder
+graph runners.  First ``WARMUP_RUNS`` real eager runs (``_warm_up.warm_up``),
+checked like capture, islands run eagerly, their writes kept.  A program that
+caches something in Python during warm-up (a memo keyed on a tensor's
+``data_ptr``, a flag saying a table is filled) then captures against that cache,
+and the tape freezes the cached tensor as an input, as a real graph would.  Then
+the capture run, under a ``Recorder`` (``_record.py``): a ``TorchDispatchMode``
+that sees every aten op below autograd (a ``torch.library`` op through the ops
+its body dispatches), plus wrappers around the Python-level calls that dispatch
+none (``.tolist()``, ``torch.from_numpy``, printing).  While it runs,
+``torch.cuda.is_current_stream_capturing()`` answers True (``_cuda_queries.py``).
+For each op the recorder
 
 1. refuses what CUDA refuses during stream capture, by the one table in
    ``_refusals.py``, with a ``CaptureError`` naming the op and the user's line;
@@ -30,8 +31,12 @@ recorder
 4. appends the call to the tape with every tensor replaced by a *pin*: a tensor
    object of the tape's own over the same storage, with the layout of that
    moment.  A pin binds memory, not the program's Python object, so a program
-   that later re-points a tensor (``t.data = ...``, ``set_``, ``resize_``,
-   ``t_()``) does not move the tape, as it would not move a CUDA graph.
+   that later re-points a tensor (``t.data = ...``, ``set_``, ``t_()``) does not
+   move the tape, as it would not move a CUDA graph.  Where a pin would follow
+   the program (a storage reallocated in place by ``resize_``), the pins move to
+   a block of the tape's own that stands for the freed one: during capture for
+   the steps before the op (and the copy of the old block into the new one is
+   recorded, as CUDA captures it), after capture before a replay (``_homes.py``).
 
 At capture end the snapshots are restored, the input audit is built
 (``_audit.py``) and the tape is compiled into a flat list of ``(callable, args,
@@ -96,15 +101,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from ._audit import StaleWatch, build_audit
 from ._homes import Homes
 from ._islands import island_outputs, island_runner, static_outputs
-from ._record import (
-    IslandStep,
-    OpStep,
-    Recorder,
-    StorageKey,
-    flat_outputs,
-    poison_storage,
-    storage_key,
-)
+from ._ops import StorageKey, flat_outputs, poison_storage, storage_key
+from ._record import IslandStep, OpStep, Recorder
 from ._warm_up import WarmIslands, no_cycle_collection, warm_up
 from .engine import InputAudit, StaleInput
 
