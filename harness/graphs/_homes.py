@@ -76,7 +76,7 @@ class Homes:
                 homes.append(_Home(key, live, captured=key in captured))
         self._open = homes
         # homes whose memory no input the audit watches would show moving: checked at every replay
-        self._unwatched = tuple((h.pins[0], h.ptr) for h in homes if h.key not in watched)
+        self._unwatched = tuple((h.pins[0], h.pins[0].data_ptr()) for h in homes if h.key not in watched)
         self._counts = Counter({h.key: len(h.pins) for h in homes})
         with _LOCK:
             _TAPE_REFS.update(self._counts)
@@ -86,7 +86,7 @@ class Homes:
         """Settle the homes if memory moved under a watched input or an unwatched home moved."""
         if not memory_moved:
             for pin, ptr in self._unwatched:
-                if pin.untyped_storage().data_ptr() != ptr:
+                if pin.data_ptr() != ptr:
                     break
             else:
                 return
