@@ -10,6 +10,7 @@ after every object root, so a tensor an object also holds keeps the object's nam
 
 from __future__ import annotations
 
+import functools
 import sys
 import types
 from typing import Any
@@ -38,8 +39,8 @@ def module_roots(*under_test: Any) -> dict[str, types.ModuleType]:
 
 
 def _defining_modules(obj: Any) -> list[str]:
-    while isinstance(obj, types.MethodType) or hasattr(obj, "func") and callable(getattr(obj, "func")):
-        obj = getattr(obj, "__func__", None) or obj.func  # bound methods and functools.partial
+    while isinstance(obj, (types.MethodType, functools.partial)):
+        obj = obj.__func__ if isinstance(obj, types.MethodType) else obj.func
     if isinstance(obj, (types.FunctionType, types.BuiltinFunctionType)):
         return [getattr(obj, "__module__", None) or ""]
     cls = obj if isinstance(obj, type) else type(obj)
