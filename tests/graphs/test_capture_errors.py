@@ -1,4 +1,4 @@
-"""What CUDA refuses during capture raises CaptureError naming the op and the line (point 3)."""
+"""What CUDA refuses during capture raises CaptureError naming the op and the line."""
 
 from __future__ import annotations
 

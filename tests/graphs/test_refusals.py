@@ -1,4 +1,4 @@
-"""The tape refuses exactly what CUDA refuses during capture: one table, one program per decision (point 4).
+"""The tape refuses exactly what CUDA refuses during capture: one table, one program per decision.
 
 On the CPU the tape models a CUDA device: what would be a device-to-host read, a host-to-device
 copy of host data or a CUDA-only sync is refused although a CPU kernel could do it; what CUDA

@@ -1,4 +1,4 @@
-"""What replay runs, and in which memory (issue 8, point 7).
+"""What replay runs, and in which memory.
 
 Like a CUDA graph's private pool, the tape lets a later intermediate take the memory of one
 whose last reader has run, never the memory of an output, of an island's static, of anything

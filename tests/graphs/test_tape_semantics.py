@@ -1,4 +1,8 @@
-"""The tape engine reproduces CUDA-graph semantics (points 1, 2, 4, 5 and 6)."""
+"""The tape engine reproduces CUDA-graph semantics.
+
+Python is frozen at capture, tensors are bound by identity, capture computes nothing, views are free
+and other ops write into their static outputs, and eager islands re-run as Python at replay.
+"""
 
 from __future__ import annotations
 
