@@ -21,7 +21,7 @@ from collections.abc import Collection
 import torch
 
 from ..backends.base import AttentionBatch, attention_batch, spec_info_of
-from ..graphs.engine import GraphEngine
+from ..graphs.engine import GraphEngine, module_roots
 from ..graphs.registry import get_engine
 from ..runspec import CapturePolicy, RunSpec
 from ..serving.batch import ForwardBatch, ForwardMode
@@ -135,7 +135,9 @@ class DecodeGraphRunner(GraphRunner):
         graph = self.engine.capture(
             forward,
             label=f"decode bs={bs}",
-            roots={"pool": self.pool, "backend": self.backend, "runner": self, "model": self.model},
+            roots={"pool": self.pool, "backend": self.backend, "runner": self, "model": self.model,
+                   # module-level state of the design, the backend and this runner, named module.attr
+                   **module_roots(self.backend.impl.design, self.backend.impl, self.backend, self)},
             static_inputs=[
                 *self.static_buffers(),
                 *self.model.parameters(),

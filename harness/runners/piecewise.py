@@ -17,7 +17,7 @@ from collections.abc import Collection
 
 import torch
 
-from ..graphs.engine import GraphEngine, eager_island
+from ..graphs.engine import GraphEngine, eager_island, module_roots
 from ..graphs.registry import get_engine
 from ..runspec import RunSpec
 from ..serving.batch import ForwardBatch, ForwardMode, make_forward_batch
@@ -120,7 +120,9 @@ class PiecewisePrefillRunner(GraphRunner):
             forward,
             label=f"prefill tokens={bucket}",
             # not the runner: its _batch is per-replay Python state that the island reads, never the graph
-            roots={"pool": self.pool, "backend": self.backend, "model": self.model},
+            roots={"pool": self.pool, "backend": self.backend, "model": self.model,
+                   # module-level state of the design, the backend and this runner, named module.attr
+                   **module_roots(self.backend.impl.design, self.backend.impl, self.backend, self)},
             static_inputs=[self.input_ids, self.positions, self.out_cache_loc, self.out_cache_loc_swa,
                            *self.model.parameters(), *self.model.buffers(), *self.pool.buffers()],
             islands=True,
