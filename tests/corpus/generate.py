@@ -96,6 +96,7 @@ CASES = {
     "prefix_of_unknown": ("timeline.requests[1].prefix_of: no request has rid 'x'", sub('output_len = 3\n', 'output_len = 3\n[[timeline.requests]]\nrid = "b"\narrive = 1\nprompt_len = 6\nprefix_of = "x"\nshared_len = 4\n')),
     "prefix_of_not_earlier": ("timeline.requests[1].prefix_of: requests[0] ('a') must arrive before this one (got 0 >= 0)", sub('output_len = 3\n', 'output_len = 3\n[[timeline.requests]]\nrid = "b"\nprompt_len = 6\nprefix_of = "a"\nshared_len = 4\n')),
     "shared_len_past_prompt": ("timeline.requests[1].shared_len: must not exceed prompt_len (got 8 > 6)", sub('output_len = 3\n', 'output_len = 3\n[[timeline.requests]]\nrid = "b"\narrive = 1\nprompt_len = 6\nprefix_of = "a"\nshared_len = 8\n')),
+    "shared_len_past_source": ("timeline.requests[1].shared_len: 'a' has only 13 tokens (prompt and output), got 15", sub('output_len = 3\n', 'output_len = 3\n[[timeline.requests]]\nrid = "b"\narrive = 1\nprompt_len = 20\nprefix_of = "a"\nshared_len = 15\n')),
     "shared_len_without_prefix_of": ("timeline.requests[0].shared_len: needs prefix_of", sub('output_len = 3\n', 'output_len = 3\nshared_len = 4\n')),
     # run
     "unknown_design": ("run.designs[1]: unknown design 'magic'", sub('designs = ["translate"]', 'designs = ["translate", "magic"]').replace('[expect.translate]', '[expect.magic]\nverdict = "match"\nwhy = "w"\n[expect.translate]')),

@@ -124,7 +124,18 @@ def test_matches_and_inserts_are_page_aligned():
     cache = _cache(stack)
     _finish(cache, stack, A + [1, 2])  # 26 tokens: the partial page 24..25 is not cached
     assert len(cache.cached_tokens()) == 24
-    assert cache.match(A[:23], holder="b").length == 20
+    assert cache.match(A[:22] + [1] * 6, holder="b").length == 20  # diverging inside a page: that page is not shared
+    assert cache.match(A[:23], holder="c").length == 20
+
+
+def test_deleting_a_leaf_takes_the_parents_it_leaves_unmatchable():
+    stack = _stack()
+    cache = _cache(stack)
+    slots = _finish(cache, stack, A, evicted=16)
+    assert cache.evict("full_size")
+    # 16..23 went first; 0..15, all tombstone, would be a leaf no match can end in: it goes too
+    assert cache.cached_tokens() == [] and _violations(stack) == []
+    assert set(slots) <= stack.free_slots()[0]
 
 
 def test_a_locked_prefix_is_never_evicted_and_goes_once_released():
