@@ -119,7 +119,6 @@ def pool_violations(live: Sequence[LiveToken], *, free_full: Collection[int], fr
     return out
 
 
-
 def _cache_who(c: CachedToken) -> str:
     return f"cache@{c.pos}"
 
