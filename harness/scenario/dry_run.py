@@ -23,7 +23,8 @@ from .spec import ScenarioSpec
 def dry_run(spec: ScenarioSpec) -> list[Problem]:
     """The problem that stops the timeline, if any; run it only on a spec whose ``problems()`` are empty."""
     serving = spec.serving if spec.serving in STACKS else "miniature"
-    eviction = spec.eviction if spec.eviction.policy in EVICTION_POLICIES else EvictionSpec()
+    eviction = (spec.eviction if spec.eviction.policy in EVICTION_POLICIES
+                else EvictionSpec(prefix_cache=spec.eviction.prefix_cache))
     stack = stack_class(serving).build(
         StackSpec(pool=spec.pool, layer_is_swa=(), num_kv_heads=1, head_dim=1, poison_freed=False)
     )

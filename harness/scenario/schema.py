@@ -36,6 +36,7 @@ from ..serving.timeline import RequestSpec, TimelineSpec
 from .toml_access import (
     Check,
     Reader,
+    boolean,
     choice,
     found,
     integer,
@@ -247,7 +248,7 @@ def _read_pool(r: Reader, table: dict | None) -> PoolSpec | None:
     return PoolSpec(**{k: (getattr(defaults, k) if v is None else v) for k, v in fields.items()})
 
 
-_EVICTION_KEYS = ("policy", "interval")
+_EVICTION_KEYS = ("policy", "interval", "prefix_cache")
 
 
 def _read_eviction(r: Reader, table: dict) -> EvictionSpec:
@@ -255,8 +256,10 @@ def _read_eviction(r: Reader, table: dict) -> EvictionSpec:
     defaults = EvictionSpec()
     policy = r.value(table, "eviction", "policy", string(nonempty=True), defaults.policy)
     interval = r.value(table, "eviction", "interval", integer(), defaults.interval)
+    prefix_cache = r.value(table, "eviction", "prefix_cache", boolean(), defaults.prefix_cache)
     return EvictionSpec(policy=defaults.policy if policy is None else policy,
-                        interval=defaults.interval if interval is None else interval)
+                        interval=defaults.interval if interval is None else interval,
+                        prefix_cache=defaults.prefix_cache if prefix_cache is None else prefix_cache)
 
 
 _GRAPH_KEYS = ("modes", "decode_buckets", "prefill_buckets", "capture")
@@ -278,7 +281,7 @@ def _read_graphs(r: Reader, table: dict) -> tuple[GraphSpec, tuple[Mode, ...]]:
 
 
 _TIMELINE_KEYS = ("seed", "chunk_size", "draft_steps", "max_steps", "requests")
-_REQUEST_KEYS = ("rid", "arrive", "prompt_len", "output_len", "abort")
+_REQUEST_KEYS = ("rid", "arrive", "prompt_len", "output_len", "abort", "prefix_of", "shared_len")
 
 
 def _read_timeline(r: Reader, table: dict | None) -> TimelineSpec | None:
@@ -318,10 +321,11 @@ def _read_request(r: Reader, item: dict, at: str, index: int) -> RequestSpec | N
     rid = r.value(item, at, "rid", string(nonempty=True), f"r{index}")
     prompt_len = r.value(item, at, "prompt_len", integer())
     values = {name: r.value(item, at, name, integer(), default)
-              for name, default in (("arrive", 0), ("output_len", 0), ("abort", None))}
+              for name, default in (("arrive", 0), ("output_len", 0), ("abort", None), ("shared_len", 0))}
     values = {k: (0 if v is None and k != "abort" else v) for k, v in values.items()}
+    prefix_of = r.value(item, at, "prefix_of", string(nonempty=True), None)
     return RequestSpec(rid=f"r{index}" if rid is None else rid, prompt_len=1 if prompt_len is None else prompt_len,
-                       **values)
+                       prefix_of=prefix_of, **values)
 
 
 _RUN_KEYS = ("designs", "backends", "kv_write", "faults", "timeout_s")

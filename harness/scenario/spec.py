@@ -193,6 +193,8 @@ class ScenarioSpec:
             # a fault that cannot act in any mode run would pass "as expected" without ever acting
             acts = " or ".join(fault.modes)
             return Problem(key, f"{name} acts only in {acts} mode; graphs.modes has {', '.join(self.modes)}")
+        if fault.needs_prefix_cache and not self.eviction.prefix_cache:
+            return Problem(key, f"{name} acts only with a prefix cache; eviction.prefix_cache is off")
         return None
 
     def _expectation_problems(self) -> list[Problem]:

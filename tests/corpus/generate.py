@@ -83,6 +83,8 @@ CASES = {
     "forward_too_big": ("timeline: the forward of 4000 tokens at step 0 attends over 4096 page-table columns",
                         sub("full_size = 64\nswa_size = 32\n", "full_size = 8192\nswa_size = 8192\nmax_context_len = 4096\n")
                         .replace("prompt_len = 10", "prompt_len = 4000")),
+    # eviction
+    "prefix_cache_not_bool": ("eviction.prefix_cache: expected true or false, got string 'yes'", sub("[graphs]", '[eviction]\nprefix_cache = "yes"\n\n[graphs]')),
     # graphs
     "mode_typo": ("graphs.modes[1]: expected one of 'eager', 'full', 'piecewise', got 'fulll'", sub('modes = ["eager", "full"]', 'modes = ["eager", "fulll"]')),
     "duplicate_bucket": ("graphs.decode_buckets[1]: duplicate of decode_buckets[0] (2)", sub("decode_buckets = [1, 2]", "decode_buckets = [2, 2]")),
@@ -106,10 +108,16 @@ CASES = {
     "arrive_past_max_steps": ("timeline.requests[0].arrive: must come before timeline.max_steps (got 9 >= 5)", sub("seed = 3\n", "seed = 3\nmax_steps = 5\n").replace('rid = "a"\n', 'rid = "a"\narrive = 9\n')),
     "max_steps_too_small": ("timeline.max_steps: too small", sub("seed = 3\n", "seed = 3\nmax_steps = 2\n")),
     "duplicate_rid": ("timeline.requests[1].rid: duplicate rid 'a'", sub('output_len = 3\n', 'output_len = 3\n[[timeline.requests]]\nrid = "a"\nprompt_len = 2\n')),
+    "prefix_of_unknown": ("timeline.requests[1].prefix_of: no request has rid 'x'", sub('output_len = 3\n', 'output_len = 3\n[[timeline.requests]]\nrid = "b"\narrive = 1\nprompt_len = 6\nprefix_of = "x"\nshared_len = 4\n')),
+    "prefix_of_not_earlier": ("timeline.requests[1].prefix_of: requests[0] ('a') must arrive before this one (got 0 >= 0)", sub('output_len = 3\n', 'output_len = 3\n[[timeline.requests]]\nrid = "b"\nprompt_len = 6\nprefix_of = "a"\nshared_len = 4\n')),
+    "shared_len_past_prompt": ("timeline.requests[1].shared_len: must not exceed prompt_len (got 8 > 6)", sub('output_len = 3\n', 'output_len = 3\n[[timeline.requests]]\nrid = "b"\narrive = 1\nprompt_len = 6\nprefix_of = "a"\nshared_len = 8\n')),
+    "shared_len_past_source": ("timeline.requests[1].shared_len: 'a' has only 13 tokens (prompt and output), got 15", sub('output_len = 3\n', 'output_len = 3\n[[timeline.requests]]\nrid = "b"\narrive = 1\nprompt_len = 20\nprefix_of = "a"\nshared_len = 15\n')),
+    "shared_len_without_prefix_of": ("timeline.requests[0].shared_len: needs prefix_of", sub('output_len = 3\n', 'output_len = 3\nshared_len = 4\n')),
     # run
     "unknown_design": ("run.designs[1]: unknown design 'magic'", sub('designs = ["translate"]', 'designs = ["translate", "magic"]').replace('[expect.translate]', '[expect.magic]\nverdict = "match"\nwhy = "w"\n[expect.translate]')),
     "unknown_backend": ("run.backends[0]: expected one of 'torch_native' or an import path", sub('designs = ["translate"]\n', 'designs = ["translate"]\nbackends = ["flashinfr"]\n')),
     "unknown_fault": ("run.faults[0]: expected one of", sub('designs = ["translate"]\n', 'designs = ["translate"]\nfaults = ["no_such_fault"]\n')),
+    "fault_needs_prefix_cache": ("run.faults[0]: match_len_not_reset acts only with a prefix cache; eviction.prefix_cache is off", sub('designs = ["translate"]\n', 'designs = ["translate"]\nfaults = ["match_len_not_reset"]\n')),
     "fault_cannot_act": ("run.faults[0]: skip_memo_invalidate acts only in piecewise mode; graphs.modes has eager, full", sub('designs = ["translate"]\n', 'designs = ["translate"]\nfaults = ["skip_memo_invalidate"]\n')),
     "fused_without_fp8": ("run.kv_write: 'fused_fp8' needs pool.kv_dtype = 'fp8_e4m3', got 'float32'", sub('designs = ["translate"]\n', 'designs = ["translate"]\nkv_write = "fused_fp8"\n')),
     "timeout_zero": ("run.timeout_s: expected a number from", sub('designs = ["translate"]\n', 'designs = ["translate"]\ntimeout_s = 0\n')),
