@@ -255,7 +255,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def run_diff_bench(*, cache_mib: int, out: Path) -> int:
     """The diff's throughput against a plain copy of the same bytes: identical, with 1% and 10% of the live
-    slots bad, and with 1k/10k/100k bad slots."""
+    slots bad, and with 1k/10k/100k bad slots; each diff also timed through the judge."""
     sys.stderr.write(f"diff benchmark on a {cache_mib} MiB cache...\n")
     rows = measure_diff(cache_mib << 20)
     machine = f"{_cpu_model()}, {os.cpu_count()} cores, torch threads {torch.get_num_threads()}, load {_load_average()}"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
+import signal
 import sys
 import time
 from pathlib import Path
@@ -14,9 +15,10 @@ import torch
 
 from .check.case import Case, cases
 from .check.matrix import limit_threads, run_cases
+from .check.workers import Terminated, output_block, terminate_like_ctrl_c
 from .report.build import case_view
 from .report.compare import run_compare
-from .report.files import unwritable
+from .report.files import destination_problems
 from .report.session import ReportSession
 from .report.text import printable, progress_line, run_table, table
 from .report.views import CaseView
@@ -84,7 +86,12 @@ def _run_all(all_cases: list[Case], jobs: int, session: ReportSession) -> None:
         if case.unsupported is not None:
             add(case_view(None, case=case))
     started = {id(c): time.perf_counter() for c in runnable}
-    run_cases(runnable, jobs=jobs,
+
+    def show_output(index: int, text: str) -> None:
+        # what a run printed, escaped and marked as its own, just before its result line
+        sys.stderr.write(("\r\033[K" if tty else "") + output_block(runnable[index].name, text) + "\n")
+
+    run_cases(runnable, jobs=jobs, output=show_output,
               done=lambda i, result: add(case_view(result, duration_s=time.perf_counter() - started[id(runnable[i])])))
     if tty:
         sys.stderr.write("\r\033[K")
@@ -92,8 +99,9 @@ def _run_all(all_cases: list[Case], jobs: int, session: ReportSession) -> None:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    if args.json and (problem := unwritable(Path(args.json))):
-        print(f"--json {printable(args.json)}: {problem}", file=sys.stderr)
+    if problems := destination_problems(results=("--json", Path(args.json) if args.json else None),
+                                        folder=("--report-dir", Path(args.report_dir) if args.report_dir else None)):
+        print("\n".join(printable(p) for p in problems), file=sys.stderr)
         return 2
     specs, load_errors = _select(args)
     _print_problems(load_errors)
@@ -112,10 +120,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
                             load_errors=[e.problems for e in load_errors])
     try:
         _run_all(all_cases, args.jobs, session)
-    except KeyboardInterrupt:
-        sys.stderr.write(f"\ninterrupted: {len(session.views)} of {len(all_cases)} runs finished\n")
+    except KeyboardInterrupt as exc:
+        signum = exc.signum if isinstance(exc, Terminated) else signal.SIGINT
+        how = "interrupted" if signum == signal.SIGINT else f"terminated ({signal.Signals(signum).name})"
+        sys.stderr.write(f"\n{how}: {len(session.views)} of {len(all_cases)} runs finished\n")
         _finish(session, complete=False)
-        return 130
+        return 128 + signum
     return _finish(session, complete=True)
 
 
@@ -135,6 +145,9 @@ def _finish(session: ReportSession, *, complete: bool) -> int:
 
 def _cmd_compare(args: argparse.Namespace) -> int:
     report_dir = Path(args.report_dir) if args.report_dir else None
+    if problems := destination_problems(results=("", None), folder=("--report-dir", report_dir)):
+        print("\n".join(printable(p) for p in problems), file=sys.stderr)
+        return 2
     return run_compare(Path(args.base), Path(args.head), report_dir=report_dir, out=sys.stdout, err=sys.stderr)
 
 
@@ -232,7 +245,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if getattr(args, "report_dir_default", None) and not args.report_dir:
         args.report_dir = args.report_dir_default
     args.command_line = shlex.join(["python", "-m", "harness", *(sys.argv[1:] if argv is None else argv)])
-    return args.func(args)
+    with terminate_like_ctrl_c():
+        try:
+            return args.func(args)
+        except KeyboardInterrupt as exc:  # before or after the runs: nothing was lost, nothing to write
+            signum = exc.signum if isinstance(exc, Terminated) else signal.SIGINT
+            print(f"\ninterrupted ({signal.Signals(signum).name})", file=sys.stderr)
+            return 128 + signum
 
 
 if __name__ == "__main__":

@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import json
 import shlex
+from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
 import torch
 
 from .check.matrix import limit_threads
+from .check.workers import terminate_like_ctrl_c
 from .collect import is_scenario_file, scenario_file
+from .report.files import destination_problems
 from .report.session import RECORD_PROPERTY, ReportSession
+from .report.text import printable
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -35,6 +39,13 @@ def pytest_configure(config: pytest.Config) -> None:
     if not hasattr(config, "workerinput"):  # the xdist controller, or a plain run: where results gather
         json_path = config.getoption("harness_json", None)
         report_dir = config.getoption("harness_report", None)
+        # judged before collection, so that no result is lost to a bad path once every item has run
+        if problems := destination_problems(results=("--harness-json", Path(json_path) if json_path else None),
+                                            folder=("--harness-report", Path(report_dir) if report_dir else None)):
+            raise pytest.UsageError("; ".join(printable(p) for p in problems))
+        signals = ExitStack()
+        signals.enter_context(terminate_like_ctrl_c())  # SIGTERM ends the session as Ctrl-C does
+        config.add_cleanup(signals.close)
         hooks = _ReportHooks(ReportSession(json_path=Path(json_path) if json_path else None,
                                            report_dir=Path(report_dir) if report_dir else None,
                                            command=shlex.join(["pytest", *config.invocation_params.args])))

@@ -37,7 +37,7 @@ class Mode(enum.StrEnum):
 
 
 class Outcome(enum.StrEnum):
-    """A run's verdict against its reference (DESIGN.md section 6)."""
+    """A run's verdict against its reference (docs/design.md section 8)."""
 
     MATCH = "match"
     DIVERGE = "diverge"

@@ -13,6 +13,10 @@ one process, it times
   another live token's row, the expected row moved to a free slot, and a small numeric change, so that
   every classification rule is exercised.
 
+Each diff case is also timed through ``verdict.judge``, as a case's verdict is reached: the same diff,
+with the heatmap's counts per (step, pool, layer) and the ``DETAIL_LIMIT`` records it keeps (the diff
+alone builds its default 200). The two run back to back on one subject, taking turns going first.
+
 Throughput is cache bytes per second: a copy moves ``cache_bytes`` per snapshot, the diff compares
 ``cache_bytes`` of subject (against as many of reference) per step, so ``vs_copy`` = (steps x copy time)
 / diff time; 1.0 means the diff gets through a step's cache as fast as a copy would. The cases are timed
@@ -39,10 +43,14 @@ from dataclasses import dataclass
 
 import torch
 
-from ..serving.pool import poison_
-from ..serving.timeline import LiveToken, TokenKey
+from ..runspec import RunSpec
+from ..serving.model import ModelSpec
+from ..serving.pool import PoolSpec, poison_
+from ..serving.timeline import LiveToken, TimelineSpec, TokenKey
 from .diff import DiffResult, diff_runs
+from .result import RunResult
 from .snapshot import KVSnapshot
+from .verdict import judge
 
 __all__ = ["DiffBenchRow", "measure_diff"]
 
@@ -72,6 +80,8 @@ class DiffBenchRow:
     """throughput relative to ``clone``"""
     peak_bytes: int | None
     """largest resident-set growth during one call, None where it cannot be measured"""
+    judge_seconds: float | None = None
+    """best time of ``verdict.judge`` on the same runs; None for copy and clone"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,36 +124,46 @@ def measure_diff(
             dst.copy_(src)
 
     copy()  # touch the destination pages once: the copy is timed into warm memory
-    # name -> what to do before timing, returning the call to time
-    prepare: dict[str, Callable[[], Callable[[], object]]] = {
-        "copy": lambda: copy, "clone": lambda: lambda: [t.clone() for t in targets],
+    # case -> what to do before timing, returning the calls to time by name
+    prepare: dict[str, Callable[[], dict[str, Callable[[], object]]]] = {
+        "copy": lambda: {"copy": copy}, "clone": lambda: {"clone": lambda: [t.clone() for t in targets]},
     }
     requested = {"copy": 0, "clone": 0}
     # a count beyond the live slots of a small cache becomes "all of them" rather than an error
     cases = [("identical", 0)]
     cases += [(f"{share:.0%} of slots mismatched", max(1, round(share * live))) for share in mismatched_shares]
     cases += [(f"{n} mismatched slots", n) for n in sorted({min(n, live) for n in mismatched_slots})]
+    spec = _spec(cache.ref, dtype)
+    judged = RunResult(spec=spec, snapshots=reference)
     for index, (name, n) in enumerate(cases):
-        # A subject is built right before its call and dropped after, the same every round (a seed of its
+        # A subject is built right before its calls and dropped after, the same every round (a seed of its
         # own), so that memory does not grow with the number of cases.
-        def diff(n: int = n, case_seed: int = seed * 1_000 + index) -> Callable[[], object]:
+        def diff(
+            name: str = name, n: int = n, case_seed: int = seed * 1_000 + index
+        ) -> dict[str, Callable[[], object]]:
             subject = (_corrupted(cache, n, torch.Generator().manual_seed(case_seed)),) * steps
-            return lambda: diff_runs(subject, reference, layer_is_swa=layer_is_swa)
+            return {
+                name: lambda: diff_runs(subject, reference, layer_is_swa=layer_is_swa),
+                _JUDGE + name: lambda: judge(RunResult(spec=spec, snapshots=subject), judged).diff,
+            }
 
         prepare[name] = diff
         requested[name] = n
 
-    best = dict.fromkeys(prepare, float("inf"))
-    peaks: dict[str, int | None] = dict.fromkeys(prepare)
+    best: dict[str, float] = {}
+    peaks: dict[str, int | None] = {}
     results: dict[str, object] = {}
-    for _ in range(max(1, repeats)):
-        for name, make in prepare.items():
-            call = make()
-            seconds, peak, results[name] = _timed(call)
-            del call
-            best[name] = min(best[name], seconds)
-            if peak is not None:
-                peaks[name] = max(peaks[name] or 0, peak)
+    for round_ in range(max(1, repeats)):
+        for make in prepare.values():
+            calls = make()
+            # a case's calls take turns going first, so that neither always meets a warmer machine
+            names = list(reversed(calls)) if round_ % 2 else list(calls)
+            for name in names:
+                seconds, peak, results[name] = _timed(calls[name])
+                best[name] = min(best.get(name, float("inf")), seconds)
+                if peak is not None:
+                    peaks[name] = max(peaks.get(name) or 0, peak)
+            del calls
     rows = []
     for name in prepare:
         result = results[name]
@@ -154,9 +174,21 @@ def measure_diff(
             found_slots=result.mismatched_slots if diffed else 0, mismatches=result.total if diffed else 0,
             classes=result.classes if diffed else (), seconds=best[name],
             vs_copy=n_steps * best["copy"] / best[name], vs_clone=n_steps * best["clone"] / best[name],
-            peak_bytes=peaks[name],
+            peak_bytes=peaks.get(name), judge_seconds=best.get(_JUDGE + name),
         ))
     return rows
+
+
+_JUDGE = "judge: "
+
+
+def _spec(snap: KVSnapshot, dtype: torch.dtype) -> RunSpec:
+    """A run spec of the cache's shape, as ``judge`` reads one: layers, dtype, a CPU run of one backend (exact)."""
+    name = str(dtype).removeprefix("torch.")
+    model = ModelSpec(name="diffbench", layer_pattern=_PATTERN, window=128, num_kv_heads=snap.full_k.shape[2],
+                      head_dim=snap.full_k.shape[3], dtype=name)
+    return RunSpec(model=model, pool=PoolSpec(full_size=snap.full_k.shape[1], swa_size=snap.swa_k.shape[1]),
+                   timeline=TimelineSpec(requests=()))
 
 
 # ---- building the caches --------------------------------------------------------------------------------

@@ -58,12 +58,13 @@ def run_case_isolated(case: Case) -> CaseResult:
     return run_cases([case], jobs=1)[0]
 
 
-def run_cases(cases: Sequence[Case], *, jobs: int, done: Callable[[int, CaseResult], None] | None = None
-              ) -> list[CaseResult]:
+def run_cases(cases: Sequence[Case], *, jobs: int, done: Callable[[int, CaseResult], None] | None = None,
+              output: Callable[[int, str], None] | None = None) -> list[CaseResult]:
     """Every case, each in its own child process (``jobs`` at a time) under its time limit.
 
     References are computed (isolated too) in this process just before the first case that needs one
     forks, so each is computed once. Cases on CUDA run here, in order: a CUDA context cannot be forked.
+    ``output(index, text)``: what a forked case's run printed, captured (``workers.run_isolated``).
     """
     forked = [c for c in cases if _forkable(c.device)]
     position = {id(c): i for i, c in enumerate(cases)}
@@ -81,7 +82,8 @@ def run_cases(cases: Sequence[Case], *, jobs: int, done: Callable[[int, CaseResu
                            timeout_s=case.timeout_s)
 
     run_isolated(run_case, forked, jobs=jobs, timeout_s=lambda c: c.timeout_s, done=finished,
-                 before_start=reference_first)
+                 before_start=reference_first,
+                 output=None if output is None else lambda i, text: output(position[id(forked[i])], text))
     for index, case in enumerate(cases):
         if id(case) not in results:
             results[id(case)] = run_case(case)

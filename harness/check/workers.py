@@ -1,24 +1,37 @@
 """Run tasks in child processes that may die or hang without taking the caller down.
 
 A design under test is third-party code: it may call ``sys.exit``, ``os.abort``, crash the interpreter in
-a kernel, or loop forever. Each task runs in a forked child with a deadline, as FlashInfer's test suite
-quarantines crash-class cases; a child that dies or runs past its deadline becomes a ``WorkerDied`` saying
-why, and the other tasks go on. Children are forked, so they start in milliseconds and inherit whatever the
-parent had computed (a scenario's reference run). Fork is not usable once CUDA is initialised: callers run
-CUDA work in-process.
+a kernel, loop forever, start processes of its own or print to the terminal. Each task runs in a forked
+child with a deadline, as FlashInfer's test suite quarantines crash-class cases; a child that dies or runs
+past its deadline becomes a ``WorkerDied`` saying why, and the other tasks go on. Children are forked, so
+they start in milliseconds and inherit whatever the parent had computed (a scenario's reference run). Fork
+is not usable once CUDA is initialised: callers run CUDA work in-process.
+
+A task's processes end with it. Each child leads a process group of its own, which the parent kills whole
+when the task ends (a result, a crash, the deadline, an interrupt), so a process the task started cannot
+outlive it and hold the caller's stdout open (``harness run | tee`` would wait for it). On Linux each child
+also asks the kernel to kill it when the parent dies (``PR_SET_PDEATHSIG``), so even a parent killed with
+SIGKILL leaves no hanging child behind. What a child writes to its stdout and stderr (file descriptors 1
+and 2, so C code and subprocesses too) is captured, as pytest captures a test's output, and handed back
+to the caller with the task's result; ``output_block`` shows it with every control character escaped.
 
 Generic on purpose: nothing here knows what a task is.
 """
 
 from __future__ import annotations
 
+import ctypes
+import faulthandler
+import io
 import multiprocessing
 import os
 import pickle
+import signal
 import sys
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from typing import Any, TypeVar
@@ -27,6 +40,9 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 _CTX = multiprocessing.get_context("fork")
+_PR_SET_PDEATHSIG = 1
+OUTPUT_LIMIT = 64 * 1024
+"""bytes of a task's output kept; a design printing in a loop must not fill the caller's memory"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,7 +54,70 @@ class WorkerDied:
     timed_out: bool = False
 
 
-def _child(conn: Connection, fn: Callable[[Any], Any], arg: Any) -> None:
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP, raised where Ctrl-C raises ``KeyboardInterrupt``, so that both end a run alike."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    raise Terminated(signum)
+
+
+@contextmanager
+def terminate_like_ctrl_c() -> Iterator[None]:
+    """While inside, SIGTERM and SIGHUP raise ``Terminated`` (a ``KeyboardInterrupt``) in the main thread.
+
+    A signal someone chose to ignore (``nohup``) or to handle stays as it was.
+    """
+    previous = {}
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        try:
+            if signal.getsignal(signum) is signal.SIG_DFL:
+                previous[signum] = signal.signal(signum, _raise_terminated)
+        except ValueError:  # not the main thread: signals are the main thread's business
+            break
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def _die_with_parent(parent: int) -> None:
+    """Linux only: the kernel kills this process when the parent does (a task must never outlive it)."""
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        except (OSError, AttributeError):
+            pass
+    if os.getppid() != parent:  # the parent died before the request above took effect
+        os._exit(1)
+
+
+def _capture_output(write_fd: int) -> None:
+    """Point fds 1 and 2, and Python's streams, at the parent's pipe: nothing reaches the terminal raw."""
+    os.dup2(write_fd, 1)
+    os.dup2(write_fd, 2)
+    os.close(write_fd)
+    # line-buffered so that interleaved prints and C-level writes keep their order; sys.stdout may be
+    # pytest's capture object, which writes to a file of its own, not to fd 1
+    sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), errors="backslashreplace", line_buffering=True)
+    sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), errors="backslashreplace", line_buffering=True)
+    if faulthandler.is_enabled():
+        # pytest's faulthandler writes a crash's traceback to a copy of the terminal's stderr: point it here,
+        # so that a run that aborts shows its traceback, escaped, with its result
+        faulthandler.enable(file=sys.stderr)
+
+
+def _child(conn: Connection, out: tuple[int, int], parent: int, fn: Callable[[Any], Any], arg: Any) -> None:
+    os.setpgid(0, 0)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a handler inherited from the parent would survive a kill
+    _die_with_parent(parent)
+    os.close(out[0])
+    _capture_output(out[1])
     try:
         payload: tuple[str, Any] = ("ok", fn(arg))
     except BaseException as exc:  # noqa: BLE001 - whatever escapes the task is reported, never lost
@@ -49,32 +128,91 @@ def _child(conn: Connection, fn: Callable[[Any], Any], arg: Any) -> None:
         data = pickle.dumps(payload)
     except Exception as exc:  # noqa: BLE001 - an unpicklable result is still an answer
         data = pickle.dumps(("raised", f"the result could not be sent back: {type(exc).__name__}: {exc}"))
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()  # the task's own output (the parent flushed its buffers before forking)
+        except Exception:  # noqa: BLE001 - a task that closed its stdout still has a result
+            pass
     conn.send_bytes(data)
     conn.close()
-    # no atexit handlers and no flushing of buffers inherited from the parent: they would print twice
+    # no atexit handlers: they belong to the parent
     os._exit(0)
 
 
 class _Running:
-    __slots__ = ("index", "proc", "conn", "deadline", "timeout_s")
+    __slots__ = ("index", "proc", "conn", "out", "output", "dropped", "deadline", "timeout_s")
 
-    def __init__(self, index: int, proc: Any, conn: Connection, timeout_s: float) -> None:
-        self.index, self.proc, self.conn, self.timeout_s = index, proc, conn, timeout_s
+    def __init__(self, index: int, proc: Any, conn: Connection, out: int, timeout_s: float) -> None:
+        self.index, self.proc, self.conn, self.out, self.timeout_s = index, proc, conn, out, timeout_s
+        self.output = bytearray()
+        self.dropped = 0
+        """bytes of output past ``OUTPUT_LIMIT``, counted, not kept"""
         self.deadline = time.monotonic() + timeout_s
+
+    def read_output(self, *, drain: bool = False) -> None:
+        """Read what the child wrote; ``drain``: everything already in the pipe (a process the task
+        started may hold it open, so end of file never comes)."""
+        if self.out < 0:
+            return
+        if drain:
+            os.set_blocking(self.out, False)
+        while True:
+            try:
+                chunk = os.read(self.out, 65536)
+            except BlockingIOError:
+                return
+            if not chunk:
+                os.close(self.out)
+                self.out = -1
+                return
+            room = OUTPUT_LIMIT - len(self.output)
+            self.output += chunk[:room]
+            self.dropped += max(0, len(chunk) - room)
+            if not drain:
+                return
+
+    def captured(self) -> str:
+        text = self.output.decode("utf-8", "backslashreplace")
+        if self.dropped:
+            text += f"\n[{self.dropped} more bytes of output not kept]"
+        return text
+
+    def end(self) -> None:
+        """Kill what is left of the task's process group, reap the child, close its pipes."""
+        _kill_group(self.proc.pid)
+        self.proc.join()
+        self.read_output(drain=True)
+        if self.out >= 0:
+            os.close(self.out)
+            self.out = -1
+        self.conn.close()
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass  # the group is gone: every process of the task has ended
 
 
 def _start(index: int, fn: Callable[[Any], Any], arg: Any, timeout_s: float) -> _Running:
     parent_conn, child_conn = _CTX.Pipe(duplex=False)
+    out = os.pipe()
     sys.stdout.flush()
     sys.stderr.flush()
-    proc = _CTX.Process(target=_child, args=(child_conn, fn, arg), daemon=True)
+    proc = _CTX.Process(target=_child, args=(child_conn, out, os.getpid(), fn, arg), daemon=True)
     proc.start()
+    try:
+        # set here as well as in the child, so the group exists whichever runs first (killpg needs it)
+        os.setpgid(proc.pid, proc.pid)
+    except OSError:
+        pass  # the child set it already, or is gone
     child_conn.close()
-    return _Running(index, proc, parent_conn, timeout_s)
+    os.close(out[1])
+    return _Running(index, proc, parent_conn, out[0], timeout_s)
 
 
 def _death(proc: Any) -> WorkerDied:
-    proc.join()
     code = proc.exitcode
     if code is not None and code < 0:
         return WorkerDied(f"worker died (signal {-code})")
@@ -85,18 +223,31 @@ def _finish(run: _Running) -> Any:
     try:
         kind, value = pickle.loads(run.conn.recv_bytes())
     except (EOFError, OSError):
+        run.end()
         return _death(run.proc)
-    finally:
-        run.conn.close()
-    run.proc.join()
+    run.end()
     return value if kind == "ok" else WorkerDied(f"the task raised {value}")
 
 
 def _kill(run: _Running) -> WorkerDied:
-    run.proc.kill()
-    run.proc.join()
-    run.conn.close()
+    run.end()
     return WorkerDied(f"timed out after {run.timeout_s:g} s", timed_out=True)
+
+
+def output_block(title: str, text: str) -> str:
+    """A task's captured output under a title, each line escaped and marked as the task's (``| ``), so
+    that nothing it printed can pass for the caller's own lines (a forged ``PASSED``, a terminal title)."""
+    lines = text.rstrip("\n").split("\n")
+    return "\n".join([f"{_escaped(title)}: captured output, escaped:", *(f"  | {_escaped(line)}" for line in lines)])
+
+
+def _escaped(line: str) -> str:
+    return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in line)
+
+
+def _print_output(index: int, text: str) -> None:
+    # no caller asked for it: the caller's stderr, escaped (pytest captures that and shows it with the test)
+    print(output_block(f"task {index}", text), file=sys.stderr)
 
 
 def run_isolated(
@@ -107,18 +258,24 @@ def run_isolated(
     timeout_s: Callable[[T], float],
     done: Callable[[int, R | WorkerDied], None] | None = None,
     before_start: Callable[[T], None] | None = None,
+    output: Callable[[int, str], None] | None = None,
 ) -> list[R | WorkerDied]:
     """``fn(arg)`` for every arg, at most ``jobs`` children at a time, results in argument order.
 
     ``before_start(arg)`` runs in the parent just before a child forks (to compute what children should
-    inherit); ``done(index, result)`` as each finishes. Ctrl-C kills the children and propagates.
+    inherit); ``done(index, result)`` as each finishes, after ``output(index, text)`` when the task wrote
+    anything (without ``output``, the text goes to this process's stderr, escaped). Ctrl-C (and, inside
+    ``terminate_like_ctrl_c``, SIGTERM) kills every running task's processes and propagates.
     """
     results: list[R | WorkerDied | None] = [None] * len(args)
     pending = deque(range(len(args)))
     running: list[_Running] = []
+    show = output or _print_output
 
     def record(run: _Running, result: R | WorkerDied) -> None:
         results[run.index] = result
+        if run.output or run.dropped:
+            show(run.index, run.captured())
         if done is not None:
             done(run.index, result)
 
@@ -130,7 +287,12 @@ def run_isolated(
                     before_start(args[index])
                 running.append(_start(index, fn, args[index], timeout_s(args[index])))
             now = time.monotonic()
-            ready = wait([r.conn for r in running], timeout=max(0.0, min(r.deadline for r in running) - now))
+            outputs = {r.out: r for r in running if r.out >= 0}
+            ready = wait([r.conn for r in running] + list(outputs),
+                         timeout=max(0.0, min(r.deadline for r in running) - now))
+            for fd in ready:
+                if isinstance(fd, int):
+                    outputs[fd].read_output()
             still: list[_Running] = []
             for run in running:
                 if run.conn in ready:
@@ -142,12 +304,10 @@ def run_isolated(
             running = still
     except BaseException:
         for run in running:
-            run.proc.kill()
-            run.proc.join()
+            run.end()
         raise
     return results  # type: ignore[return-value]
 
 
 def run_one_isolated(fn: Callable[[T], R], arg: T, *, timeout_s: float) -> R | WorkerDied:
     return run_isolated(fn, [arg], jobs=1, timeout_s=lambda _: timeout_s)[0]
-

@@ -1,10 +1,15 @@
 """Graph engines: capture a callable over static tensors, replay it, audit its inputs.
 
 ``tape`` models CUDA-graph semantics on any device (see ``tape.py``); ``cuda``
-drives real ``torch.cuda.CUDAGraph`` objects.  Both share the warm-up protocol
-and the recorder (``_record.py``), the one table of what CUDA refuses during
-capture (``_refusals.py``) and the input audit (``_audit.py``), so they warm up,
-refuse and report the same things.
+drives real ``torch.cuda.CUDAGraph`` objects.  Both share the warm-up routine
+(``_warm_up.py``), the recorder (``_record.py``, with what it reads of an op's
+schema in ``_ops.py``), the handling of eager islands and outputs
+(``_islands.py``), the one table of what CUDA refuses during capture, other
+threads included (``_refusals.py``), what ``torch.cuda`` answers about capture
+(``_cuda_queries.py``) and the input audit (``_audit.py``, with the module roots
+of ``_module_roots.py``), so they warm up, refuse and report the same things.
+The tape alone keeps the program's storages it binds where capture found them
+(``_homes.py``).
 """
 
 from .engine import (
@@ -15,6 +20,7 @@ from .engine import (
     InputAudit,
     StaleInput,
     eager_island,
+    module_roots,
 )
 from .registry import get_engine
 
@@ -27,4 +33,5 @@ __all__ = [
     "StaleInput",
     "eager_island",
     "get_engine",
+    "module_roots",
 ]

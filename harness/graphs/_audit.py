@@ -9,8 +9,10 @@ old layout.  Nothing fails either way; the numbers are just wrong.
 
 At capture end we walk the caller's ``roots`` (attributes, ``__slots__``,
 dataclass fields, module parameters/buffers/submodules, lists, tuples, and dicts
-with string or integer keys) to map each graph input to the attribute path that
-held it.  A view of a held tensor is named by its base's path plus the slice
+with string or integer keys; a Python module given as a root, by
+``module_roots``, is walked through its globals after every object root) to map
+each graph input to the attribute path that held it (``pool.swa_loc``,
+``my_backend.impl._cache``).  A view of a held tensor is named by its base's path plus the slice
 that makes it (``runner.out_cache_loc_swa[:4]``), and the base is what is
 watched.  Paths and inputs are compiled into a generated, unrolled probe that
 re-resolves every path with plain attribute and item access (module attributes
@@ -26,8 +28,10 @@ from the previous replay is a report built (``StaleInput``):
   program refreshes the graph's buffer and only keeps another tensor under the
   name.  Otherwise it is a finding: nothing
   refreshes what the graph reads.
-* ``kind="memory"``: the captured tensor's storage, storage offset, size or
-  stride differs from capture (``changed`` says which).
+* ``kind="memory"``: the captured tensor's storage, storage offset or strides
+  differ from capture (``changed`` says which, sizes included).  Sizes alone
+  are no finding: a tensor trimmed or grown with ``resize_`` inside its
+  storage's capacity keeps its memory, and the graph reads the rows it captured.
 
 A re-pointing that changes neither the data pointer nor the version counter
 (``t.data = t.t()``: same address, new strides, and ``.data`` assignment bumps no
@@ -47,7 +51,7 @@ from typing import Any
 
 import torch
 
-from ._record import storage_key
+from ._ops import storage_key
 from .engine import GraphInput, InputAudit, StaleInput
 
 _MAX_DEPTH = 6
@@ -100,6 +104,11 @@ def _slot_names(cls: type) -> list[str]:
 
 
 def _children(obj: object) -> Iterable[tuple[Step, object]]:
+    if isinstance(obj, types.ModuleType):  # a module root: its globals, not its import machinery
+        for k, v in list(vars(obj).items())[:_MAX_ITEMS]:
+            if not (k.startswith("__") and k.endswith("__")):
+                yield ("attr", k), v
+        return
     if isinstance(obj, dict):
         for i, (k, v) in enumerate(obj.items()):
             if i >= _MAX_ITEMS:
@@ -165,13 +174,26 @@ _Index = dict[Any, list[tuple[str, _Found]]]
 
 
 def _walk(roots: Mapping[str, object]) -> tuple[dict[int, tuple[str, _Found]], dict[_ViewKey, tuple[str, _Found]], _Index]:
-    """Breadth-first, so each tensor gets its shortest path; the first root wins ties."""
+    """Breadth-first, so each tensor gets its shortest path; the first root wins ties.
+
+    Object roots are walked first, module roots (``module_roots``: their globals) after them, so a
+    tensor an object holds keeps the object's name however near a module global it is.
+    """
     by_id: dict[int, tuple[str, _Found]] = {}
     by_view: dict[_ViewKey, tuple[str, _Found]] = {}
     by_storage: _Index = {}
     visited: set[int] = set()
+    objects = [(name, root) for name, root in roots.items() if not isinstance(root, types.ModuleType)]
+    modules = [(name, root) for name, root in roots.items() if isinstance(root, types.ModuleType)]
+    for group in (objects, modules):
+        _walk_from(group, by_id, by_view, by_storage, visited)
+    return by_id, by_view, by_storage
+
+
+def _walk_from(roots: list[tuple[str, object]], by_id: dict[int, tuple[str, _Found]],
+               by_view: dict[_ViewKey, tuple[str, _Found]], by_storage: _Index, visited: set[int]) -> None:
     queue: deque[tuple[str, object, tuple[Step, ...], object]] = deque(
-        (name, root, (), root) for name, root in roots.items()
+        (name, root, (), root) for name, root in roots
     )
     while queue:
         name, root, steps, obj = queue.popleft()
@@ -184,8 +206,8 @@ def _walk(roots: Mapping[str, object]) -> tuple[dict[int, tuple[str, _Found]], d
                     by_view.setdefault(vk, found)
                     by_storage.setdefault(vk[0], []).append(found)
             continue
-        if isinstance(obj, _LEAVES) or isinstance(obj, _SKIPPED) or id(obj) in visited:
-            continue
+        if isinstance(obj, _LEAVES) or (isinstance(obj, _SKIPPED) and steps) or id(obj) in visited:
+            continue  # a module is walked only as a root: its globals
         if len(steps) >= _MAX_DEPTH or len(visited) >= _MAX_OBJECTS:
             continue
         if type(obj).__module__.startswith(_OWN_PACKAGE + "."):
@@ -198,7 +220,6 @@ def _walk(roots: Mapping[str, object]) -> tuple[dict[int, tuple[str, _Found]], d
             continue
         for step, child in children:
             queue.append((name, root, steps + (step,), child))
-    return by_id, by_view, by_storage
 
 
 # ---------------------------------------------------------------- naming a view by its base
@@ -393,7 +414,20 @@ def _layout(path: str, t: torch.Tensor) -> _Layout:
     return _Layout(path, storage_key(t), t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride())
 
 
+def _same_memory(was: _Layout, now: _Layout) -> bool:
+    """Whether each element index both layouts hold lands on the same address (sizes may differ).
+
+    A tensor trimmed or grown with ``resize_`` inside its storage's capacity keeps its storage,
+    offset and strides: the program's rows are the graph's rows, only fewer or more of them.
+    """
+    return (was.key == now.key and was.storage_ptr == now.storage_ptr and was.offset == now.offset
+            and len(was.size) == len(now.size)
+            and all(a == b for a, b, m, n in zip(was.stride, now.stride, was.size, now.size) if m > 1 and n > 1))
+
+
 def _changes(was: _Layout, now: _Layout) -> str:
+    if _same_memory(was, now):
+        return ""
     found = []
     if was.key != now.key:
         found.append(f"storage {was.storage_ptr:#x} -> {now.storage_ptr:#x} (another storage)")
@@ -484,6 +518,9 @@ def build_audit(
     inputs: Iterable[torch.Tensor],
     roots: Mapping[str, object],
     static_inputs: Iterable[torch.Tensor],
+    *,
+    notes: Iterable[str] = (),
+    rerun_ops: Iterable[str] = (),
 ) -> tuple[InputAudit, StaleWatch]:
     static = list(static_inputs)
     static_ids = {id(t) for t in static}
@@ -531,4 +568,5 @@ def build_audit(
             base_path = base[0] + _index_text(b.held, t)
             leaves.append(_Leaf(base_path, b.root, b.steps, tuple(_getter(s) for s in b.steps), b.held, describe(t),
                                 watch(b.held, base[0])))
-    return InputAudit(inputs=tuple(entries)), StaleWatch(leaves, tensors, layouts)
+    audit = InputAudit(inputs=tuple(entries), notes=tuple(notes), rerun_ops=tuple(rerun_ops))
+    return audit, StaleWatch(leaves, tensors, layouts)

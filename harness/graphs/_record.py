@@ -6,15 +6,24 @@ Python-level calls that dispatch no op of their own (``_refusals.HOOKS``).  It
 
 * checks every call against what CUDA refuses during stream capture
   (``_refusals.TABLE``), raising ``CaptureError`` with the user's source line;
-* undoes writes to storages that existed before it started (``undo``).  A
-  warm-up is a *rehearsal*: it also puts back the layout of tensors an op
-  resized or re-strided, and poisons storage an op grew, so that every warm-up
-  leaves pre-existing tensors exactly as it found them.  A capture only rolls
-  back contents (on CUDA a resize at capture really happens; its new memory is
-  graph memory, so it is poisoned);
+* with ``undo`` (a capture: capture does not compute), undoes writes to
+  storages that existed before it started.  It rolls back contents only: on
+  CUDA a resize at capture really happens, and its new memory is graph memory,
+  so it is poisoned.  A warm-up runs without ``undo`` or ``track``: its runs are
+  real eager runs, checked, and what they write stays written;
 * tracks which tensors it produced and which it read (the graph's inputs, for
-  the input audit) and which storages ops allocated (``fresh``, poisoned after
-  capture);
+  the input audit; a tensor first met as a target an op writes whole, with
+  ``out=``, ``copy_``, ``fill_`` or ``zero_``, is no input) and which storages
+  ops allocated (``fresh``, poisoned after capture);
+* runs a ``torch.library`` op's kernel with itself active again, so the ops the
+  body dispatches are checked and recorded like the program's own (CUDA
+  captures the kernels, not the Python); in record mode an op whose recorded
+  body does not account for what it returns or mutates did work the dispatcher
+  cannot see (an FFI launch) and is recorded as one opaque op (``rerun_ops``).
+  An op that reaches it above its composite decomposition (autograd excluded:
+  in such a body, under ``inference_mode``) is decomposed the same way;
+* registers a capture in ``capture_error_mode="global"`` so that another
+  thread's host sync is refused and invalidates it (``_refusals``);
 * with ``record``, appends an ``OpStep`` per op: the raw tape the tape engine
   compiles.  Recorded steps never hold the program's tensors.  Each tensor is
   represented by a *pin*: a tensor object of its own over the same storage with
@@ -22,7 +31,11 @@ Python-level calls that dispatch no op of their own (``_refusals.HOOKS``).  It
   as a CUDA graph binds device addresses: a program that later swaps a
   tensor's memory (``t.data = ...``, ``t.set_(...)``, ``t.t_()``) does not move
   the tape, and an in-place layout change during capture leaves the steps
-  recorded before it alone.  Because the recorder holds only weak references to
+  recorded before it alone.  A storage an op reallocates in place during
+  capture (``resize_`` past its capacity) is the exception: the pins recorded
+  before the op move to a stand-in for the freed old block, and the copy CUDA
+  captures from the old block into the new one is recorded after it.  Because
+  the recorder holds only weak references to
   the program's tensors, a tensor that is dead at capture end is one the program
   can no longer read, which is what lets the tape reuse its memory.
 
@@ -31,163 +44,52 @@ which a resize keeps.  In record mode every storage stays alive (through a pin,
 a snapshot or the program) so identities stay unique; the cuda engine's capture
 keeps nothing alive and only compares storages within one op.
 
-The protocol around a recorder (warm-up, islands, outputs) is in ``_protocol.py``.
+What it knows of an op's schema is in ``_ops.py``; the warm-up routine in ``_warm_up.py``; islands' and
+captured callables' outputs in ``_islands.py``.
 """
 
 from __future__ import annotations
 
 import weakref
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ._refusals import FUNCTION_HOOKS, HOOKS, Rule, _tls, check_op, op_rule
-
-StorageKey = int
-
-_storage_id: Callable[[torch.Tensor], int] = getattr(torch._C, "_storage_id", None) or (
-    lambda t: t.untyped_storage()._cdata
+from ._cuda_queries import AVAILABILITY
+from ._ops import (
+    INFO_CACHE,
+    OpInfo,
+    StorageKey,
+    runs_its_composite,
+    tensor_args,
+    flat_outputs,
+    flat_tensors,
+    op_info,
+    poison_bytes,
+    storage_key,
+    written_tensors,
+)
+from ._refusals import (
+    FUNCTION_HOOKS,
+    HOOKS,
+    SCALAR_SYNC_HOOKS,
+    CaptureError,
+    _tls,
+    capturing_globally,
+    check_op,
 )
 
-
-def storage_key(t: torch.Tensor) -> StorageKey | None:
-    """Identity of ``t``'s storage; None for a tensor without one (sparse, nested)."""
-    try:
-        return _storage_id(t)
-    except (RuntimeError, NotImplementedError):
-        return None
+CAPTURE_ERROR_MODES = ("global", "thread_local", "relaxed")
+"""``torch.cuda.graph``'s capture error modes (``cudaStreamCaptureMode``)."""
 
 
-# ---------------------------------------------------------------- small helpers
-
-
-def flat_tensors(obj: Any, into: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
-    """Tensors in ``obj``, looking through lists, tuples and dict values."""
-    if into is None:
-        into = []
-    if isinstance(obj, torch.Tensor):
-        into.append(obj)
-    elif isinstance(obj, (list, tuple)):
-        for item in obj:
-            flat_tensors(item, into)
-    elif isinstance(obj, dict):
-        for item in obj.values():
-            flat_tensors(item, into)
-    return into
-
-
-def flat_outputs(out: Any) -> list[Any]:
-    """An op's return, flattened one list deep, keeping positions (None stays None)."""
-    if isinstance(out, (tuple, list)):
-        flat: list[Any] = []
-        for item in out:
-            if isinstance(item, (tuple, list)):
-                flat.extend(item)
-            else:
-                flat.append(item)
-        return flat
-    return [out]
-
-
-def poison_value(dtype: torch.dtype) -> float | int | bool:
-    if dtype == torch.bool:
-        return True
-    if dtype.is_floating_point or dtype.is_complex:
-        return float("nan")
-    info = torch.iinfo(dtype)
-    if info.min == 0:  # unsigned: 0 is too common a value to stand out
-        return info.max
-    if info.bits >= 32:
-        return -(2**31) + 7
-    return info.min
-
-
-def poison_bytes(storage: torch.UntypedStorage, dtype: torch.dtype, start: int = 0) -> None:
-    """Fill ``storage`` from byte ``start`` on with the poison of ``dtype``."""
-    size = dtype.itemsize
-    first = -(-start // size)
-    n = storage.nbytes() // size - first
-    if n <= 0:
-        return
-    flat = torch.empty(0, dtype=dtype, device=storage.device).set_(storage, first, (n,), (1,))
-    try:
-        flat.fill_(poison_value(dtype))
-    except (RuntimeError, TypeError):  # exotic dtypes: any loud bit pattern will do
-        torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage, first * size, (n * size,), (1,)).fill_(0xFF)
-
-
-def poison_storage(t: torch.Tensor) -> None:
-    """Fill the whole storage behind ``t`` with the poison of ``t``'s dtype."""
-    poison_bytes(t.untyped_storage(), t.dtype)
-
-
-@dataclass(frozen=True, slots=True)
-class OpInfo:
-    """What the schema says about an op, computed once per overload."""
-
-    func: Any
-    call: Callable[..., Any]  # the overload's C++ entry point (skips OpOverload.__call__)
-    name: str
-    writes: tuple[tuple[int, str], ...]  # (position, name) of arguments the op writes
-    inplace_view: bool  # mutates metadata only (t_, resize_, set_, ...)
-    relayouts: bool  # may change the layout of an argument it writes (inplace views, out= resizes, set_data)
-    rule: Rule | None  # the refusal table's rule for this op
-    gen_pos: int | None  # position of a ``generator`` argument of a random op
-    seeded: bool  # draws random numbers
-    lift: bool  # turns a Python scalar into a tensor (a graph constant)
-    alloc: bool  # only allocates (empty*, new_empty*)
-    returns: bool  # has a return value (an op without one acts by its effect: an assert)
-
-
-# Keyed by id: OpOverload.__hash__ is Python code, and overloads live as long as the process.
-_INFO_CACHE: dict[int, OpInfo] = {}
-_LIFT_OPS = frozenset({"aten::lift_fresh", "aten::lift_fresh_copy"})
-
-
-def op_info(func: Any) -> OpInfo:
-    info = _INFO_CACHE.get(id(func))
-    if info is None or info.func is not func:
-        schema = func._schema
-        args = schema.arguments
-        writes = tuple((i, a.name) for i, a in enumerate(args) if a.alias_info is not None and a.alias_info.is_write)
-        inplace_view = torch.Tag.inplace_view in func.tags
-        seeded = torch.Tag.nondeterministic_seeded in func.tags
-        gen_pos = next((i for i, a in enumerate(args) if a.name == "generator"), None) if seeded else None
-        relayouts = inplace_view or any(a.is_out for a in args) or (bool(writes) and not schema.returns)
-        alloc = schema.name.split("::", 1)[-1].startswith(("empty", "new_empty"))
-        info = OpInfo(func, getattr(func, "_op", func), schema.name, writes, inplace_view, relayouts,
-                      op_rule(schema.name), gen_pos, seeded, schema.name in _LIFT_OPS, alloc, bool(schema.returns))
-        _INFO_CACHE[id(func)] = info
-    return info
-
-
-def written_tensors(info: OpInfo, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
-    found: list[torch.Tensor] = []
-    for pos, name in info.writes:
-        value = args[pos] if pos < len(args) else kwargs.get(name)
-        flat_tensors(value, found)
-    return found
-
-
-def _tensor_args(args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
-    """The tensors an aten call takes (schemas nest at most one list deep)."""
-    found = []
-    for a in args:
-        if isinstance(a, torch.Tensor):
-            found.append(a)
-        elif isinstance(a, (list, tuple)):
-            found.extend(x for x in a if isinstance(x, torch.Tensor))
-    if kwargs:
-        for a in kwargs.values():
-            if isinstance(a, torch.Tensor):
-                found.append(a)
-            elif isinstance(a, (list, tuple)):
-                found.extend(x for x in a if isinstance(x, torch.Tensor))
-    return found
+def check_capture_error_mode(mode: str) -> None:
+    if mode not in CAPTURE_ERROR_MODES:
+        raise ValueError(f"capture_error_mode must be one of {', '.join(CAPTURE_ERROR_MODES)}, got {mode!r}")
 
 
 class OpStep(NamedTuple):
@@ -223,6 +125,9 @@ _Seen = tuple[weakref.ref, bool, "torch.Tensor | None", int, "StorageKey | None"
 _REF, _PRODUCED, _PIN, _SERIAL, _KEY = range(5)
 _Tensor = torch.Tensor
 _ref = weakref.ref
+_COPY = torch.ops.aten.copy_.default
+_below_inplace_view = torch._C._AutoDispatchBelowADInplaceOrView
+_BELOW_PYTHON = torch._C._dispatch_keyset_full_after(torch._C.DispatchKey.Python)
 
 
 # ---------------------------------------------------------------- recorder
@@ -235,15 +140,21 @@ class Recorder:
         self,
         *,
         undo: bool = False,
-        rehearsal: bool = False,
+        track: bool = True,
         record: bool = False,
         capturing: bool = False,
+        capture_error_mode: str = "global",
         island_impl: IslandImpl | None = None,
     ) -> None:
-        self.undo = undo or rehearsal
-        self.rehearsal = rehearsal
+        check_capture_error_mode(capture_error_mode)
+        self.undo = undo
+        self.track = track or record
         self.record = record
         self.capturing = capturing
+        # "global": while this capture runs, another thread's host sync fails and invalidates it
+        self.capture_error_mode = capture_error_mode
+        self.invalidated: CaptureError | None = None
+        self.device_type: str | None = None  # of the first tensor seen: what another thread's sync is judged on
         self.island_impl = island_impl
         self.steps: list[OpStep | IslandStep] = []
         # Captured-read tensors that this recording did not produce, first-seen order.
@@ -254,12 +165,22 @@ class Recorder:
         self.pins_by_key: dict[StorageKey, list[torch.Tensor]] = {}
         # record: pin id -> serial of the program tensor it stands for (one name per tensor in traces).
         self.serial_of_pin: dict[int, int] = {}
+        # record: storages an op reallocated during capture, and the stand-ins for their old blocks
+        # (memory of the tape's own that the steps recorded before the op keep reading and writing)
+        self.relocated: set[StorageKey] = set()
+        self.old_block_keys: set[StorageKey] = set()
+        self.block_copies: set[int] = set()  # indices of the steps that copy an old block into its new one
+        # record: custom ops recorded as one opaque op, re-run at every replay (work the dispatcher cannot see)
+        self.rerun_ops: list[str] = []
+        self.rerun_steps: set[int] = set()
+        self._old_blocks: list[tuple[torch.UntypedStorage, torch.dtype]] = []
         self.cpu_only_syncs = 0
+        # what a capture could not model and says instead of staying silent (_cuda_queries), in order, once each
+        self.notes: list[str] = []
         self._seen: dict[int, _Seen] = {}
         self._keys: set[StorageKey] = set()  # record: every storage seen, so "never seen" means fresh
         self._constants: dict[int, torch.Tensor] = {}
         self._snapshots: dict[StorageKey, tuple[torch.UntypedStorage, torch.Tensor, torch.dtype]] = {}
-        self._layouts: dict[int, tuple[torch.Tensor, torch.UntypedStorage, int, tuple[int, ...], tuple[int, ...]]] = {}
         self._serial = 0
         self._paused = 0
 
@@ -272,12 +193,24 @@ class Recorder:
         _tls.recorder = self
         previous = getattr(_tls, "island_host", None)
         _tls.island_host = self if self.island_impl is not None else None  # engine.eager_island looks here
+        globally = self.capturing and self.capture_error_mode == "global"
         try:
-            with HOOKS.held(_ACTIVE_PATCHES), _OpHook(self):
+            with ExitStack() as stack:
+                if globally:
+                    stack.enter_context(capturing_globally(self))
+                stack.enter_context(HOOKS.held(_ACTIVE_PATCHES + SCALAR_SYNC_HOOKS if globally else _ACTIVE_PATCHES))
+                stack.enter_context(_OpHook(self))
                 yield
         finally:
             _tls.island_host = previous
             _tls.recorder = None
+        if self.invalidated is not None:  # another thread's host sync: CUDA fails the capture at its end
+            raise self.invalidated
+
+    def invalidate(self, error: CaptureError) -> None:
+        """Another thread did what this capture's mode prohibits (called from that thread)."""
+        if self.invalidated is None:
+            self.invalidated = error
 
     @contextmanager
     def paused(self) -> Iterator[None]:
@@ -288,32 +221,33 @@ class Recorder:
         finally:
             self._paused -= 1
 
+    def note(self, text: str) -> None:
+        if text not in self.notes:
+            self.notes.append(text)
+
     def is_constant(self, t: torch.Tensor) -> bool:
         """A scalar the program wrote as a Python number (a graph constant on the host)."""
         return self._constants.get(id(t)) is t
 
     def restore(self) -> None:
-        """Undo writes to storages that existed before recording (and, rehearsing, their layouts)."""
+        """Undo writes to storages that existed before recording."""
         with torch.no_grad():
             for storage, saved, dtype in self._snapshots.values():
                 old, now = saved.numel(), storage.nbytes()
                 whole = torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
                 if now == old:
                     whole.copy_(saved)
-                elif self.rehearsal:  # put the old bytes back; what the op added is poison
-                    n = min(now, old)
-                    whole[:n].copy_(saved[:n])
-                    poison_bytes(storage, dtype, n)
                 else:  # an op at capture moved this storage into graph memory: nothing computed stays
                     poison_bytes(storage, dtype)
-            for t, storage, offset, size, stride in self._layouts.values():
-                t.set_(storage, offset, size, stride)
+            for storage, dtype in self._old_blocks:  # the allocator freed them when the op reallocated
+                poison_bytes(storage, dtype)
         self._snapshots.clear()
-        self._layouts.clear()
 
     # -- bookkeeping
 
     def _new(self, t: torch.Tensor, produced: bool, key: StorageKey | None) -> _Seen:
+        if self.device_type is None:
+            self.device_type = t.device.type
         self._serial += 1
         pin = None
         if self.record:
@@ -373,7 +307,7 @@ class Recorder:
         e = self._seen.get(id(t))
         return e[_SERIAL] if e is not None and e[_REF]() is t else None
 
-    def _before_write(self, t: torch.Tensor, info: OpInfo) -> None:
+    def _before_write(self, t: torch.Tensor) -> None:
         key = storage_key(t)
         if key is None or key in self.fresh:
             return
@@ -381,52 +315,174 @@ class Recorder:
             storage = t.untyped_storage()
             whole = torch.empty(0, dtype=torch.uint8, device=t.device).set_(storage)
             self._snapshots[key] = (storage, whole.clone(), t.dtype)
-        if self.rehearsal and info.relayouts and id(t) not in self._layouts:
-            # a tensor over storage that existed before warm-up: its layout is put back with its bytes
-            self._layouts[id(t)] = (t, t.untyped_storage(), t.storage_offset(), tuple(t.shape), t.stride())
 
     # -- hooks
 
     def on_op(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if self._paused:
             return func(*args, **kwargs)
-        info = _INFO_CACHE.get(id(func))
+        info = INFO_CACHE.get(id(func))
         if info is None or info.func is not func:
             info = op_info(func)
+        if info.implicit and runs_its_composite(func, args, kwargs):
+            with _OpHook(self):  # its constituents come back through this recorder, checked and recorded
+                return func.decompose(*args, **kwargs)
         if info.rule is not None or info.gen_pos is not None:
             check_op(func, info.rule, info.gen_pos, args, kwargs, self)
         written = None
+        memory = None
         if info.writes:
             written = written_tensors(info, args, kwargs)
             if self.undo:
                 for t in written:
-                    self._before_write(t, info)
+                    self._before_write(t)
+            if self.record and info.relayouts:
+                memory = [(t, storage_key(t), t.untyped_storage().data_ptr(), t.untyped_storage().nbytes())
+                          for t in written]
+        if info.custom:
+            return self._custom_op(func, info, args, kwargs, written)
         out = info.call(*args, **kwargs)
         if info.lift:
-            for t in _tensor_args(args, kwargs):
+            for t in tensor_args(args, kwargs):
                 self._constants[id(t)] = t
         if self.record:
+            moved = self._reallocated(memory) if memory else None
+            if info.overwrites:
+                self._overwritten(info, args, kwargs)
             self._record(func, info, args, kwargs, out, written)
-        elif self.rehearsal:
-            self._note_fresh(args, kwargs, out)
-        else:
+            if moved and not info.has_out:
+                self._record_block_copies(moved)
+        elif self.track:
+            if info.overwrites:
+                self._overwritten(info, args, kwargs)
             self._observe(args, kwargs, out)
         return out
 
-    def _note_fresh(self, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
-        """Warm-up only needs to know which storages its ops allocated (they need no undo)."""
-        in_keys = {storage_key(t) for t in _tensor_args(args, kwargs)}
-        for o in (out,) if isinstance(out, _Tensor) else flat_outputs(out):
-            if isinstance(o, _Tensor):
-                key = storage_key(o)
-                if key is not None and key not in in_keys:
-                    self.fresh[key] = None
+    def _overwritten(self, info: OpInfo, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """Tensors first met as a target the op writes whole, without reading it: graph outputs, not inputs.
+
+        A buffer the graph fills with ``out=`` (or ``copy_``, ``fill_``, ``zero_``) before it reads it
+        holds nothing the graph depends on; listing it as an unregistered input is a false finding.
+        """
+        positions = {pos for pos, _ in info.overwrites}
+        names = {name for _, name in info.overwrites}
+        targets = flat_tensors([args[p] for p in positions if p < len(args)] + [kwargs[n] for n in names if n in kwargs])
+        reads = flat_tensors([a for i, a in enumerate(args) if i not in positions]
+                             + [v for k, v in kwargs.items() if k not in names])
+        for t in targets:
+            e = self._seen.get(id(t))
+            if (e is None or e[_REF]() is not t) and not any(r is t for r in reads):
+                self._new(t, False, storage_key(t))
+
+    # -- custom ops
+
+    def _custom_op(self, func: Any, info: OpInfo, args: tuple[Any, ...], kwargs: dict[str, Any],
+                   written: list[torch.Tensor] | None) -> Any:
+        """Run a ``torch.library`` op's kernel with this recorder active, so its body's own ops are checked and recorded.
+
+        CUDA captures the kernels the body launches, not the Python that launched them.  When the body's
+        recorded ops do not account for everything the op returns or declares it mutates, part of its
+        work is invisible to the dispatcher (an FFI kernel launch): the op is recorded as one opaque op,
+        called again at every replay, and named in ``rerun_ops``.
+        """
+        keys = None
+        for t in tensor_args(args, kwargs):
+            keys = torch._C._dispatch_keys(t) if keys is None else keys | torch._C._dispatch_keys(t)
+        mark, made_from = len(self.steps), len(self.fresh)
+        if keys is None:  # nothing to dispatch on below this mode: the kernel runs out of sight
+            out = info.call(*args, **kwargs)
+        else:
+            with _OpHook(self):  # the kernel below the Python key, its own ops back through this recorder
+                out = func.redispatch(keys & _BELOW_PYTHON, *args, **kwargs)
+        if not self.record:
+            if self.track:
+                self._observe(args, kwargs, out)
+            return out
+        if keys is not None and self._accounted(written, out, mark):
+            return out
+        del self.steps[mark:]
+        self.block_copies = {i for i in self.block_copies if i < mark}
+        self.rerun_steps = {i for i in self.rerun_steps if i < mark}
+        self.rerun_steps.add(mark)
+        if info.name not in self.rerun_ops:
+            self.rerun_ops.append(info.name)
+        self._record(func, info, args, kwargs, out, written, made=set(list(self.fresh)[made_from:]))
+        return out
+
+    def _accounted(self, written: list[torch.Tensor] | None, out: Any, mark: int) -> bool:
+        """Whether the steps recorded since ``mark`` wrote every storage the op mutates and computed every one it returns."""
+        computed: set[StorageKey | None] = set()
+        for step in self.steps[mark:]:
+            if isinstance(step, IslandStep):
+                return False
+            computed.update(step.write_keys)
+            if not step.info.alloc:  # an allocation is no computation: memory left to a kernel out of sight
+                computed.update(k for k, fresh in zip(step.out_keys, step.fresh) if fresh)
+        for t in written or ():
+            if storage_key(t) not in computed:
+                return False
+        return all(storage_key(o) in computed for o in flat_outputs(out) if isinstance(o, _Tensor))
+
+    # -- storages reallocated during capture
+
+    def _reallocated(self, memory: list[tuple[torch.Tensor, StorageKey | None, int, int]]
+                     ) -> list[tuple[torch.Tensor, StorageKey, torch.Tensor, int]]:
+        """Storages the op just reallocated (a ``resize_`` past capacity), their earlier pins moved to stand-ins.
+
+        On CUDA the kernels captured before the op keep the old block's address; the allocator frees
+        that block at the op, so the graph's later reads of it find whatever was put there (poison, here).
+        """
+        moved = []
+        done: set[StorageKey] = set()
+        for t, key, ptr, nbytes in memory:
+            if key is None or key in done or nbytes == 0 or storage_key(t) != key:
+                continue  # set_ binds another storage: earlier pins keep the old one by themselves
+            storage = t.untyped_storage()
+            if storage.data_ptr() == ptr and storage.nbytes() == nbytes:
+                continue
+            done.add(key)
+            old = torch.empty(nbytes, dtype=torch.uint8, device=t.device)
+            old_key = storage_key(old)
+            assert old_key is not None
+            with torch.no_grad(), _below_inplace_view():
+                for pin in self.pins_by_key.pop(key, []):
+                    pin.set_(old.untyped_storage(), pin.storage_offset(), pin.size(), pin.stride())
+                    self._pinned(pin, old_key, self.serial_of_pin[id(pin)])
+            for tid, e in list(self._seen.items()):  # later ops see live tensors over the storage at its new block
+                obj = e[_REF]()
+                if e[_KEY] == key and e[_PIN] is not None and obj is not None:
+                    pin = obj.detach()
+                    self._pinned(pin, key, e[_SERIAL])
+                    self._seen[tid] = (e[_REF], e[_PRODUCED], pin, e[_SERIAL], key)
+            if key in self.fresh:  # graph memory either way: the new block is poisoned after capture too
+                self.fresh[key] = self._seen[id(t)][_PIN] if id(t) in self._seen else t.detach()
+            self.relocated.update((key, old_key))
+            self.old_block_keys.add(old_key)
+            self._old_blocks.append((old.untyped_storage(), t.dtype))
+            moved.append((t, key, old, nbytes))
+        return moved
+
+    def _record_block_copies(self, moved: list[tuple[torch.Tensor, StorageKey, torch.Tensor, int]]) -> None:
+        """The device-to-device copy of each old block into the head of the new one (CUDA's ``resize_bytes_cuda``)."""
+        for t, key, old, nbytes in moved:
+            storage = t.untyped_storage()
+            n = min(nbytes, storage.nbytes())
+            serial = self._seen[id(t)][_SERIAL]
+            src = old[:n]
+            dst = torch.empty(0, dtype=torch.uint8, device=t.device).set_(storage, 0, (n,), (1,))
+            old_key = storage_key(old)
+            assert old_key is not None
+            self._pinned(src, old_key, serial)
+            self._pinned(dst, key, serial)
+            self.block_copies.add(len(self.steps))
+            self.steps.append(OpStep(_COPY, op_info(_COPY), (dst, src), {}, (dst,), (False,), (key, old_key), (key,),
+                                     (key,)))
 
     def _observe(self, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> None:
-        """Inputs and fresh outputs without recording (cuda capture, warm-up): nothing is kept alive."""
+        """Inputs and fresh outputs without recording (cuda capture): nothing is kept alive."""
         seen = self._seen
         in_keys = set()
-        for t in _tensor_args(args, kwargs):
+        for t in tensor_args(args, kwargs):
             e = seen.get(id(t))
             if e is None or e[_REF]() is not t:
                 e = self._take(t)
@@ -457,11 +513,15 @@ class Recorder:
                 out.append(a)
         return out
 
-    def _output(self, o: torch.Tensor) -> tuple[torch.Tensor | None, bool, StorageKey | None]:
-        """(pin, fresh, storage) of a tensor an op returned; a storage never seen before is fresh."""
+    def _output(self, o: torch.Tensor, made: set[StorageKey] | None = None
+                ) -> tuple[torch.Tensor | None, bool, StorageKey | None]:
+        """(pin, fresh, storage) of a tensor an op returned; a storage never seen before is fresh.
+
+        ``made``: storages the op allocated, for an opaque op whose body's ops saw its outputs first.
+        """
         e = self._seen.get(id(o))
         if e is not None and e[_REF]() is o:  # an in-place op hands back its argument
-            return e[_PIN], False, e[_KEY]
+            return e[_PIN], made is not None and e[_KEY] in made, e[_KEY]
         key = storage_key(o)
         fresh = key is not None and key not in self._keys
         e = self._new(o, True, key)
@@ -470,7 +530,7 @@ class Recorder:
         return e[_PIN], fresh, key
 
     def _record(self, func: Any, info: OpInfo, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any,
-                written: list[torch.Tensor] | None) -> None:
+                written: list[torch.Tensor] | None, made: set[StorageKey] | None = None) -> None:
         if written and info.relayouts:
             for t in written:
                 self._repin(t)
@@ -479,7 +539,7 @@ class Recorder:
         pinned_kwargs = dict(zip(kwargs, self._pin_args(kwargs.values(), keys))) if kwargs else {}
         write_keys = tuple(k for k in (self._seen[id(t)][_KEY] for t in written) if k is not None) if written else ()
         if isinstance(out, _Tensor):  # the common case: one output
-            pin, fresh, key = self._output(out)
+            pin, fresh, key = self._output(out, made)
             self.steps.append(OpStep(func, info, pinned, pinned_kwargs, (pin,), (fresh,), tuple(keys), (key,), write_keys))
             return
         outputs: list[Any] = []
@@ -487,7 +547,7 @@ class Recorder:
         out_keys: list[StorageKey | None] = []
         for o in flat_outputs(out):
             if isinstance(o, _Tensor):
-                pin, fresh, key = self._output(o)
+                pin, fresh, key = self._output(o, made)
             else:
                 pin, fresh, key = o, False, None
             outputs.append(pin)
@@ -499,9 +559,10 @@ class Recorder:
     def run_island(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if self._paused or self.island_impl is None:  # an island inside an island is plain code
             return fn(*args, **kwargs)
-        with self.paused():
-            for t in flat_tensors((args, kwargs)):
-                self._take(t)
+        if self.track:
+            with self.paused():
+                for t in flat_tensors((args, kwargs)):
+                    self._take(t)
         return self.island_impl(self, fn, args, kwargs)
 
 
@@ -521,36 +582,4 @@ class _OpHook(TorchDispatchMode):
         return self._on_op(func, args, kwargs or {})
 
 
-# ---------------------------------------------------------------- torch.cuda.is_current_stream_capturing
-
-
-def _capture_query(original: Callable[[], bool]) -> Callable[[], bool]:
-    def is_current_stream_capturing() -> bool:
-        rec = getattr(_tls, "recorder", None)
-        if rec is not None:
-            return rec.capturing and not rec._paused
-        if getattr(_tls, "replaying", 0):
-            return False
-        return original()
-
-    is_current_stream_capturing.__doc__ = original.__doc__
-    return is_current_stream_capturing
-
-
-# Both names the query is reachable by; a program that imported the function itself is not reached.
-CAPTURE_QUERY = (
-    HOOKS.add(torch.cuda, "is_current_stream_capturing", _capture_query),
-    HOOKS.add(torch.cuda.graphs, "is_current_stream_capturing", _capture_query),
-)
-_ACTIVE_PATCHES = FUNCTION_HOOKS + CAPTURE_QUERY
-
-
-@contextmanager
-def replaying_island() -> Iterator[None]:
-    """While a replay runs an island's Python, the capture query answers False, as on a device (and on CPU-only torch)."""
-    _tls.replaying = getattr(_tls, "replaying", 0) + 1
-    try:
-        with HOOKS.held(CAPTURE_QUERY):
-            yield
-    finally:
-        _tls.replaying -= 1
+_ACTIVE_PATCHES = FUNCTION_HOOKS + (AVAILABILITY,)

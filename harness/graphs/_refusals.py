@@ -75,13 +75,16 @@ class CaptureError(RuntimeError):
 
 
 
-class Recorder(Protocol):
-    """What the rules read of the recorder running on this thread (``_record.Recorder``)."""
+class CaptureContext(Protocol):
+    """What the rules read of the capture running on this thread (a ``_record.Recorder``)."""
 
     cpu_only_syncs: int
     _paused: int
+    device_type: str | None
 
     def is_constant(self, t: torch.Tensor) -> bool: ...
+
+    def invalidate(self, error: CaptureError) -> None: ...
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _PKG_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
@@ -97,6 +100,12 @@ def user_location() -> str:
         frame = frame.f_back
     if frame is None:
         return "<unknown>"
+    return frame_location(frame)
+
+
+def frame_location(frame: Any) -> str:
+    """``file:line: code`` of a frame, the file relative to the working directory when it lies below it."""
+    filename = frame.f_code.co_filename
     code = linecache.getline(filename, frame.f_lineno).strip()
     shown = filename
     try:
@@ -108,7 +117,7 @@ def user_location() -> str:
     return f"{shown}:{frame.f_lineno}: {code}"
 
 
-Predicate = Callable[[tuple[Any, ...], dict[str, Any], Recorder], bool]
+Predicate = Callable[[tuple[Any, ...], dict[str, Any], CaptureContext], bool]
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,7 +143,7 @@ def _arg(args: tuple[Any, ...], kwargs: dict[str, Any], pos: int, name: str, def
 # ---------------------------------------------------------------- the device model
 
 
-def _host_scalar(value: Any, self: torch.Tensor, rec: Recorder) -> bool:
+def _host_scalar(value: Any, self: torch.Tensor, rec: CaptureContext) -> bool:
     """A value the op reads on the host: a CPU tensor next to a device tensor, or a Python number."""
     if not isinstance(value, torch.Tensor):
         return True
@@ -171,20 +180,20 @@ def _host_index(index: object) -> bool:
 # ---------------------------------------------------------------- predicates
 
 
-def _cpu_check_outside_allowance(args: tuple[Any, ...], kwargs: dict[str, Any], rec: Recorder) -> bool:
+def _cpu_check_outside_allowance(args: tuple[Any, ...], kwargs: dict[str, Any], rec: CaptureContext) -> bool:
     return not (rec.cpu_only_syncs and args[0].device.type == "cpu")
 
 
-def _repeat_interleave_unsized(args: tuple[Any, ...], kwargs: dict[str, Any], rec: Recorder) -> bool:
+def _repeat_interleave_unsized(args: tuple[Any, ...], kwargs: dict[str, Any], rec: CaptureContext) -> bool:
     repeats_tensor = isinstance(args[0], torch.Tensor) and (len(args) == 1 or isinstance(args[1], torch.Tensor))
     return repeats_tensor and kwargs.get("output_size") is None
 
 
-def _mask_index(args: tuple[Any, ...], kwargs: dict[str, Any], rec: Recorder) -> bool:
+def _mask_index(args: tuple[Any, ...], kwargs: dict[str, Any], rec: CaptureContext) -> bool:
     return any(_is_mask(i) for i in args[1])
 
 
-def _mask_put_needs_nonzero(args: tuple[Any, ...], kwargs: dict[str, Any], rec: Recorder) -> bool:
+def _mask_put_needs_nonzero(args: tuple[Any, ...], kwargs: dict[str, Any], rec: CaptureContext) -> bool:
     self, indices, value = args[0], args[1], args[2]
     if not any(_is_mask(i) for i in indices):
         return False
@@ -202,45 +211,45 @@ def _mask_put_needs_nonzero(args: tuple[Any, ...], kwargs: dict[str, Any], rec: 
     return not masked_fill_path
 
 
-def _device_fill_value(args: tuple[Any, ...], kwargs: dict[str, Any], rec: Recorder) -> bool:
+def _device_fill_value(args: tuple[Any, ...], kwargs: dict[str, Any], rec: CaptureContext) -> bool:
     value = args[2]
     return isinstance(value, torch.Tensor) and not _host_scalar(value, args[0], rec)
 
 
-def _histc_without_range(args: tuple[Any, ...], kwargs: dict[str, Any], rec: Recorder) -> bool:
+def _histc_without_range(args: tuple[Any, ...], kwargs: dict[str, Any], rec: CaptureContext) -> bool:
     return _arg(args, kwargs, 2, "min", 0) == _arg(args, kwargs, 3, "max", 0) and args[0].numel() > 0
 
 
-def _to_host(args: tuple[Any, ...], kwargs: dict[str, Any], rec: Recorder) -> bool:
+def _to_host(args: tuple[Any, ...], kwargs: dict[str, Any], rec: CaptureContext) -> bool:
     device = kwargs.get("device")
     return device is not None and args[0].device.type == "cuda" and torch.device(device).type == "cpu"
 
 
-def _copy_to_host(args: tuple[Any, ...], kwargs: dict[str, Any], rec: Recorder) -> bool:
+def _copy_to_host(args: tuple[Any, ...], kwargs: dict[str, Any], rec: CaptureContext) -> bool:
     return args[0].device.type == "cpu" and isinstance(args[1], torch.Tensor) and args[1].device.type == "cuda"
 
 
-def _tensor_to_host_string(args: tuple[Any, ...], kwargs: dict[str, Any], rec: Recorder) -> bool:
+def _tensor_to_host_string(args: tuple[Any, ...], kwargs: dict[str, Any], rec: CaptureContext) -> bool:
     device = kwargs.get("device", args[1] if len(args) > 1 else None)
     return isinstance(device, str) and torch.device(device).type == "cpu"
 
 
 def _python_data(pos: int, name: str) -> Predicate:
-    def when(args: tuple[Any, ...], kwargs: dict[str, Any], rec: Recorder) -> bool:
+    def when(args: tuple[Any, ...], kwargs: dict[str, Any], rec: CaptureContext) -> bool:
         return not isinstance(_arg(args, kwargs, pos, name), torch.Tensor)
 
     return when
 
 
-def _getitem_host_data(args: tuple[Any, ...], kwargs: dict[str, Any], rec: Recorder) -> bool:
+def _getitem_host_data(args: tuple[Any, ...], kwargs: dict[str, Any], rec: CaptureContext) -> bool:
     return _host_index(args[1])
 
 
-def _setitem_host_data(args: tuple[Any, ...], kwargs: dict[str, Any], rec: Recorder) -> bool:
+def _setitem_host_data(args: tuple[Any, ...], kwargs: dict[str, Any], rec: CaptureContext) -> bool:
     return _host_index(args[1]) or _host_sequence(args[2])
 
 
-def _one_hot_sized(args: tuple[Any, ...], kwargs: dict[str, Any], rec: Recorder) -> bool:
+def _one_hot_sized(args: tuple[Any, ...], kwargs: dict[str, Any], rec: CaptureContext) -> bool:
     return _arg(args, kwargs, 1, "num_classes", -1) >= 1
 
 
@@ -366,7 +375,7 @@ def _default_generator(gen: Any) -> bool:
 
 
 def check_op(func: Any, rule: Rule | None, gen_pos: int | None, args: tuple[Any, ...], kwargs: dict[str, Any],
-             rec: Recorder) -> None:
+             rec: CaptureContext) -> None:
     """Raise ``CaptureError`` if CUDA stream capture refuses this aten call."""
     if rule is not None and (rule.when is None or rule.when(args, kwargs, rec)):
         raise CaptureError(str(func), user_location(), rule.why)
@@ -444,13 +453,58 @@ _MISSING = object()
 HOOKS = Patches()
 
 
+# ---------------------------------------------------------------- other threads
+
+# Captures running in capture_error_mode="global", by thread.  CUDA then prohibits potentially unsafe
+# calls on every other thread: a host sync there fails and invalidates the capture.
+GLOBAL_CAPTURES: dict[int, CaptureContext] = {}
+_CAPTURES_LOCK = threading.Lock()
+OTHER_THREAD_SYNCS = frozenset({"Tensor.tolist", "Tensor.numpy", "Tensor.__array__", "Tensor.__repr__",
+                                "Tensor.__format__", "Tensor.cpu", "Tensor.to"})
+"""Entries of the table that are host syncs on any thread (the rest concern what the capture itself reads)."""
+_OTHER_THREAD = ("host sync on another thread while a capture runs in capture_error_mode='global', which "
+                 "prohibits it on every thread")
+
+
+@contextmanager
+def capturing_globally(rec: CaptureContext) -> Iterator[None]:
+    """Register ``rec`` as a global-mode capture of this thread while the block runs."""
+    me = threading.get_ident()
+    with _CAPTURES_LOCK:
+        GLOBAL_CAPTURES[me] = rec
+    try:
+        yield
+    finally:
+        with _CAPTURES_LOCK:
+            GLOBAL_CAPTURES.pop(me, None)
+
+
+def refuse_on_other_threads(name: str, args: tuple[Any, ...]) -> None:
+    """Raise ``CaptureError`` for a host sync of this thread if a global-mode capture runs on another; invalidate it too."""
+    me = threading.get_ident()
+    tensor = next((a for a in args if isinstance(a, torch.Tensor)), None)
+    hit = [rec for tid, rec in list(GLOBAL_CAPTURES.items())
+           if tid != me and (tensor is None or rec.device_type in (None, tensor.device.type))]
+    if not hit:
+        return
+    location = user_location()
+    for rec in hit:
+        rec.invalidate(CaptureError(name, location, _OTHER_THREAD + "; the capture is invalidated"))
+    raise CaptureError(name, location, _OTHER_THREAD)
+
+
 def _wrap(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
     """``original`` under the table's rule for ``name`` while a recorder runs on this thread."""
     rule = TABLE[name]
     when, refused, why = rule.when, rule.refused, rule.why
+    other_threads = name in OTHER_THREAD_SYNCS
 
     def hooked(*args: Any, **kwargs: Any) -> Any:
         rec = getattr(_tls, "recorder", None)
+        if rec is None and other_threads and GLOBAL_CAPTURES:
+            captures = list(GLOBAL_CAPTURES.values())
+            if captures and (when is None or when(args, kwargs, captures[0])):
+                refuse_on_other_threads(name, args)
         if rec is None or rec._paused or (when is not None and not when(args, kwargs, rec)):
             return original(*args, **kwargs)
         if refused:
@@ -472,3 +526,23 @@ FUNCTION_HOOKS: tuple[tuple[Any, str], ...] = tuple(
     for name in TABLE
     if not name.startswith("aten::") and name != SEEDED
 )
+
+
+def _refused_on_other_threads(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
+    def hooked(*args: Any, **kwargs: Any) -> Any:
+        if GLOBAL_CAPTURES and getattr(_tls, "recorder", None) is None:
+            refuse_on_other_threads(name, args)
+        return original(*args, **kwargs)  # on the capturing thread the recorder sees the op it dispatches
+
+    hooked.__name__ = getattr(original, "__name__", name)
+    hooked.__qualname__ = getattr(original, "__qualname__", name)
+    hooked.__doc__ = getattr(original, "__doc__", None)
+    return hooked
+
+
+SCALAR_SYNC_HOOKS: tuple[tuple[Any, str], ...] = tuple(
+    HOOKS.add(torch.Tensor, attr, lambda original, _name=f"Tensor.{attr}": _refused_on_other_threads(_name, original))
+    for attr in ("item", "__bool__", "__int__", "__float__", "__index__", "__complex__")
+)
+"""Python entry points of ``_local_scalar_dense``, held while a global-mode capture runs: another thread's
+dispatch is invisible to the capturing thread's recorder, so its host syncs are caught where Python calls them."""

@@ -2,17 +2,17 @@
 
 Capture follows what serving engines do:
 
-1. Warm-up: the protocol shared with the tape (``_protocol.warm_up``), run on a
-   side stream: ``WARMUP_RUNS`` eager runs (lazy init, cuBLAS workspaces and
-   allocator growth must not happen inside capture) under a rehearsing
+1. Warm-up: the routine shared with the tape (``_warm_up.warm_up``), run on a
+   side stream: ``WARMUP_RUNS`` real eager runs (lazy init, cuBLAS workspaces and
+   allocator growth must not happen inside capture) under a checking
    ``Recorder``.  Refused ops raise the same ``CaptureError`` as the tape engine,
-   before any capture is open, and warm-up writes to pre-existing tensors are
-   undone so that, as in the tape, capture computes nothing.
+   before any capture is open; what the runs write stays, as in the tape.
 2. Capture on the same side stream into one private memory pool per engine
    instance (``graph_pool_handle()`` once, shared by every graph the engine
    captures, as serving engines share one pool across batch-size buckets), under
    the recorder in audit-only mode (checks and input tracking, no tape, no
-   snapshots: a snapshot would itself be captured).
+   snapshots: a snapshot would itself be captured), with the runner's
+   ``capture_error_mode`` (``"global"`` by default, as ``torch.cuda.graph``).
 
 With ``islands=True`` capture is split into segments: at an island the current
 graph ends, the island's static outputs are allocated outside the graph, and the
@@ -36,15 +36,10 @@ from typing import Any
 import torch
 
 from ._audit import StaleWatch, build_audit
-from ._protocol import (
-    WarmIslands,
-    island_identity,
-    island_runner,
-    no_cycle_collection,
-    static_outputs,
-    warm_up,
-)
-from ._record import IslandStep, Recorder, poison_storage, storage_key
+from ._islands import island_runner, static_outputs
+from ._ops import poison_storage, storage_key
+from ._record import IslandStep, Recorder, check_capture_error_mode
+from ._warm_up import WarmIslands, island_identity, no_cycle_collection, warm_up
 from .engine import InputAudit, StaleInput
 
 __all__ = ["CudaEngine", "CudaGraph"]
@@ -56,8 +51,9 @@ _cuda: Any = torch.cuda
 class _Segments:
     """Capture state: the open graph, the closed ones, and the islands between them."""
 
-    def __init__(self, pool: Any, warm: WarmIslands | None) -> None:
+    def __init__(self, pool: Any, warm: WarmIslands | None, capture_error_mode: str) -> None:
         self._pool = pool
+        self._mode = capture_error_mode
         self._warm = warm.results if warm is not None else []
         self.graphs: list[Any] = []
         self.islands: list[IslandStep] = []
@@ -65,7 +61,7 @@ class _Segments:
 
     def begin(self) -> None:
         graph = _cuda.CUDAGraph()
-        graph.capture_begin(pool=self._pool)
+        graph.capture_begin(pool=self._pool, capture_error_mode=self._mode)
         self._open = graph
 
     def end(self) -> None:
@@ -162,7 +158,9 @@ class CudaEngine:
         roots: Mapping[str, object],
         static_inputs: Iterable[torch.Tensor],
         islands: bool = False,
+        capture_error_mode: str = "global",
     ) -> CudaGraph:
+        check_capture_error_mode(capture_error_mode)
         self._ready()
         static = tuple(static_inputs)
         stream = self._stream
@@ -176,8 +174,9 @@ class CudaEngine:
             _cuda.current_stream().wait_stream(stream)
             _cuda.synchronize()
 
-        segments = _Segments(self._pool, warm)
-        rec = Recorder(capturing=True, island_impl=segments.island if islands else None)
+        segments = _Segments(self._pool, warm, capture_error_mode)
+        rec = Recorder(capturing=True, capture_error_mode=capture_error_mode,
+                       island_impl=segments.island if islands else None)
         with _cuda.stream(stream):
             segments.begin()
             try:
@@ -200,7 +199,7 @@ class CudaEngine:
                     poison_storage(t)
         _cuda.synchronize()
 
-        audit, watch = build_audit(tuple(rec.inputs.values()), roots, static)
+        audit, watch = build_audit(tuple(rec.inputs.values()), roots, static, notes=rec.notes)
         return CudaGraph(
             label=label,
             audit=audit,

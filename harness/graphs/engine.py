@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from ._module_roots import module_roots
 from ._refusals import CaptureError, _tls
 
 if TYPE_CHECKING:
@@ -26,6 +27,7 @@ __all__ = [
     "InputAudit",
     "StaleInput",
     "eager_island",
+    "module_roots",
 ]
 
 
@@ -47,8 +49,9 @@ class StaleInput:
 
     ``kind="rebound"``: the attribute at ``path`` now holds another object, while the graph
     keeps reading the tensor it captured.  ``kind="memory"``: the captured tensor itself now
-    has another storage, storage offset, size or stride, while the graph keeps reading the
-    memory and layout it captured.
+    has another storage (or its storage was reallocated), storage offset or stride, while the
+    graph keeps reading the memory and layout it captured (a size change inside the storage's
+    capacity moves no memory and is not reported).
     """
 
     path: str
@@ -71,6 +74,12 @@ class InputAudit:
     """Every tensor a graph reads that capture did not allocate, in first-read order."""
 
     inputs: tuple[GraphInput, ...]
+    notes: tuple[str, ...] = ()
+    """what the engine could not model of this capture and says instead of staying silent: a
+    capture-query guard that cannot see the capture on a machine without CUDA (``file:line: code: why``)"""
+    rerun_ops: tuple[str, ...] = ()
+    """custom ops whose work the dispatcher cannot see (an FFI kernel launch), which replay calls again,
+    Python body included, instead of replaying recorded kernels (``namespace::name``; the tape only)"""
 
     @property
     def unregistered(self) -> tuple[GraphInput, ...]:
@@ -97,7 +106,15 @@ class GraphEngine(Protocol):
         roots: Mapping[str, object],
         static_inputs: Iterable[torch.Tensor],
         islands: bool = False,
-    ) -> CapturedGraph: ...
+        capture_error_mode: str = "global",
+    ) -> CapturedGraph:
+        """Warm ``fn`` up, capture it and audit what it reads.
+
+        ``capture_error_mode`` is ``torch.cuda.graph``'s: ``"global"`` (PyTorch's default) refuses a host
+        sync on any other thread while the capture runs, and the capture fails with it; ``"thread_local"``
+        and ``"relaxed"`` let other threads be.
+        """
+        ...
 
 
 class _IslandHost(Protocol):

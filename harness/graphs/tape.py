@@ -10,16 +10,17 @@ is *memory* (the bytes at an address) is live.  The tape reproduces exactly that
 split by recording aten ops and replaying them on the memory they touched.
 
 Capture follows the protocol of the ``cuda`` engine and of serving engines'
-graph runners.  First ``WARMUP_RUNS`` eager runs (``_protocol.warm_up``), checked
-like capture, their writes to pre-existing tensors undone, islands run eagerly.
-A program that caches something in Python during warm-up (a memo keyed on a
-tensor's ``data_ptr``) then captures against that cache, and the tape freezes
-the cached tensor as an input, as a real graph would.  Then the capture run,
-under a ``Recorder`` (``_record.py``): a ``TorchDispatchMode`` that sees every
-aten op below autograd, plus wrappers around the Python-level calls that
-dispatch none (``.tolist()``, ``torch.from_numpy``, printing).  While it runs,
-``torch.cuda.is_current_stream_capturing()`` answers True.  For each op the
-recorder
+graph runners.  First ``WARMUP_RUNS`` real eager runs (``_warm_up.warm_up``),
+checked like capture, islands run eagerly, their writes kept.  A program that
+caches something in Python during warm-up (a memo keyed on a tensor's
+``data_ptr``, a flag saying a table is filled) then captures against that cache,
+and the tape freezes the cached tensor as an input, as a real graph would.  Then
+the capture run, under a ``Recorder`` (``_record.py``): a ``TorchDispatchMode``
+that sees every aten op below autograd (a ``torch.library`` op through the ops
+its body dispatches), plus wrappers around the Python-level calls that dispatch
+none (``.tolist()``, ``torch.from_numpy``, printing).  While it runs,
+``torch.cuda.is_current_stream_capturing()`` answers True (``_cuda_queries.py``).
+For each op the recorder
 
 1. refuses what CUDA refuses during stream capture, by the one table in
    ``_refusals.py``, with a ``CaptureError`` naming the op and the user's line;
@@ -30,8 +31,12 @@ recorder
 4. appends the call to the tape with every tensor replaced by a *pin*: a tensor
    object of the tape's own over the same storage, with the layout of that
    moment.  A pin binds memory, not the program's Python object, so a program
-   that later re-points a tensor (``t.data = ...``, ``set_``, ``resize_``,
-   ``t_()``) does not move the tape, as it would not move a CUDA graph.
+   that later re-points a tensor (``t.data = ...``, ``set_``, ``t_()``) does not
+   move the tape, as it would not move a CUDA graph.  Where a pin would follow
+   the program (a storage reallocated in place by ``resize_``), the pins move to
+   a block of the tape's own that stands for the freed one: during capture for
+   the steps before the op (and the copy of the old block into the new one is
+   recorded, as CUDA captures it), after capture before a replay (``_homes.py``).
 
 At capture end the snapshots are restored, the input audit is built
 (``_audit.py``) and the tape is compiled into a flat list of ``(callable, args,
@@ -94,23 +99,11 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ._audit import StaleWatch, build_audit
-from ._protocol import (
-    WarmIslands,
-    island_outputs,
-    island_runner,
-    no_cycle_collection,
-    static_outputs,
-    warm_up,
-)
-from ._record import (
-    IslandStep,
-    OpStep,
-    Recorder,
-    StorageKey,
-    flat_outputs,
-    poison_storage,
-    storage_key,
-)
+from ._homes import Homes
+from ._islands import island_outputs, island_runner, static_outputs
+from ._ops import StorageKey, flat_outputs, poison_storage, storage_key
+from ._record import IslandStep, OpStep, Recorder
+from ._warm_up import WarmIslands, no_cycle_collection, warm_up
 from .engine import InputAudit, StaleInput
 
 __all__ = ["TapeEngine", "TapeGraph"]
@@ -442,11 +435,13 @@ class _Compiled:
     segments: tuple[_Segment, ...]
     notes: tuple[str, ...]
     reused: dict[int, list[torch.Tensor]]
+    homes: Homes
 
 
 def _compile(rec: Recorder) -> _Compiled:
     steps = rec.steps
-    private = set(rec.fresh) - rec.held_keys()
+    # storages reallocated during capture stay where they are: steps on both sides of the op bind them
+    private = set(rec.fresh) - rec.held_keys() - rec.relocated
     kinds = ["island" if isinstance(step, IslandStep) else _plan_kind(step) for step in steps]
     _drop_dead(steps, kinds, private)
     reused = _reuse_memory(rec, steps, kinds, private)
@@ -466,7 +461,11 @@ def _compile(rec: Recorder) -> _Compiled:
             ops.append(_plan_call(step, kind))
     if ops or not segments:
         segments.append((tuple(ops), None))
-    return _Compiled(tuple(segments), tuple(kinds), reused)
+    watched = {k for k in (storage_key(t) for t in rec.inputs.values()) if k is not None}
+    homes = Homes(rec.pins_by_key, skip=private | rec.old_block_keys, watched=watched, captured=rec.fresh)
+    notes = tuple(f"{kind}: the old block into the reallocated one" if i in rec.block_copies
+                  else f"{kind}, calls the op again" if i in rec.rerun_steps else kind for i, kind in enumerate(kinds))
+    return _Compiled(tuple(segments), notes, reused, homes)
 
 
 # ---------------------------------------------------------------- trace text
@@ -535,6 +534,8 @@ class TapeGraph:
         self._segments = compiled.segments
         self._notes = compiled.notes
         self._reused = compiled.reused
+        self._homes = compiled.homes
+        self._check_homes = compiled.homes.checks_every_replay
         self._steps = steps
         self._serials = serials
         self._input_names = input_names
@@ -547,6 +548,8 @@ class TapeGraph:
 
     def replay(self) -> tuple[StaleInput, ...]:
         stale = self._watch.check()
+        if stale or self._check_homes:
+            self._homes.before_replay(any(st.kind == "memory" for st in stale))
         for ops, island in self._segments:
             with _below_autograd():
                 for call, args, kwargs in ops:
@@ -599,10 +602,12 @@ class TapeEngine:
         roots: Mapping[str, object],
         static_inputs: Iterable[torch.Tensor],
         islands: bool = False,
+        capture_error_mode: str = "global",
     ) -> TapeGraph:
         static = tuple(static_inputs)
+        rec = Recorder(undo=True, record=True, capturing=True, capture_error_mode=capture_error_mode,
+                       island_impl=_tape_island if islands else None)
         warm_up(fn, WarmIslands() if islands else None)
-        rec = Recorder(undo=True, record=True, capturing=True, island_impl=_tape_island if islands else None)
         try:
             with rec.active():
                 result = fn()
@@ -611,7 +616,7 @@ class TapeEngine:
             rec.restore()
         del result
         inputs = tuple(rec.inputs.values())
-        audit, watch = build_audit(inputs, roots, static)
+        audit, watch = build_audit(inputs, roots, static, notes=rec.notes, rerun_ops=rec.rerun_ops)
         compiled = _compile(rec)
         serials = dict(rec.serial_of_pin)
         for step in rec.steps:

@@ -118,14 +118,17 @@ def render_diff_markdown(rows: Sequence[DiffBenchRow], machine: str | None = Non
         f"{first.live_slots} live (pool, slot) pairs per step, {max(r.steps for r in rows)} steps per run"
         + (f"; {machine}" if machine else "") + ".",
         "",
-        "| case | slots found | bad rows | seconds | vs copy | vs clone | peak MiB | peak / snapshot |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| case | slots found | bad rows | seconds | vs copy | vs clone | peak MiB | peak / snapshot | judge s "
+        "| judge / diff |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         peak = "n/a" if r.peak_bytes is None else f"{r.peak_bytes / 2**20:.0f}"
         share = "n/a" if r.peak_bytes is None else f"{r.peak_bytes / r.cache_bytes:.2f}"
+        judge = "" if r.judge_seconds is None else f"{r.judge_seconds:.3f}"
+        judge_share = "" if r.judge_seconds is None else f"{r.judge_seconds / r.seconds:.2f}x"
         lines.append(
             f"| {r.case} | {r.found_slots} | {r.mismatches} | {r.seconds:.3f} | {r.vs_copy:.2f}x | "
-            f"{r.vs_clone:.2f}x | {peak} | {share} |"
+            f"{r.vs_clone:.2f}x | {peak} | {share} | {judge} | {judge_share} |"
         )
     return "\n".join(lines) + "\n"

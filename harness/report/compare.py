@@ -29,7 +29,7 @@ from typing import Any, TextIO
 import numpy as np
 import pandas as pd
 
-from .files import write_atomic
+from .files import ReportFolder
 from .html import now_label, render, report_pages, write_report
 from .matrix import frame
 from .records import read_results
@@ -224,8 +224,8 @@ def run_compare(base_path: Path, head_path: Path, *, report_dir: Path | None, ou
         write_report(report_dir, head, environment=head_doc.get("environment") or {},
                      duration_s=head_doc.get("duration_s"), complete=bool(head_doc.get("complete", True)),
                      generated=page.generated, compare_href="compare.html", document=head_doc)
-        path = Path(report_dir) / "compare.html"
-        write_atomic(path, render("compare.html.j2", page=page))
+        with ReportFolder(report_dir) as folder:
+            path = folder.write("compare.html", render("compare.html.j2", page=page))
         print(f"KV compare: {path.resolve().as_uri()}", file=out)
     return page.exit_status
 

@@ -25,7 +25,7 @@ from typing import Any
 import jinja2
 from markupsafe import Markup
 
-from .files import write_atomic
+from .files import PAGES_DIR, ReportFolder
 from .matrix import results_csv
 from .pages import VERDICTS, IndexPage, index_page
 from .paths import page_names
@@ -35,7 +35,7 @@ from .scenario_page import ScenarioPage, run_anchors, scenario_page
 from .text import printable
 from .views import CaseView
 
-SCENARIO_DIR = "scenarios"
+SCENARIO_DIR = PAGES_DIR
 """scenario pages live in this subfolder of the report folder"""
 
 
@@ -118,23 +118,25 @@ def write_report(
     document: dict[str, Any] | None = None,
 ) -> Path:
     """Write ``index.html``, one page per scenario under ``scenarios/``, ``results.json`` and ``results.csv``
-    into ``directory``; the index's path. ``document``: a results document to write as it is (a report
-    rendered from a results file keeps that file's environment), else one is made from ``views``."""
+    into ``directory``, and remove the pages of an earlier report there; the index's path. ``document``: a
+    results document to write as it is (a report rendered from a results file keeps that file's
+    environment), else one is made from ``views``."""
     directory = Path(directory)
     env = dict(environment if environment is not None else current_environment())
     pages, anchors = report_pages(views)
     groups: dict[tuple[str, str], list[CaseView]] = {}
     for v in views:
         groups.setdefault((v.scenario, v.path), []).append(v)
-    for key, group in groups.items():
-        page = scenario_page(group, index_href="../index.html", anchors=anchors)
-        write_atomic(directory / pages[key], render_scenario(page))
-    doc = document if document is not None else results_document(views, complete=complete, duration_s=duration_s)
-    write_atomic(directory / "results.json", json.dumps(doc, indent=1) + "\n")
-    write_atomic(directory / "results.csv", results_csv(views))
-    index = index_page(views, page_of=pages, anchors=anchors, environment=env, duration_s=duration_s,
-                       complete=complete, command=command, generated=generated, compare_href=compare_href,
-                       load_errors=load_errors)
-    path = directory / "index.html"
-    write_atomic(path, render_index(index))  # last: the index links to pages that exist by now
+    with ReportFolder(directory) as folder:  # writes inside the folder only
+        for key, group in groups.items():
+            page = scenario_page(group, index_href="../index.html", anchors=anchors)
+            folder.write(pages[key], render_scenario(page))
+        doc = document if document is not None else results_document(views, complete=complete, duration_s=duration_s)
+        folder.write("results.json", json.dumps(doc, indent=1) + "\n")
+        folder.write("results.csv", results_csv(views))
+        index = index_page(views, page_of=pages, anchors=anchors, environment=env, duration_s=duration_s,
+                           complete=complete, command=command, generated=generated, compare_href=compare_href,
+                           load_errors=load_errors)
+        path = folder.write("index.html", render_index(index))  # last: the index links to pages that exist by now
+        folder.remove_stale(keep=[compare_href] if compare_href else ())  # one report per folder
     return path

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from .files import write_atomic
+from .results_schema import ResultsFileError, read_document
 from .views import RECORD_VERSION, CaseView
 
 
@@ -45,11 +46,13 @@ def write_results(path: Path, views: Sequence[CaseView], *, complete: bool = Tru
 
 
 def read_results(path: Path) -> tuple[list[CaseView], dict[str, Any]]:
-    """The views of a results file and its document fields; ValueError naming the file when it is not one."""
-    try:
-        doc = json.loads(Path(path).read_text(encoding="utf-8"))
-        if not isinstance(doc, dict) or doc.get("version") != RECORD_VERSION:
-            raise ValueError(f"expected a results document of version {RECORD_VERSION}")
-        return [CaseView.from_record(r) for r in doc["records"]], doc
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ValueError(f"{path}: not a harness results file: {exc}") from None
+    """The views of a results file and its document fields; ``ValueError`` naming the file, the record and
+    the field when it is not one (the file is checked against its schema first: ``results_schema``)."""
+    doc = read_document(Path(path))
+    views = []
+    for i, record in enumerate(doc["records"]):
+        try:
+            views.append(CaseView.from_record(record))
+        except (KeyError, TypeError, ValueError) as exc:  # a gap in the schema: still one line, never a traceback
+            raise ResultsFileError(f"{path}: records[{i}]: cannot be read: {type(exc).__name__}: {exc}") from None
+    return views, doc

@@ -58,6 +58,10 @@ def graph_lines(graph: GraphView) -> list[str]:
     out = [f"{graph.captures} graphs captured, {graph.replays} replays ({graph.padded_replays} padded), "
            f"{graph.eager_fallbacks} eager fallbacks"]
     out.extend(finding_line(f) for f in graph.findings)
+    if graph.rerun_ops:
+        out.append("replayed by calling them again (their kernels are invisible to the dispatcher): "
+                   + ", ".join(map(printable, graph.rerun_ops)))
+    out.extend(f"note: {printable(n)}" for n in graph.notes)
     return out
 
 

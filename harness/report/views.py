@@ -63,6 +63,10 @@ class GraphView:
     padded_replays: int
     eager_fallbacks: int
     findings: tuple[FindingView, ...]
+    rerun_ops: tuple[str, ...] = ()
+    """custom ops the engine replays by calling them again (their work is invisible to the dispatcher)"""
+    notes: tuple[str, ...] = ()
+    """what the engine could not model and says so (a capture-query guard that cannot see the capture)"""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -220,6 +224,8 @@ class CaseView:
         if data["graph"]:
             g = dict(data["graph"])
             g["findings"] = tuple(FindingView(**{**f, "shape": tuple(f["shape"])}) for f in g["findings"])
+            for name in ("rerun_ops", "notes"):
+                g[name] = tuple(g.get(name, ()))
             data["graph"] = GraphView(**g)
         if data.get("setup"):
             setup = dict(data["setup"])

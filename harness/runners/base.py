@@ -66,6 +66,8 @@ class GraphLog:
         self.padded_replays = 0
         self.eager_fallbacks = 0
         self.forwards: list[ForwardRecord] = []
+        self._rerun_ops: dict[str, None] = {}  # insertion-ordered sets, over every graph captured
+        self._notes: dict[str, None] = {}
 
     def ran_eagerly(self, rows: int, *, fallback: bool) -> None:
         self.eager_fallbacks += fallback
@@ -73,6 +75,8 @@ class GraphLog:
 
     def captured(self, graph: CapturedGraph) -> None:
         self.captures += 1
+        self._rerun_ops.update(dict.fromkeys(graph.audit.rerun_ops))
+        self._notes.update(dict.fromkeys(graph.audit.notes))
         for item in graph.audit.unregistered:
             self._unregistered.append(AuditFinding(kind=FindingKind.UNREGISTERED, graph=graph.label, path=item.path,
                                                    dtype=item.dtype, shape=item.shape))
@@ -103,7 +107,8 @@ class GraphLog:
             findings.append(AuditFinding(kind=kind, graph=label, path=path, dtype=dtype, shape=shape, replays=n,
                                          captured=_no_addresses(first.captured), now=now))
         return GraphObservations(captures=self.captures, replays=self.replays, padded_replays=self.padded_replays,
-                                 eager_fallbacks=self.eager_fallbacks, findings=tuple(findings))
+                                 eager_fallbacks=self.eager_fallbacks, findings=tuple(findings),
+                                 rerun_ops=tuple(self._rerun_ops), notes=tuple(self._notes))
 
 
 def _no_addresses(text: str) -> str:

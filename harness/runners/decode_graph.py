@@ -21,10 +21,11 @@ from collections.abc import Collection
 import torch
 
 from ..backends.base import AttentionBatch, attention_batch, spec_info_of
-from ..graphs.engine import GraphEngine
+from ..graphs.engine import GraphEngine, module_roots
 from ..graphs.registry import get_engine
 from ..runspec import CapturePolicy, RunSpec
 from ..serving.batch import ForwardBatch, ForwardMode
+from ..serving.loc_plan import KVLocPlan
 from ..serving.faults import Component
 from .base import GraphRunner, Runner, RunnerContext, fill_static, swa_out_cache_loc
 
@@ -56,6 +57,8 @@ class DecodeGraphRunner(GraphRunner):
         self.seq_lens = torch.ones(max_bs, dtype=torch.int64, device=dev)
         self.out_cache_loc = torch.zeros(max_bs, dtype=torch.int64, device=dev)
         self.out_cache_loc_swa = torch.zeros(max_bs, dtype=torch.int32, device=dev)
+        # the location plan's SWA ids, copied in before every replay (a batch without a plan leaves it alone)
+        self.plan_swa_ids = torch.zeros(max_bs, dtype=torch.int32, device=dev)
         self.backend.init_cuda_graph_state(max_bs)
         if CapturePolicy(capture) is CapturePolicy.STARTUP:
             # largest first, as serving engines do, so smaller graphs reuse the big one's pool memory
@@ -64,7 +67,7 @@ class DecodeGraphRunner(GraphRunner):
 
     def static_buffers(self) -> list[torch.Tensor]:
         return [self.input_ids, self.positions, self.req_pool_indices, self.seq_lens, self.out_cache_loc,
-                self.out_cache_loc_swa]
+                self.out_cache_loc_swa, self.plan_swa_ids]
 
     def _static_batch(self, bs: int, forward_mode: ForwardMode) -> ForwardBatch:
         return ForwardBatch(
@@ -81,6 +84,8 @@ class DecodeGraphRunner(GraphRunner):
             out_cache_loc_swa=self.out_cache_loc_swa[:bs],
             req_to_token_pool=self.req_to_token_pool,
             token_to_kv_pool=self.pool,
+            kv_loc_plan=KVLocPlan.over_static(full_ids=self.out_cache_loc[:bs], swa_ids=self.plan_swa_ids[:bs]),
+            kv_loc_cols=(0, bs),
         )
 
     def _attention_batch(self, bucket: int, batch: ForwardBatch) -> AttentionBatch:
@@ -104,6 +109,7 @@ class DecodeGraphRunner(GraphRunner):
         self.seq_lens[:bs].fill_(1)
         self.out_cache_loc[:bs].zero_()
         self.out_cache_loc_swa[:bs].zero_()
+        self.plan_swa_ids[:bs].zero_()
         batch = self._static_batch(bs, ForwardMode.DECODE)
         self.backend.init_forward_metadata_capture_cuda_graph(self._attention_batch(bs, batch))
         if "no_preset_swa_loc" not in self.faults:
@@ -129,7 +135,9 @@ class DecodeGraphRunner(GraphRunner):
         graph = self.engine.capture(
             forward,
             label=f"decode bs={bs}",
-            roots={"pool": self.pool, "backend": self.backend, "runner": self, "model": self.model},
+            roots={"pool": self.pool, "backend": self.backend, "runner": self, "model": self.model,
+                   # module-level state of the design, the backend and this runner, named module.attr
+                   **module_roots(self.backend.impl.design, self.backend.impl, self.backend, self)},
             static_inputs=[
                 *self.static_buffers(),
                 *self.model.parameters(),
@@ -173,3 +181,7 @@ class DecodeGraphRunner(GraphRunner):
             self.out_cache_loc_swa[: swa.shape[0]].copy_(swa)  # SGLang PR 24743: the padded tail keeps old slots
         else:
             fill_static(self.out_cache_loc_swa, swa, bucket, pad_slot)
+        if batch.kv_loc_plan is not None:
+            start, stop = batch.kv_loc_cols
+            # padded lanes at the sink, as SGLang's graph path fills its plan buffer (PR 37550)
+            fill_static(self.plan_swa_ids, batch.kv_loc_plan.write_ids("swa")[start:stop], bucket, 0)

@@ -70,3 +70,9 @@ class GraphObservations:
     eager_fallbacks: int = 0
     """batches no bucket fitted, run eagerly"""
     findings: tuple[AuditFinding, ...] = ()
+    rerun_ops: tuple[str, ...] = ()
+    """custom ops the graph engine replays by calling them again, Python body included, because their work is
+    invisible to the dispatcher (an FFI kernel launch); the tape only"""
+    notes: tuple[str, ...] = ()
+    """what the graph engine could not model and says instead of staying silent (a capture-query guard that
+    cannot see the capture on a machine without CUDA), once each"""

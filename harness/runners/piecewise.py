@@ -20,11 +20,12 @@ from collections.abc import Collection
 
 import torch
 
-from ..graphs.engine import GraphEngine, eager_island
+from ..graphs.engine import GraphEngine, eager_island, module_roots
 from ..graphs.registry import get_engine
 from ..runspec import RunSpec
 from ..serving.batch import ForwardBatch, ForwardMode, make_forward_batch
 from ..serving.faults import Component
+from ..serving.loc_plan import KVLocPlan
 from .base import GraphRunner, Runner, RunnerContext, fill_static, swa_out_cache_loc
 
 
@@ -118,6 +119,9 @@ class PiecewisePrefillRunner(GraphRunner):
             ),
             bucket,
         )
+        # the capture batch's location plan: the static SWA ids, all at the sink like its other rows
+        dummy = dataclasses.replace(dummy, kv_loc_plan=KVLocPlan.over_static(
+            full_ids=self.out_cache_loc[:bucket], swa_ids=self.out_cache_loc_swa[:bucket]), kv_loc_cols=(0, bucket))
         self._batch, self._num_real = dummy, bucket
         self.backend.init_forward_metadata(dummy)
         model, ids, pos = self.model, self.input_ids[:bucket], self.positions[:bucket]
@@ -132,7 +136,9 @@ class PiecewisePrefillRunner(GraphRunner):
             forward,
             label=f"prefill tokens={bucket}",
             # not the runner: its _batch is per-replay Python state that the island reads, never the graph
-            roots={"pool": self.pool, "backend": self.backend, "model": self.model},
+            roots={"pool": self.pool, "backend": self.backend, "model": self.model,
+                   # module-level state of the design, the backend and this runner, named module.attr
+                   **module_roots(self.backend.impl.design, self.backend.impl, self.backend, self)},
             static_inputs=[self.input_ids, self.positions, self.out_cache_loc, self.out_cache_loc_swa,
                            *self.model.parameters(), *self.model.buffers(), *self.pool.buffers()],
             islands=True,

@@ -18,6 +18,7 @@ from ..runspec import Problem
 from ..serving.faults import FAULTS, Component
 from ..serving.registry import EVICTION_POLICIES
 from .dry_run import dry_run
+from .names import look_alike_note, skeleton
 from .schema import parse, read_document
 from .spec import ScenarioSpec, is_import_path
 from .toml_access import Reader
@@ -124,22 +125,27 @@ def load_all(paths: Iterable[str | Path]) -> tuple[list[ScenarioSpec], list[Scen
     """Load every scenario under ``paths``; a bad file is reported and never stops the others.
 
     Scenario names are file stems and name tests and report rows, so a second file with a name already
-    loaded is an error for that later file.
+    loaded, or with one that looks the same (``names``), is an error for that later file.
     """
     specs: list[ScenarioSpec] = []
     errors: list[ScenarioError] = []
-    first_by_name: dict[str, Path] = {}
+    first_by_look: dict[str, ScenarioSpec] = {}
     for path in discover(paths):
         try:
             spec = load_scenario(path)
         except ScenarioError as err:
             errors.append(err)
             continue
-        if spec.name in first_by_name:
-            errors.append(ScenarioError(path, [
-                f"{path}: name: duplicate scenario name {spec.name!r}; already loaded from {first_by_name[spec.name]}"
-            ]))
+        first = first_by_look.get(skeleton(spec.name))
+        if first is not None:
+            if first.name == spec.name:
+                how = "" if first.path.stem == path.stem else " (the file names differ only in Unicode normalization)"
+                problem = f"duplicate scenario name {spec.name!r}{how}; already loaded from {first.path}"
+            else:
+                problem = (f"scenario name {spec.name!r} looks like {first.name!r}, already loaded from {first.path}: "
+                           f"{look_alike_note(spec.name, first.name)}; rename the file")
+            errors.append(ScenarioError(path, [f"{path}: name: {problem}"]))
             continue
-        first_by_name[spec.name] = path
+        first_by_look[skeleton(spec.name)] = spec
         specs.append(spec)
     return specs, errors

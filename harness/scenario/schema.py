@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import os
 import re
+import stat
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -34,6 +36,7 @@ from ..serving.timeline import RequestSpec, TimelineSpec
 from .toml_access import (
     Check,
     Reader,
+    boolean,
     choice,
     found,
     integer,
@@ -41,26 +44,37 @@ from .toml_access import (
     number,
     string,
 )
+from .names import scenario_name
 from .spec import DEFAULT_BACKENDS, BackendExpectation, Expectation, ScenarioSpec
 
 _BOM = "\ufeff"
 
 
+FILE_LIMIT = 1 << 20
+"""bytes; the library's scenario files are 1-3 KiB, and a file is read whole"""
+NESTING_LIMIT = 64
+"""arrays and inline tables inside each other; tomllib recurses once per level"""
+
+
 def parse(reader: Reader, path: Path) -> dict | None:
     """The TOML document of ``path``, or None with the reason in ``reader``."""
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        reader.add("", f"cannot read the file: {exc.strerror or exc}")
+    raw = _read_bytes(reader, path)
+    if raw is None:
         return None
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        reader.add("", f"not UTF-8 text: {exc.reason} at byte {exc.start}")
+        line, line_start = raw.count(b"\n", 0, exc.start) + 1, raw.rfind(b"\n", 0, exc.start) + 1
+        reader.add(f"line {line}, column {exc.start - line_start + 1}",
+                   f"not UTF-8 text: {exc.reason} (byte 0x{raw[exc.start]:02x}); save the file as UTF-8")
         return None
     if text.startswith(_BOM):
         # tomllib would say "Invalid statement" at line 1, column 1: name the invisible cause
         reader.add("line 1, column 1", "the file starts with a UTF-8 byte-order mark (BOM); save it without one")
+        return None
+    if (deep := _too_deep(text)) is not None:
+        reader.add(f"line {deep[0]}, column {deep[1]}",
+                   f"invalid TOML: arrays or inline tables nested too deeply (more than {NESTING_LIMIT} levels)")
         return None
     try:
         return tomllib.loads(text)
@@ -73,9 +87,72 @@ def parse(reader: Reader, path: Path) -> dict | None:
         else:
             reader.add("", f"invalid TOML: {message}")
         return None
-    except RecursionError:
+    except RecursionError:  # past what _too_deep counts (it skips strings as TOML does): still one line
         reader.add("", "invalid TOML: arrays or tables nested too deeply to parse")
         return None
+
+
+def _read_bytes(reader: Reader, path: Path) -> bytes | None:
+    """The file's bytes when it is a regular file within ``FILE_LIMIT``; checked on the open file, before
+    reading, so a FIFO never blocks the loader and a 4 GiB file is never read."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
+    except OSError as exc:
+        reader.add("", f"cannot read the file: {exc.strerror or exc}")
+        return None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        reader.add("", "not a regular file (a scenario is a .toml file)")
+        return None
+    with os.fdopen(fd, "rb") as f:
+        if st.st_size > FILE_LIMIT:
+            reader.add("", f"{st.st_size} bytes, more than the {FILE_LIMIT >> 10} KiB a scenario file may hold")
+            return None
+        os.set_blocking(f.fileno(), True)
+        try:
+            raw = f.read(FILE_LIMIT + 1)
+        except OSError as exc:
+            reader.add("", f"cannot read the file: {exc.strerror or exc}")
+            return None
+    if len(raw) > FILE_LIMIT:  # it grew after the check
+        reader.add("", f"more than the {FILE_LIMIT >> 10} KiB a scenario file may hold")
+        return None
+    return raw
+
+
+def _too_deep(text: str) -> tuple[int, int] | None:
+    """(line, column) where arrays and inline tables first nest past ``NESTING_LIMIT``, skipping strings
+    and comments; None when they never do."""
+    if text.count("[") + text.count("{") <= NESTING_LIMIT:
+        return None
+    depth, line, line_start, i, n = 0, 1, 0, 0, len(text)
+    while i < n:
+        ch = text[i]
+        if ch == "\n":
+            line, line_start = line + 1, i + 1
+        elif ch == "#":
+            end = text.find("\n", i)
+            i = n if end < 0 else end
+            continue
+        elif ch in "\"'":
+            quote = text[i : i + 3] if text[i : i + 3] in ('"""', "'''") else ch
+            j = i + len(quote)
+            while j < n and not text.startswith(quote, j) and (len(quote) == 3 or text[j] != "\n"):
+                j += 2 if quote[0] == '"' and text[j] == "\\" else 1
+            j = min(j, n)
+            if "\n" in text[i:j]:
+                line, line_start = line + text.count("\n", i, j), text.rfind("\n", i, j) + 1
+            i = j + len(quote) if text.startswith(quote, j) else j  # an unterminated string ends at its line
+            continue
+        elif ch in "[{":
+            depth += 1
+            if depth > NESTING_LIMIT:
+                return line, i - line_start + 1
+        elif ch in "]}":
+            depth = max(0, depth - 1)
+        i += 1
+    return None
 
 
 _TOP_KEYS = ("description", "tags", "model", "pool", "eviction", "graphs", "timeline", "run", "expect")
@@ -108,7 +185,7 @@ def read_document(r: Reader, data: dict, path: Path) -> ScenarioSpec | None:
         return None
     parts.update(description=(description or "").strip(), tags=tags or (), designs=designs or DEFAULT_DESIGNS,
                  backends=backends or DEFAULT_BACKENDS, kv_write=kv_write or KVWrite.PLAIN, faults=faults or ())
-    return ScenarioSpec(name=path.stem, path=path, timeout_s=timeout_s, eviction=eviction, **parts)
+    return ScenarioSpec(name=scenario_name(path.stem), path=path, timeout_s=timeout_s, eviction=eviction, **parts)
 
 
 def _as_enum(enum_type: type[enum.StrEnum], value: str) -> Any:
@@ -171,7 +248,7 @@ def _read_pool(r: Reader, table: dict | None) -> PoolSpec | None:
     return PoolSpec(**{k: (getattr(defaults, k) if v is None else v) for k, v in fields.items()})
 
 
-_EVICTION_KEYS = ("policy", "interval")
+_EVICTION_KEYS = ("policy", "interval", "prefix_cache")
 
 
 def _read_eviction(r: Reader, table: dict) -> EvictionSpec:
@@ -179,8 +256,10 @@ def _read_eviction(r: Reader, table: dict) -> EvictionSpec:
     defaults = EvictionSpec()
     policy = r.value(table, "eviction", "policy", string(nonempty=True), defaults.policy)
     interval = r.value(table, "eviction", "interval", integer(), defaults.interval)
+    prefix_cache = r.value(table, "eviction", "prefix_cache", boolean(), defaults.prefix_cache)
     return EvictionSpec(policy=defaults.policy if policy is None else policy,
-                        interval=defaults.interval if interval is None else interval)
+                        interval=defaults.interval if interval is None else interval,
+                        prefix_cache=defaults.prefix_cache if prefix_cache is None else prefix_cache)
 
 
 _GRAPH_KEYS = ("modes", "decode_buckets", "prefill_buckets", "capture")
@@ -202,7 +281,7 @@ def _read_graphs(r: Reader, table: dict) -> tuple[GraphSpec, tuple[Mode, ...]]:
 
 
 _TIMELINE_KEYS = ("seed", "chunk_size", "draft_steps", "max_steps", "requests")
-_REQUEST_KEYS = ("rid", "arrive", "prompt_len", "output_len", "abort")
+_REQUEST_KEYS = ("rid", "arrive", "prompt_len", "output_len", "abort", "prefix_of", "shared_len")
 
 
 def _read_timeline(r: Reader, table: dict | None) -> TimelineSpec | None:
@@ -242,10 +321,11 @@ def _read_request(r: Reader, item: dict, at: str, index: int) -> RequestSpec | N
     rid = r.value(item, at, "rid", string(nonempty=True), f"r{index}")
     prompt_len = r.value(item, at, "prompt_len", integer())
     values = {name: r.value(item, at, name, integer(), default)
-              for name, default in (("arrive", 0), ("output_len", 0), ("abort", None))}
+              for name, default in (("arrive", 0), ("output_len", 0), ("abort", None), ("shared_len", 0))}
     values = {k: (0 if v is None and k != "abort" else v) for k, v in values.items()}
+    prefix_of = r.value(item, at, "prefix_of", string(nonempty=True), None)
     return RequestSpec(rid=f"r{index}" if rid is None else rid, prompt_len=1 if prompt_len is None else prompt_len,
-                       **values)
+                       prefix_of=prefix_of, **values)
 
 
 _RUN_KEYS = ("designs", "backends", "kv_write", "faults", "timeout_s")

@@ -30,6 +30,7 @@ from ..serving.faults import FAULTS
 from ..serving.model import PRESETS, ModelSpec
 from ..serving.pool import PoolSpec
 from ..serving.timeline import TimelineSpec
+from .memory import graph_memory_problems
 from .toml_access import toml_key
 
 
@@ -178,6 +179,8 @@ class ScenarioSpec:
                                                f"got {self.model.name!r}"))
         out.extend(serving_problems(model=self.model, pool=self.pool, timeline=self.timeline, graphs=self.graphs,
                                     kv_write=self.kv_write, kv_write_key="run.kv_write", eviction=self.eviction))
+        if not out:  # estimates of sizes that are each within bounds, and only then
+            out.extend(graph_memory_problems(self.model, self.pool, self.graphs, self.modes))
         out.extend(_list_problems("graphs.modes", self.modes, lambda k, v: choice_problem(k, v, Mode)))
         out.extend(_list_problems("run.designs", self.designs, _design_problem))
         out.extend(_list_problems("run.backends", self.backends, _backend_problem))
@@ -196,6 +199,8 @@ class ScenarioSpec:
             # a fault that cannot act in any mode run would pass "as expected" without ever acting
             acts = " or ".join(fault.modes)
             return Problem(key, f"{name} acts only in {acts} mode; graphs.modes has {', '.join(self.modes)}")
+        if fault.needs_prefix_cache and not self.eviction.prefix_cache:
+            return Problem(key, f"{name} acts only with a prefix cache; eviction.prefix_cache is off")
         return None
 
     def _expectation_problems(self) -> list[Problem]:

@@ -66,6 +66,10 @@ def integer() -> Check:
     return Check("an integer", _is_int)
 
 
+def boolean() -> Check:
+    return Check("true or false", lambda v: isinstance(v, bool))
+
+
 def number() -> Check:
     return Check("a number", lambda v: _is_int(v) or isinstance(v, float))
 

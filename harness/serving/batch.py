@@ -8,6 +8,7 @@ from typing import Protocol
 
 import torch
 
+from .loc_plan import KVLocPlan
 from .pool import HybridSWAKVPool, ReqToTokenPool
 
 
@@ -52,6 +53,10 @@ class ForwardBatch:
     """DRAFT only: [draft_steps, batch_size] full slots, one row per draft step"""
     draft_input_ids: torch.Tensor | None = None
     """DRAFT only: [draft_steps, batch_size] tokens fed at each draft step"""
+    kv_loc_plan: KVLocPlan | None = None
+    """the iteration's location plan (SGLang 0.5.23), shared by every forward of the iteration"""
+    kv_loc_cols: tuple[int, int] = (0, 0)
+    """this forward's columns [start, stop) of the plan's ids"""
 
     @property
     def num_tokens(self) -> int:
@@ -73,6 +78,10 @@ class ForwardBatch:
         """
         self.out_cache_loc = loc
         self.out_cache_loc_swa = None
+
+    def enter_plan_columns(self, start: int) -> None:
+        """Point this forward at its own columns of the iteration's plan (a draft step's, say)."""
+        self.kv_loc_cols = (start, start + self.num_tokens)
 
 
 class BackendMetadata(Protocol):
@@ -102,6 +111,7 @@ def make_forward_batch(
     pool: HybridSWAKVPool,
     draft_out_cache_loc: torch.Tensor | None = None,
     draft_input_ids: torch.Tensor | None = None,
+    kv_loc_plan: KVLocPlan | None = None,
 ) -> ForwardBatch:
     """Build a batch; ``out_cache_loc_swa`` is translated once here, as SGLang does at batch creation."""
     device = out_cache_loc.device
@@ -123,4 +133,6 @@ def make_forward_batch(
         token_to_kv_pool=pool,
         draft_out_cache_loc=draft_out_cache_loc,
         draft_input_ids=draft_input_ids,
+        kv_loc_plan=kv_loc_plan,
+        kv_loc_cols=(0, int(out_cache_loc.shape[0])),
     )

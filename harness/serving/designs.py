@@ -1,4 +1,4 @@
-"""The competing rules for where a sliding-window layer writes its K/V (DESIGN.md section 2).
+"""The competing rules for where a sliding-window layer writes its K/V (docs/design.md section 3).
 
 A design is a function ``(forward_batch, pool, metadata, layer_id) -> swa write locations`` (the
 ``SWALocDesign`` protocol of ``batch.py``). The backend calls it from ``_get_layer_cache_loc`` for SWA
@@ -13,6 +13,7 @@ A third-party design is a function with the same signature named by import path,
 from __future__ import annotations
 
 import importlib
+import traceback
 
 import torch
 
@@ -61,6 +62,22 @@ def metadata(
     return metadata.out_cache_loc_swa
 
 
+def plan(
+    forward_batch: ForwardBatch, pool: HybridSWAKVPool, metadata: BackendMetadata, layer_id: int
+) -> torch.Tensor:
+    """This forward's columns of the iteration's location plan, translated once per iteration and shared by
+    every forward of it (SGLang 0.5.23's ``KVLocPlan``; PRs 35245, 37307, 37550, 37926)."""
+    if forward_batch.kv_loc_plan is None:
+        # SGLang 0.5.23's pool asserts a pre-translated SWA location; it never translates itself
+        raise RuntimeError("the batch carries no kv_loc_plan: an SWA layer needs a pre-translated location")
+    start, stop = forward_batch.kv_loc_cols
+    ids = forward_batch.kv_loc_plan.write_ids("swa")[start:stop]
+    n = forward_batch.out_cache_loc.shape[0]
+    if ids.shape[0] < n:  # trtllm_mha's _get_layer_cache_loc asserts no more than this
+        raise RuntimeError(f"the location plan holds {ids.shape[0]} SWA ids for {n} tokens")
+    return ids[:n]
+
+
 def untranslated(
     forward_batch: ForwardBatch, pool: HybridSWAKVPool, metadata: BackendMetadata, layer_id: int
 ) -> torch.Tensor:
@@ -76,6 +93,7 @@ DESIGNS: dict[str, SWALocDesign] = {
     "forward_batch": forward_batch,
     "memoized": memoized,
     "metadata": metadata,
+    "plan": plan,
     "untranslated": untranslated,
 }
 
@@ -84,6 +102,11 @@ OPT_IN_DESIGNS = frozenset({"untranslated"})
 
 DEFAULT_DESIGNS: tuple[str, ...] = tuple(name for name in DESIGNS if name not in OPT_IN_DESIGNS)
 """what a scenario runs when it lists no designs: every registered rule but the opt-in bugs"""
+
+
+class DesignImportError(ImportError):
+    """A design named by import path that cannot be imported or is not a function: one line naming the
+    design and the file where it failed."""
 
 
 def resolve_design(name: str) -> SWALocDesign:
@@ -96,11 +119,33 @@ def resolve_design(name: str) -> SWALocDesign:
         )
     module_name, _, attr = name.partition(":")
     try:
-        fn = getattr(importlib.import_module(module_name), attr)
+        module = importlib.import_module(module_name)
     except KeyboardInterrupt:
         raise
     except BaseException as exc:  # noqa: BLE001 - a module that exits or raises at import is the design's fault
-        raise KeyError(f"design {name!r} cannot be imported: {type(exc).__name__}: {exc}") from None
+        raise DesignImportError(f"design {name!r} cannot be imported: {type(exc).__name__}: "
+                                f"{_one_line(exc)}{_where(exc)}") from None
+    fn = getattr(module, attr, None)
+    where = getattr(module, "__file__", None) or module_name
+    if fn is None:
+        raise DesignImportError(f"design {name!r}: {where} defines no {attr!r}")
     if not callable(fn):
-        raise KeyError(f"design {name!r} is not callable")
+        raise DesignImportError(f"design {name!r} is not callable: {attr} in {where} is {type(fn).__name__}")
     return fn
+
+
+def _one_line(exc: BaseException) -> str:
+    return "; ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+
+
+def _where(exc: BaseException) -> str:
+    """`` (at FILE, line N)`` where the import failed, and the design's own file when that is another."""
+    if isinstance(exc, SyntaxError) and exc.filename:
+        return f" (at {exc.filename}, line {exc.lineno})"
+    frames = [f for f in traceback.extract_tb(exc.__traceback__)
+              if not f.filename.startswith("<") and f.filename != __file__ and "importlib" not in f.filename]
+    if not frames:
+        return ""
+    last, first = frames[-1], frames[0]
+    at = f" (at {last.filename}, line {last.lineno}"
+    return at + (f", imported from {first.filename}, line {first.lineno})" if first is not last else ")")

@@ -40,6 +40,10 @@ class EvictionSpec:
     interval: int = SGLANG_EVICTION_INTERVAL
     """for policies that batch their frees (``sglang``): free only once the frontier has moved this many
     tokens past what was already freed; ``tight`` frees every step whatever this says"""
+    prefix_cache: bool = False
+    """finished requests (and chunked prefills between chunks) are kept by an SWA-aware prefix cache
+    (``prefix_cache.py``) instead of freed, and later prompts that share a prefix reuse their KV: the
+    policy runs with prefix sharing"""
 
     def problems(self) -> list[str]:
         out = []
@@ -75,7 +79,7 @@ class EvictionPolicy(ABC):
         self.window = window
         """keys visible to a query, the query's own key included"""
         self.page_size = page_size
-        self.prefix_sharing = prefix_sharing
+        self.prefix_sharing = prefix_sharing or spec.prefix_cache
         """finished requests stay in a prefix cache, whose SWA part must stay matchable"""
 
     def window_start(self, seq_len: int) -> int:
@@ -92,12 +96,18 @@ class TightEviction(EvictionPolicy):
 
     Stricter than any serving engine (SGLang frees only every so many tokens), so a write location that
     still points at a freed slot, or a window off by one, shows at the first step it could matter: the freed
-    slot is poisoned and reused at once.
+    slot is poisoned and reused at once. With prefix sharing it keeps the window rounded up to whole pages,
+    as SGLang's policy does (PR 29860): at pages longer than the window, flooring the window's start to a
+    page would free the request's last full page, and the prefix cache would receive a branch with no SWA
+    KV at its end, which no later prompt can match. At pages of one token the two agree.
     """
 
     name = "tight"
 
     def frontier(self, req: RequestWindow) -> int:
+        if self.prefix_sharing:
+            return max(req.swa_evicted, _floor_to(req.seq_len - retained_with_sharing(self.window, self.page_size),
+                                                  self.page_size))
         return max(req.swa_evicted, self.window_start(req.seq_len) // self.page_size * self.page_size)
 
 
@@ -121,12 +131,22 @@ class SGLangEviction(EvictionPolicy):
         if not req.prefilling and req.decoded == 0:
             return req.swa_evicted  # the batch about to run is the request's first decode batch
         sliding = self.window - 1
-        retain = _ceil_to(max(sliding, self.page_size), self.page_size) if self.prefix_sharing else sliding
+        retain = retained_with_sharing(self.window, self.page_size) if self.prefix_sharing else sliding
         moved = req.seq_len - retain
         if moved < req.swa_evicted + self.spec.interval:
             return req.swa_evicted
         return max(req.swa_evicted, moved // self.page_size * self.page_size)
 
 
+def retained_with_sharing(window: int, page_size: int) -> int:
+    """Tokens a request keeps behind its newest with a prefix cache: the window without the query's own key,
+    rounded up to whole pages (at least one), so the page-aligned part a cache receives ends in live SWA KV."""
+    return _ceil_to(max(window - 1, page_size), page_size)
+
+
 def _ceil_to(n: int, unit: int) -> int:
     return -(-n // unit) * unit
+
+
+def _floor_to(n: int, unit: int) -> int:
+    return max(0, n) // unit * unit

@@ -19,7 +19,9 @@ class Component(enum.StrEnum):
     ATTENTION_BACKEND = "attention backend"
     SPECULATIVE_WORKER = "speculative worker"
     SCHEDULER = "scheduler"
-    """its SWA eviction: which slots it frees after a step"""
+    """its SWA eviction (which slots it frees after a step) and what it hands the prefix cache"""
+    PREFIX_CACHE = "prefix cache"
+    """the SWA radix cache: what a prompt matches, and what cache pressure evicts"""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -32,6 +34,8 @@ class Fault:
     summary: str
     reference: str
     """the public bug or fix it re-creates"""
+    needs_prefix_cache: bool = False
+    """acts only in a run that keeps a prefix cache (``eviction.prefix_cache``)"""
 
 
 FAULTS: dict[str, Fault] = {
@@ -90,6 +94,11 @@ FAULTS: dict[str, Fault] = {
               summary="requests still in chunked prefill are never evicted: a long prompt keeps every SWA slot "
                       "it was given until its first decode, and the SWA pool runs dry",
               reference="SGLang PR 33805 (a path that never ran SWA eviction)"),
+        Fault(name="reuse_stale_plan", acts_on=Component.SCHEDULER, modes=("eager", "full", "piecewise"),
+              summary="the translator serves the previous iteration's plan for the SWA sub-pool: its ids belong to "
+                      "another batch, and a longer tensor passes the length check and is sliced silently",
+              reference="SGLang 0.5.23's KVLocPlan memo (PRs 35245, 37307); the staleness PR 24138's review "
+                        "rejected"),
         Fault(name="read_page_tail", acts_on=Component.ATTENTION_BACKEND, modes=("eager", "full", "piecewise"),
               summary="the page table expands a request's last page whole, its unwritten tail included: a dense "
                       "kernel masks those keys, but a reused page's poison turns the masked product into NaN",
@@ -98,6 +107,28 @@ FAULTS: dict[str, Fault] = {
               summary="the per-forward invalidation of the memoized translation is skipped while static "
                       "buffers keep the same data_ptr and numel for different batches",
               reference="SGLang PR 25824"),
+        Fault(name="match_len_not_reset", acts_on=Component.PREFIX_CACHE, modes=("eager", "full", "piecewise"),
+              needs_prefix_cache=True,
+              summary="a match resets its count of live SWA tokens since the last tombstone only when that run "
+                      "was a full window: a short run before a second tombstone counts towards the window after "
+                      "it, and the match ends with tombstoned (freed) tokens inside the window its query reads",
+              reference="SGLang PR 17061 (reset match_len_since_tombstone at every tombstone)"),
+        Fault(name="unfinished_insert_no_evicted_len", acts_on=Component.SCHEDULER,
+              modes=("eager", "full", "piecewise"), needs_prefix_cache=True,
+              summary="a request between chunks of its prefill is inserted into the prefix cache without its "
+                      "evicted length: the SWA slots it already freed are cached as live SWA KV",
+              reference="SGLang PRs 30845 and 36909 (carry swa_evicted_seqlen into cache_unfinished_req)"),
+        Fault(name="tombstone_last_leaf", acts_on=Component.SCHEDULER, modes=("eager", "full", "piecewise"),
+              needs_prefix_cache=True,
+              summary="before a request between chunks is inserted, its out-of-window SWA slots are freed keeping "
+                      "only the window, not a page past it: at pages longer than the window the frontier reaches "
+                      "the last full page, and the inserted leaf is all tombstone",
+              reference="SGLang PR 29860 (keep max(window, page) when freeing before a radix insert)"),
+        Fault(name="evict_branch_tail_first", acts_on=Component.PREFIX_CACHE, modes=("eager", "full", "piecewise"),
+              needs_prefix_cache=True,
+              summary="cache pressure tombstones SWA nodes in plain least-recently-used order: an idle branch's "
+                      "trailing window goes first, and the whole branch is unmatchable while its full KV stays",
+              reference="SGLang PR 35515 (evict a branch's trailing sliding window last)"),
         # index-space mistakes: an id of one space (full pool, SWA pool, pages, tokens) used in another
         Fault(name="swa_read_untranslated", acts_on=Component.ATTENTION_BACKEND,
               modes=("eager", "full", "piecewise"),

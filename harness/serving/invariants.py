@@ -11,17 +11,54 @@ keys where every padded row writes too. The harness checks them after every step
 * ``retained``: no token the eviction policy has freed past still holds one (a skipped or short eviction
   keeps slots the pool needs: the leak that ends in an exhausted SWA pool).
 
-A stack answers with the live tokens and its free slots; this module knows no stack.
+With a prefix cache (``prefix_cache.py``) the tokens it holds count too. Its slots are owned once, by the
+cache, and shared by every live token that matched them (``LiveToken.shared``, the same position), so
+sharing is not ``owned_twice``; they must not be free or in the dummy page; a token inside the window a
+locked match reads must hold an SWA slot (``window``); and two more:
+
+* ``tombstone``: the cache's tombstones agree with the SWA pool: a token it keeps as live SWA KV holds an
+  SWA slot, a tombstoned one holds none (an insert that forgets what the request already freed caches
+  freed slots as live: SGLang PRs 30845 and 36909);
+* ``unmatchable``: every branch of the cache ends in a window of live SWA KV, the only place a later match
+  can end, so a branch whose trailing window is tombstoned holds full KV no prompt can reuse (SGLang PRs
+  29860 and 35515).
+
+A stack answers with the live tokens, its free slots and what its prefix cache holds; this module knows no
+stack.
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from .timeline import LiveToken
 
-INVARIANTS = ("owned_twice", "dummy", "free_but_owned", "window", "retained")
+INVARIANTS = ("owned_twice", "dummy", "free_but_owned", "window", "retained", "tombstone", "unmatchable")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CachedToken:
+    """One token a prefix cache holds: its slots as the pool has them, and what the cache believes."""
+
+    pos: int
+    """its position in the cached prompt (the depth in the radix tree)"""
+    full_slot: int
+    swa_slot: int
+    """what the pool maps its full slot to: 0 when it holds no SWA slot"""
+    tombstoned: bool
+    """the cache has given up its SWA KV (freed, or never cached live)"""
+    read_by: tuple[str, ...] = ()
+    """requests whose locked match ends within W - 1 tokens after it: their first query reads its SWA KV"""
+    trailing_of: tuple[int, ...] = ()
+    """end positions of the branches (leaves) whose trailing window of W - 1 tokens holds it"""
+
+
+class CacheHoldings(Protocol):
+    """What the invariants read of a prefix cache."""
+
+    def cached_tokens(self) -> list[CachedToken]: ...
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -39,8 +76,9 @@ class InvariantViolation:
 
 
 def pool_violations(live: Sequence[LiveToken], *, free_full: Collection[int], free_swa: Collection[int],
-                    page_size: int) -> list[InvariantViolation]:
-    """Every invariant broken by the live tokens and the free lists as they stand, in a stable order."""
+                    page_size: int, cached: Sequence[CachedToken] = ()) -> list[InvariantViolation]:
+    """Every invariant broken by the live tokens, the free lists and the prefix cache's tokens as they stand,
+    in a stable order."""
     out: list[InvariantViolation] = []
     for pool, free in (("full", free_full), ("swa", free_swa)):
         for slot in sorted(s for s in free if s < page_size):
@@ -48,6 +86,7 @@ def pool_violations(live: Sequence[LiveToken], *, free_full: Collection[int], fr
                                           detail="the dummy page is on the free list"))
     owners: dict[tuple[str, int], LiveToken] = {}
     free = {"full": set(free_full), "swa": set(free_swa)}
+    by_cache = _cache_violations(cached, free, page_size, out)
     for t in live:
         who = f"{t.rid}@{t.pos}"
         held = [("full", t.full_slot)] + ([("swa", t.swa_slot)] if t.swa_slot > 0 else [])
@@ -63,6 +102,11 @@ def pool_violations(live: Sequence[LiveToken], *, free_full: Collection[int], fr
                 out.append(InvariantViolation(invariant="dummy", pool=pool, slot=slot,
                                               detail=f"{who} owns a slot of the dummy page"))
                 continue
+            if (cache_owner := by_cache.get((pool, slot))) is not None:
+                if not (t.shared and cache_owner.pos == t.pos):
+                    detail = f"owned by the prefix cache ({_cache_who(cache_owner)}) and {who}"
+                    out.append(InvariantViolation(invariant="owned_twice", pool=pool, slot=slot, detail=detail))
+                continue  # the cache's slot: checked against the free list as the cache's
             if (pool, slot) in owners:
                 first = owners[(pool, slot)]
                 out.append(InvariantViolation(invariant="owned_twice", pool=pool, slot=slot,
@@ -73,3 +117,50 @@ def pool_violations(live: Sequence[LiveToken], *, free_full: Collection[int], fr
                 out.append(InvariantViolation(invariant="free_but_owned", pool=pool, slot=slot,
                                               detail=f"{who} owns it, and it is on the free list"))
     return out
+
+
+def _cache_who(c: CachedToken) -> str:
+    return f"cache@{c.pos}"
+
+
+def _cache_violations(cached: Sequence[CachedToken], free: dict[str, set[int]], page_size: int,
+                      out: list[InvariantViolation]) -> dict[tuple[str, int], CachedToken]:
+    """Append what the prefix cache's tokens break; return who owns each of their slots."""
+    owners: dict[tuple[str, int], CachedToken] = {}
+    dead_ends: set[int] = set()
+    for c in cached:
+        who = _cache_who(c)
+        if c.tombstoned and c.swa_slot > 0:
+            out.append(InvariantViolation(invariant="tombstone", pool="swa", slot=c.swa_slot,
+                                          detail=f"{who} is tombstoned in the prefix cache but still holds it"))
+        if not c.tombstoned and c.swa_slot <= 0:
+            out.append(InvariantViolation(invariant="tombstone", pool="full", slot=c.full_slot,
+                                          detail=f"{who} is cached as live SWA KV, but holds no SWA slot"))
+        if c.read_by and c.swa_slot <= 0:
+            out.append(InvariantViolation(
+                invariant="window", pool="full", slot=c.full_slot,
+                detail=f"{who} is inside the window {', '.join(c.read_by)} reads from its matched prefix, but "
+                       "holds no SWA slot"))
+        for end in c.trailing_of:
+            if c.tombstoned and end not in dead_ends:
+                dead_ends.add(end)
+                out.append(InvariantViolation(
+                    invariant="unmatchable", pool="full", slot=c.full_slot,
+                    detail=f"the cached branch ending at {end} cannot be matched: {who} in its trailing window is "
+                           "tombstoned, so its full KV is held for nothing"))
+        held = [("full", c.full_slot)] + ([("swa", c.swa_slot)] if c.swa_slot > 0 else [])
+        for pool, slot in held:
+            if slot < page_size:
+                out.append(InvariantViolation(invariant="dummy", pool=pool, slot=slot,
+                                              detail=f"{who} holds a slot of the dummy page"))
+                continue
+            if (pool, slot) in owners:
+                first = _cache_who(owners[(pool, slot)])
+                out.append(InvariantViolation(invariant="owned_twice", pool=pool, slot=slot,
+                                              detail=f"held by the prefix cache twice, {first} and {who}"))
+            else:
+                owners[(pool, slot)] = c
+            if slot in free[pool]:
+                out.append(InvariantViolation(invariant="free_but_owned", pool=pool, slot=slot,
+                                              detail=f"the prefix cache holds it ({who}), and it is on the free list"))
+    return owners

@@ -89,7 +89,7 @@ class ModelSpec:
         return out
 
 
-# Models are tiny by design (DESIGN.md section 7); a size past these is a typo, and honouring it would make
+# Models are tiny by design (docs/design.md section 10); a size past these is a typo, and honouring it would make
 # every run, the reference included, fail to allocate its weights.
 _MAX_LAYERS = 64
 _BOUNDS = {

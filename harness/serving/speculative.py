@@ -45,3 +45,4 @@ class SpeculativeWorker:
             batch.out_cache_loc = batch.draft_out_cache_loc[step]  # the old out_cache_loc_swa stays
         else:
             batch.reassign_out_cache_loc(batch.draft_out_cache_loc[step])
+        batch.enter_plan_columns(step * batch.batch_size)  # the plan's draft rows are step-major

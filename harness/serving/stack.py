@@ -19,7 +19,7 @@ from typing import ClassVar
 
 import torch
 
-from .invariants import InvariantViolation, pool_violations
+from .invariants import CacheHoldings, InvariantViolation, pool_violations
 from .pool import HybridSWAKVPool, PoolSpec, ReqToTokenPool
 from .timeline import LiveToken
 
@@ -58,6 +58,7 @@ class ServingStack(ABC):
     pool: HybridSWAKVPool
     """what designs and backends receive as the KV pool"""
     req_to_token_pool: ReqToTokenPool
+    _prefix_cache: CacheHoldings | None = None
 
     @classmethod
     @abstractmethod
@@ -116,7 +117,13 @@ class ServingStack(ABC):
     def free_slots(self) -> tuple[frozenset[int], frozenset[int]]:
         """Every slot of the full and of the SWA pool that is free now (whole free pages)."""
 
+    def hold_prefix_cache(self, cache: CacheHoldings) -> None:
+        """Count the tokens ``cache`` keeps in the invariants: slots it owns, shared by the live tokens that
+        matched them (the scheduler attaches its prefix cache, which frees through this stack)."""
+        self._prefix_cache = cache
+
     def invariant_violations(self, live: Sequence[LiveToken]) -> list[InvariantViolation]:
-        """The pool invariants (``invariants.py``) that ``live`` and the free lists break now."""
+        """The pool invariants (``invariants.py``) that ``live``, the free lists and the prefix cache break now."""
         free_full, free_swa = self.free_slots()
-        return pool_violations(live, free_full=free_full, free_swa=free_swa, page_size=self.page_size)
+        cached = self._prefix_cache.cached_tokens() if self._prefix_cache is not None else ()
+        return pool_violations(live, free_full=free_full, free_swa=free_swa, page_size=self.page_size, cached=cached)

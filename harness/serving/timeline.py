@@ -27,15 +27,31 @@ class RequestSpec:
     """tokens decoded after the prompt; the request finishes once they are written"""
     abort: int | None = None
     """step at which the request is aborted (before that step's batch is built)"""
+    prefix_of: str | None = None
+    """the rid of an earlier request whose token stream this one starts with (a shared system prompt, the
+    previous turn of a conversation): what a prefix cache can match"""
+    shared_len: int = 0
+    """how many leading tokens it shares with ``prefix_of`` (that request's prompt and output count)"""
 
     def problems(self) -> list[str]:
         out = []
         if not self.rid.strip() or not self.rid.isprintable():
             out.append(f"rid: expected a non-empty printable string, got {self.rid!r}")
-        for name, lo in (("arrive", 0), ("prompt_len", 1), ("output_len", 0)):
+        for name, lo in (("arrive", 0), ("prompt_len", 1), ("output_len", 0), ("shared_len", 0)):
             value = getattr(self, name)
             if not lo <= value <= _LIMIT:
                 out.append(f"{name}: expected an integer from {lo} to {_LIMIT}, got {value}")
+        if self.prefix_of is None:
+            if self.shared_len:
+                out.append(f"shared_len: needs prefix_of, the request whose tokens are shared (got {self.shared_len})")
+        elif not self.prefix_of.strip() or not self.prefix_of.isprintable():
+            out.append(f"prefix_of: expected a request id, got {self.prefix_of!r}")
+        elif self.prefix_of == self.rid:
+            out.append(f"prefix_of: a request cannot share the prefix of itself ({self.rid!r})")
+        elif self.shared_len < 1:
+            out.append(f"shared_len: expected at least 1 token shared with {self.prefix_of!r}, got {self.shared_len}")
+        elif self.shared_len > self.prompt_len:
+            out.append(f"shared_len: must not exceed prompt_len (got {self.shared_len} > {self.prompt_len})")
         if self.abort is not None:
             if not 0 <= self.abort <= _LIMIT:
                 out.append(f"abort: expected an integer from 0 to {_LIMIT}, got {self.abort}")
@@ -78,6 +94,22 @@ class TimelineSpec:
                 out.append(f"{at}.rid: duplicate rid {req.rid!r}; requests[{first_by_rid[req.rid]}] has it")
             else:
                 first_by_rid[req.rid] = i
+        for i, req in enumerate(self.requests):
+            if req.prefix_of is None or req.problems():
+                continue
+            at = f"requests[{i}]"
+            if req.prefix_of not in first_by_rid:
+                out.append(f"{at}.prefix_of: no request has rid {req.prefix_of!r}")
+                continue
+            j = first_by_rid[req.prefix_of]
+            source = self.requests[j]
+            if source.arrive >= req.arrive:
+                # the shared tokens are copied from the earlier stream, and only an earlier request can be cached
+                out.append(f"{at}.prefix_of: requests[{j}] ({source.rid!r}) must arrive before this one "
+                           f"(got {source.arrive} >= {req.arrive})")
+            elif req.shared_len > source.prompt_len + source.output_len:
+                out.append(f"{at}.shared_len: {source.rid!r} has only {source.prompt_len + source.output_len} tokens "
+                           f"(prompt and output), got {req.shared_len}")
         return out
 
 
@@ -98,11 +130,21 @@ class LiveToken:
     """among the W-1 latest tokens of its request, which its next query reads: its SWA slot must hold its K/V"""
     past_frontier: bool = False
     """the eviction policy has freed this token's SWA slot by now: it must hold none"""
+    shared: bool = False
+    """its slots are the prefix cache's (a matched prefix, or this request's own tokens once cached): the
+    request reads them, the cache owns and frees them"""
 
 
 def request_tokens(timeline: TimelineSpec, vocab_size: int) -> dict[str, torch.Tensor]:
-    """The teacher-forced token stream (prompt then output) of every request, drawn from the timeline seed."""
+    """The teacher-forced token stream (prompt then output) of every request, drawn from the timeline seed;
+    a request with ``prefix_of`` starts with the first ``shared_len`` tokens of that request's stream."""
     gen = torch.Generator().manual_seed(timeline.seed)
-    return {
+    tokens = {
         r.rid: torch.randint(vocab_size, (r.prompt_len + r.output_len,), generator=gen) for r in timeline.requests
     }
+    # every stream is drawn first, so sharing changes no other request's tokens; in arrival order, so a
+    # chain (c shares b's prefix, b shares a's) copies from a stream that already holds its shared part
+    for r in sorted(timeline.requests, key=lambda r: r.arrive):
+        if r.prefix_of is not None:
+            tokens[r.rid][: r.shared_len] = tokens[r.prefix_of][: r.shared_len]
+    return tokens

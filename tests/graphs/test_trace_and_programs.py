@@ -43,7 +43,7 @@ def test_trace_lists_each_recorded_step_and_what_replay_does():
             "aten.clone.default(t4) -> t7  [out, reuses t6]",
             "aten.unsqueeze_.default(t7, 0) -> t7  [skip: inplace view]",
             "aten.sort.default(t1, 1) -> (t8, t9)  [out]",
-            "harness_graphs_test.twice.default(t7) -> t10  [compute+copy]",
+            "harness_graphs_test.twice.default(t7) -> t10  [compute+copy, calls the op again]",
         ]
     )
 

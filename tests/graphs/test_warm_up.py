@@ -1,8 +1,9 @@
 """Both engines warm up before capture, as serving engines' graph runners do.
 
-Warm-up runs the program eagerly ``WARMUP_RUNS`` times under the recorder: checked like
-capture, its writes to pre-existing tensors undone, islands run eagerly.  What the program
-caches in Python meanwhile is part of the world the capture sees, and a graph freezes it.
+Warm-up runs the program eagerly ``WARMUP_RUNS`` times under the recorder, checked like
+capture, islands run eagerly.  The runs are real: what they write stays written, and what the
+program sets in Python meanwhile (a memo, a flag saying a table is filled) agrees with the
+tensors the capture then finds, as on a device.  A graph freezes that world.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import pytest
 import torch
 
 from harness.graphs import CaptureError, eager_island
-from harness.graphs._protocol import WARMUP_RUNS
+from harness.graphs._warm_up import WARMUP_RUNS
 
 from ._helpers import ENGINES, capture, no_modes_active, sync
 
@@ -83,22 +84,54 @@ def test_capture_fails_in_the_warm_up_run_that_takes_a_refused_path(engine):
     assert no_modes_active()
 
 
-def test_warm_up_runs_for_real_and_their_writes_are_undone_before_capture():
-    s = SimpleNamespace(kv=torch.zeros(3), x=torch.ones(3), seen=[])
+def test_warm_up_writes_stay_written_and_capture_adds_nothing(engine):
+    name, device = engine
+    s = SimpleNamespace(kv=torch.zeros(3, device=device), x=torch.ones(3, device=device), seen=[])
 
     def fn():
         s.seen.append(s.kv.clone())
         s.kv.add_(s.x)
         return s.kv
 
-    g = capture(fn)
+    g = capture(fn, engine=name)
+    sync(device)
     assert len(s.seen) == WARMUP_RUNS + 1
-    # eager runs, one after the other, as a serving engine's warm-up
+    # eager runs, one after the other, as a serving engine's warm-up: each finds the previous one's write
     assert [seen.tolist() for seen in s.seen[:WARMUP_RUNS]] == [[float(k)] * 3 for k in range(WARMUP_RUNS)]
-    assert torch.isnan(s.seen[-1]).all()  # the capture run's clone is graph memory: poison until replay
-    assert s.kv.tolist() == [0.0, 0.0, 0.0]  # neither warm-up nor capture left a write behind
+    if name == "tape":
+        assert torch.isnan(s.seen[-1]).all()  # the capture run's clone is graph memory: poison until replay
+    assert s.kv.tolist() == [float(WARMUP_RUNS)] * 3  # warm-up wrote for real; capture computed nothing
     g.replay()
-    assert s.kv.tolist() == [1.0, 1.0, 1.0]
+    sync(device)
+    assert s.kv.tolist() == [WARMUP_RUNS + 1.0] * 3
+
+
+class _LazyTable:
+    """A pre-allocated table filled on first use, with a Python flag saying so (a lazily built lookup)."""
+
+    def __init__(self, device: str) -> None:
+        self.source = torch.arange(4.0, device=device)
+        self.table = torch.zeros(4, device=device)
+        self.filled = False
+
+    def lookup(self, idx: torch.Tensor) -> torch.Tensor:
+        if not self.filled:
+            self.table.copy_(self.source * 10)
+            self.filled = True
+        return self.table[idx]
+
+
+def test_lazily_filled_table_set_by_warm_up_is_what_the_graph_reads(engine):
+    name, device = engine
+    lazy = _LazyTable(device)
+    runner = SimpleNamespace(idx=torch.tensor([0, 3], device=device))
+    g = capture(lambda: lazy.lookup(runner.idx) + 1, engine=name, roots={"lazy": lazy, "runner": runner},
+                static=[lazy.table, lazy.source, runner.idx])
+    runner.idx.copy_(torch.tensor([1, 2], device=device))
+    g.replay()
+    sync(device)
+    assert g.outputs[0].tolist() == [11.0, 21.0]  # as eager: the flag and the table agree
+    assert lazy.table.tolist() == [0.0, 10.0, 20.0, 30.0]
 
 
 def test_islands_run_eagerly_on_real_values_during_warm_up(engine):

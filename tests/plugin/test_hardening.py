@@ -183,3 +183,311 @@ def test_two_runs_of_the_same_inputs_write_equal_records(cli_dir, capsys, write_
     a, b = (json.loads(Path(name).read_text()) for name in ("a.json", "b.json"))
     assert a["records"] == b["records"] and a["records"]
     assert "0x" not in json.dumps(a["records"])  # no memory address in any note
+
+
+# ---- a run's processes end with it ---------------------------------------------------------------------
+
+def _harness(cli_dir: Path, *args: str, marker: str = "300", **kwargs) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(cli_dir), *sys.path]), "OMP_NUM_THREADS": "1",
+           "SWA_TEST_MARKER": marker}
+    return subprocess.Popen([sys.executable, "-m", "harness", *args], cwd=cli_dir, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, **kwargs)
+
+
+def _children(pid: int) -> list[int]:
+    return [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and _parent(p) == pid]
+
+
+def _descendants(pid: int) -> set[int]:
+    out, todo = set(), [pid]
+    while todo:
+        for child in _children(todo.pop()):
+            out.add(child)
+            todo.append(child)
+    return out
+
+
+def _with_arg(arg: str) -> list[int]:
+    """Processes whose command line holds ``arg`` (the marker a test gave the ``sleep`` it caused)."""
+    out = []
+    for p in Path("/proc").iterdir():
+        try:
+            if p.name.isdigit() and arg.encode() in (p / "cmdline").read_bytes().split(b"\0"):
+                out.append(int(p.name))
+        except OSError:
+            pass
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def _wait_for(predicate, timeout_s: float = 60.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.2)
+    return predicate()
+
+
+linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc (Linux)")
+
+
+@pytest.fixture
+def escaping_dir(cli_dir: Path, write_scenario) -> Path:
+    write_scenario(cli_dir, "tiny_match")
+    (cli_dir / "escaping_designs.py").write_text((SAMPLES / "escaping_designs.py").read_text())
+    return cli_dir
+
+
+def _kill_marked(marker: str) -> None:
+    for pid in _with_arg(marker):  # only the processes this test's design started
+        os.kill(pid, signal.SIGKILL)
+
+
+@linux_only
+def test_sigterm_ends_a_run_as_ctrl_c_does_and_leaves_no_process_behind(escaping_dir):
+    marker = "301.5"
+    proc = _harness(escaping_dir, "run", "--jobs", "1", "--mode", "eager", "--timeout", "600", "--design",
+                    "escaping_designs:spawns_and_hangs", "--design", "translate", "--json", "r.json", marker=marker)
+    try:
+        assert _wait_for(lambda: _with_arg(marker) or proc.poll() is not None), "the design never started its sleep"
+        tree = _descendants(proc.pid)
+        assert tree and _with_arg(marker)[0] in tree
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        _kill_marked(marker)
+        proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM, (out, err)
+    assert "terminated (SIGTERM): 1 of 2 runs finished" in err and "Traceback" not in err
+    assert "tiny_match[translate-eager-torch_native]" in out  # the table of the runs that finished
+    doc = json.loads((escaping_dir / "r.json").read_text())
+    assert doc["complete"] is False and [r["design"] for r in doc["records"]] == ["translate"]
+    assert not [pid for pid in tree if _alive(pid)]  # the run's child and the process it started
+
+
+@linux_only
+def test_a_harness_killed_outright_takes_its_runs_with_it(escaping_dir):
+    proc = _harness(escaping_dir, "run", "--jobs", "1", "--mode", "eager", "--timeout", "600", "--design",
+                    "escaping_designs:spawns_and_hangs", marker="302.5")
+    try:
+        assert _wait_for(lambda: _with_arg("302.5") or proc.poll() is not None)
+        runs = [pid for pid in _children(proc.pid) if pid not in _with_arg("302.5")]
+        assert runs
+        proc.kill()  # SIGKILL: no handler runs; the kernel ends the run (PR_SET_PDEATHSIG)
+        proc.wait(timeout=30)
+        assert _wait_for(lambda: not any(_alive(pid) for pid in runs), 30)
+    finally:
+        _kill_marked("302.5")
+
+
+@linux_only
+def test_a_process_a_design_starts_ends_with_its_run_and_holds_no_pipe_open(escaping_dir):
+    # CI runs `harness run | tee log`: the pipeline waits for every process holding the pipe
+    marker = "303.5"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(escaping_dir), *sys.path]), "OMP_NUM_THREADS": "1",
+           "SWA_TEST_MARKER": marker}
+    command = (f"{shlex.quote(sys.executable)} -m harness run --jobs 1 --mode eager --expect match "
+               "--design escaping_designs:spawns 2>&1 | cat")
+    start = time.monotonic()
+    try:
+        done = subprocess.run(["sh", "-c", command], cwd=escaping_dir, env=env, capture_output=True, text=True,
+                              timeout=200)
+        elapsed = time.monotonic() - start
+        left = [pid for pid in _with_arg(marker) if _alive(pid)]
+    finally:
+        _kill_marked(marker)
+    assert done.returncode == 0, done.stdout
+    assert "tiny_match[escaping_designs:spawns-eager-torch_native]  match     match" in done.stdout
+    assert elapsed < 200 and not left, (elapsed, left)
+
+
+def test_what_a_design_prints_is_shown_escaped_beside_its_run_never_raw(escaping_dir):
+    proc = _harness(escaping_dir, "run", "--jobs", "2", "--mode", "eager", "--expect", "match", "--design",
+                    "escaping_designs:prints")
+    out, err = proc.communicate(timeout=200)
+    assert proc.returncode == 0, (out, err)
+    for ch in ("\x1b", "\x07"):
+        assert ch not in out + err
+    assert not [line for line in (out + err).splitlines() if line.startswith("PASSED")]
+    block = err.split("tiny_match[escaping_designs:prints-eager-torch_native]: captured output, escaped:\n", 1)[1]
+    assert block.splitlines()[:3] == ["  | \\x1b]0;pwned\\x07title set", "  | PASSED forged",
+                                      "  | \\x1b[2Jscreen cleared"]
+
+
+def test_under_pytest_a_runs_output_is_captured_and_escaped_too(harness_pytester, add_scenario):
+    text = (SAMPLES / "tiny_match.toml").read_text()
+    text = text[:text.index("[expect.translate]")].replace('designs = ["translate", "stale_state", "forward_batch"]',
+                                                          'designs = ["escaping_designs:prints"]')
+    add_scenario("tiny_prints", text=text + '[expect."escaping_designs:prints"]\nverdict = "match"\nwhy = "prints"\n')
+    (harness_pytester.path / "escaping_designs.py").write_text((SAMPLES / "escaping_designs.py").read_text())
+    harness_pytester.syspathinsert()
+    result = harness_pytester.runpytest_subprocess("-s", "-q", "-p", "no:randomly")  # -s: nothing captures it
+    text_out = "\n".join(result.outlines + result.errlines)
+    assert result.ret == 0, text_out
+    assert "\x1b" not in text_out and "\x07" not in text_out
+    assert "  | \\x1b]0;pwned\\x07title set" in text_out and "  | PASSED forged" in text_out
+
+
+# ---- destinations are judged before anything runs; a report folder is written only inside itself -------
+
+def _read_only_folder(tmp_path: Path) -> Path:
+    """A folder this process cannot write in: chmod for a user; for root (who ignores modes) a read-only
+    file system, when the machine has one."""
+    if os.geteuid() != 0:
+        folder = tmp_path / "read-only"
+        folder.mkdir()
+        folder.chmod(0o555)
+        return folder
+    for candidate in (Path("/proc/sys"), Path("/sys/fs/cgroup")):
+        if candidate.is_dir() and not os.access(candidate, os.W_OK):
+            return candidate
+    pytest.skip("running as root without a read-only file system to write to")
+
+
+def _destination(kind: str, root: Path) -> tuple[Path, str]:
+    """(the destination, a fragment of the one line that refuses it)."""
+    if kind == "a file":
+        (root / "taken").write_text("x")
+        return root / "taken", "is a file; name a folder"
+    if kind == "a symlink to a file":
+        (root / "taken").write_text("x")
+        (root / "link").symlink_to(root / "taken")
+        return root / "link", f"is a symbolic link to a file ({(root / 'taken').resolve()}); name a folder"
+    if kind == "below a file":
+        (root / "taken").write_text("x")
+        return root / "taken" / "rep", f"{root / 'taken'} is not a directory"
+    if kind == "read-only":
+        folder = _read_only_folder(root)
+        return folder / "rep", f"cannot write in {folder}"
+    if kind == "a broken symlink":
+        (root / "link").symlink_to(root / "nowhere")
+        return root / "link", "is a broken symbolic link"
+    if kind == "pages linked out":
+        (root / "outside").mkdir()
+        (root / "rep").mkdir()
+        (root / "rep" / "scenarios").symlink_to(root / "outside")
+        return root / "rep", "scenarios is a symbolic link (to"
+    raise AssertionError(kind)
+
+
+FOLDER_KINDS = ["a file", "a symlink to a file", "below a file", "read-only", "a broken symlink", "pages linked out"]
+
+
+@pytest.mark.parametrize("kind", FOLDER_KINDS)
+@pytest.mark.parametrize("command", ["run", "report", "compare"])
+def test_a_bad_report_folder_is_refused_before_anything_runs(kind, command, cli_dir, capsys, write_scenario):
+    write_scenario(cli_dir, "tiny_match")
+    dest, fragment = _destination(kind, cli_dir)
+    args = (["compare", "base.json", "base.json"] if command == "compare" else [command, "--jobs", "1"])
+    code, out, err = run_cli(capsys, *args, "--report-dir", str(dest))
+    assert code == 2 and out == "", (out, err)
+    assert err.splitlines() == [f"--report-dir {dest}: {err.split(': ', 1)[1].rstrip()}"] and fragment in err, err
+    assert "runs in" not in err  # nothing ran (compare: nothing was read; base.json does not even exist)
+
+
+@pytest.mark.parametrize(("kind", "fragment"), [("a folder", "is a directory; name a file"),
+                                                ("below a file", "is not a directory")])
+def test_a_bad_results_file_is_refused_before_anything_runs(kind, fragment, cli_dir, capsys, write_scenario):
+    write_scenario(cli_dir, "tiny_match")
+    (cli_dir / "taken").write_text("x")
+    dest = cli_dir if kind == "a folder" else cli_dir / "taken" / "r.json"
+    code, out, err = run_cli(capsys, "run", "--jobs", "1", "--json", str(dest))
+    assert code == 2 and out == "" and fragment in err and len(err.splitlines()) == 1, err
+
+
+def test_results_file_and_report_folder_that_collide_are_refused_up_front(cli_dir, capsys, write_scenario):
+    write_scenario(cli_dir, "tiny_match")
+    code, _, err = run_cli(capsys, "run", "--json", "out", "--report-dir", "out/rep")
+    assert code == 2 and "--report-dir out/rep: the results file --json out would be in its way" in err
+
+
+@pytest.mark.parametrize(("option", "kind"), [
+    ("--harness-report", "a file"), ("--harness-report", "a symlink to a file"), ("--harness-report", "below a file"),
+    ("--harness-report", "read-only"), ("--harness-report", "pages linked out"), ("--harness-json", "a folder"),
+])
+def test_pytest_refuses_a_bad_destination_before_collecting(option, kind, harness_pytester, add_scenario):
+    add_scenario("tiny_match")
+    if kind == "a folder":
+        dest, fragment = harness_pytester.path, "is a directory; name a file"
+    else:
+        dest, fragment = _destination(kind, harness_pytester.path)
+    result = harness_pytester.runpytest_subprocess(option, str(dest), "-p", "no:randomly")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    errors = [line for line in result.errlines if line.startswith("ERROR: ")]
+    assert len(errors) == 1 and errors[0].startswith(f"ERROR: {option} {dest}: ") and fragment in errors[0], \
+        result.errlines
+    assert "passed" not in "\n".join(result.outlines)
+
+
+def test_a_report_folder_holds_one_report_and_keeps_what_is_not_a_reports(cli_dir, capsys, write_scenario):
+    write_scenario(cli_dir, "tiny_match")
+    write_scenario(cli_dir, "tiny_wrong_window")
+    assert run_cli(capsys, "run", "--jobs", "1", "--report-dir", "rep")[0] == 0
+    assert sorted(p.name for p in (cli_dir / "rep" / "scenarios").iterdir()) == ["tiny_match.html",
+                                                                                 "tiny_wrong_window.html"]
+    (cli_dir / "rep" / "notes.txt").write_text("mine")
+    (cli_dir / "rep" / "compare.html").write_text("an earlier comparison's page")
+    assert run_cli(capsys, "run", "scenarios/tiny_match.toml", "--jobs", "1", "--report-dir", "rep")[0] == 0
+    assert [p.name for p in (cli_dir / "rep" / "scenarios").iterdir()] == ["tiny_match.html"]
+    assert sorted(p.name for p in (cli_dir / "rep").iterdir()) == ["index.html", "notes.txt", "results.csv",
+                                                                   "results.json", "scenarios"]
+    index = (cli_dir / "rep" / "index.html").read_text()
+    assert "tiny_wrong_window" not in index and (cli_dir / "rep" / "notes.txt").read_text() == "mine"
+
+
+def test_a_design_that_cannot_be_imported_is_one_line_of_its_own_type_naming_design_and_file(cli_dir, capsys,
+                                                                                             write_scenario):
+    write_scenario(cli_dir, "tiny_match")
+    (cli_dir / "exits_on_import.py").write_text("import sys\n\nsys.exit(0)\n")
+    sys.path.insert(0, str(cli_dir))
+    try:
+        code, out, _ = run_cli(capsys, "run", "--jobs", "1", "--mode", "eager", "--design", "exits_on_import:fn",
+                               "--expect", "error", "--json", "r.json")
+    finally:
+        sys.path.remove(str(cli_dir))
+        sys.modules.pop("exits_on_import", None)
+    assert code == 0, out
+    [record] = json.loads((cli_dir / "r.json").read_text())["records"]
+    assert record["error"]["type"] == "DesignImportError"
+    assert record["error"]["message"] == (f"design 'exits_on_import:fn' cannot be imported: SystemExit: 0 "
+                                          f"(at {cli_dir / 'exits_on_import.py'}, line 3)")
+    row = next(line for line in out.splitlines() if line.startswith("tiny_match[exits_on_import:fn"))
+    assert "DesignImportError: design 'exits_on_import:fn' cannot be imported: SystemExit: 0" in row
+
+
+@linux_only
+def test_sigterm_ends_a_pytest_session_as_ctrl_c_does(harness_pytester, add_scenario):
+    text = (SAMPLES / "tiny_match.toml").read_text()
+    text = text[:text.index("[expect.translate]")].replace(
+        'designs = ["translate", "stale_state", "forward_batch"]',
+        'designs = ["translate", "escaping_designs:spawns_and_hangs"]',
+    ).replace('modes = ["eager", "full"]', 'modes = ["eager"]').replace("[run]\n", "[run]\ntimeout_s = 600\n")
+    add_scenario("tiny_hangs", text=text + '[expect.translate]\nverdict = "match"\nwhy = "w"\n'
+                 '[expect."escaping_designs:spawns_and_hangs"]\nverdict = "error"\nwhy = "hangs"\n')
+    (harness_pytester.path / "escaping_designs.py").write_text((SAMPLES / "escaping_designs.py").read_text())
+    marker = "304.5"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(harness_pytester.path), *sys.path]),
+           "OMP_NUM_THREADS": "1", "SWA_TEST_MARKER": marker}
+    proc = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", "-p", "no:cacheprovider",
+                             "--harness-json", "r.json"], cwd=harness_pytester.path, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert _wait_for(lambda: _with_arg(marker) or proc.poll() is not None, 120)
+        tree = _descendants(proc.pid)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        _kill_marked(marker)
+        proc.kill()
+    assert proc.returncode == pytest.ExitCode.INTERRUPTED, (out, err)
+    doc = json.loads((harness_pytester.path / "r.json").read_text())
+    assert doc["complete"] is False and [r["design"] for r in doc["records"]] == ["translate"]
+    assert not [pid for pid in tree if _alive(pid)]

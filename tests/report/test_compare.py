@@ -7,13 +7,17 @@ runner or a scenario file would make them.
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
+import time
 from pathlib import Path
 
 import pytest
 
 from harness.cli import main
 from harness.report.compare import compare_frame, compare_page, summary_text
-from harness.report.records import write_results
+from harness.report.records import read_results, results_document, write_results
+from harness.report.results_schema import FILE_LIMIT, ResultsFileError, check_document
 from harness.report.views import ErrorView
 
 from ._hostile import elements
@@ -119,3 +123,144 @@ def test_compare_refuses_a_file_that_is_not_results(tmp_path: Path, capsys):
     (tmp_path / "x.json").write_text('{"version": 99}')
     assert main(["compare", str(tmp_path / "x.json"), str(tmp_path / "x.json")]) == 2
     assert "not a harness results file" in capsys.readouterr().err
+
+
+# ---- a results file is untrusted input ----------------------------------------------------------------
+
+def _doc(views) -> dict:
+    return json.loads(json.dumps(results_document(views)))
+
+
+def _first_diverging(doc: dict) -> int:
+    return next(i for i, r in enumerate(doc["records"]) if r["first"] is not None and r["setup"])
+
+
+def _set(path: str, value):
+    """An edit of the document: ``path`` is a list of keys and indexes, ``"D"`` the first diverging record."""
+    def edit(doc: dict) -> None:
+        keys = [(_first_diverging(doc) if k == "D" else k) for k in path]
+        target = doc
+        for k in keys[:-1]:
+            target = target[k]
+        if value is _DELETE:
+            del target[keys[-1]]
+        else:
+            target[keys[-1]] = value
+    return edit
+
+
+_DELETE = object()
+
+HOSTILE_EDITS = {
+    # what the issue met: a traceback, a silent accept, a hang
+    "name_is_a_list": (_set(["records", 0, "name"], ["x"]), "records[0]: name: expected a string, got an array of 1"),
+    "verdict_is_a_number": (_set(["records", 1, "verdict"], 5), "): verdict: expected a string, got the number 5"),
+    "verdict_unknown": (_set(["records", 1, "verdict"], "pass"), "): verdict: expected one of 'match', 'diverge', "
+                                                                "'error', 'invariant', 'skipped', got the string 'pass'"),
+    "mismatches_many": (_set(["records", 1, "mismatches"], "many"), "): mismatches: expected an integer, got the "
+                                                                   "string 'many'"),
+    "mismatches_negative": (_set(["records", 1, "mismatches"], -1), "): mismatches: expected an integer from 0 to"),
+    "mismatches_true": (_set(["records", 1, "mismatches"], True), "): mismatches: expected an integer, got true"),
+    "mismatches_nan": (_set(["records", 1, "mismatches"], float("nan")), "): mismatches: expected an integer, got NaN"),
+    "duration_infinite": (_set(["duration_s"], float("-inf")), "duration_s: expected a number of seconds or null, "
+                                                              "got -Infinity"),
+    "pool_a_billion_slots": (_set(["records", "D", "setup", "full_size"], 10**9),
+                             "): setup.full_size: expected an integer from 2 to 1048576, got the number 1000000000"),
+    "missing_verdict": (_set(["records", 2, "verdict"], _DELETE), "): verdict: missing"),
+    "missing_mismatch_field": (_set(["records", "D", "first", "owner"], _DELETE), "): first.owner: missing"),
+    "step_kind_unknown": (_set(["records", "D", "steps", 0, "kind"], "prefill"), "): steps[0].kind: expected one of "
+                                                                               "'extend', 'decode', 'draft'"),
+    "written_token_short": (_set(["records", "D", "steps", 0, "written", 0], ["a", 1]),
+                            "): steps[0].written[0]: expected an array of 4, got an array of 2"),
+    "heat_pool_unknown": (_set(["records", "D", "heat", 0, "pool"], "disk"), "): heat[0].pool: expected one of"),
+    "detail_extra_field": (_set(["records", "D", "details", 0, "extra"], 1), "): details[0].extra: unknown field"),
+    "classes_not_pairs": (_set(["records", "D", "classes"], [["drift"]]), "): classes[0]: expected an array of 2"),
+    "records_not_an_array": (_set(["records"], {"a": 1}), "records: expected an array of records, got an object"),
+    "record_not_an_object": (_set(["records", 0], "x"), "records[0]: expected an object, got the string 'x'"),
+    "environment_nested": (_set(["environment", "torch"], {"v": 1}), "environment: expected an object of strings"),
+    "duration_negative": (_set(["duration_s"], -3), "duration_s: expected a number of seconds or null"),
+    "complete_a_string": (_set(["complete"], "yes"), "complete: expected true or false, got the string 'yes'"),
+    "version_of_a_record": (_set(["records", 0, "version"], 2), "records[0] (run '"),
+}
+
+
+@pytest.mark.parametrize("edit", sorted(HOSTILE_EDITS))
+def test_a_hostile_results_file_is_refused_with_one_line_naming_file_record_and_field(edit, sample_views, tmp_path,
+                                                                                     capsys):
+    change, fragment = HOSTILE_EDITS[edit]
+    doc = _doc(sample_views)
+    change(doc)
+    bad = tmp_path / "head.json"
+    bad.write_text(json.dumps(doc))
+    write_results(tmp_path / "base.json", sample_views)
+    start = time.monotonic()
+    code = main(["compare", str(tmp_path / "base.json"), str(bad), "--report-dir", str(tmp_path / "cmp")])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == "", (out, err)
+    lines = err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"{bad}: not a harness results file: ") and fragment in lines[0], err
+    assert time.monotonic() - start < 10
+    assert not (tmp_path / "cmp").exists()  # nothing written from a refused file
+
+
+@pytest.mark.parametrize(("text", "fragment"), [
+    ('{"version": 1, "version": 1, "records": []}', "version: appears twice in one object"),
+    ('{"version": 1, "records": ' + "[" * 200_000 + "]" * 200_000 + "}", "line 1: arrays or objects nested too deeply"),
+    ('{"version": 1,\n "records": [1e999999]}', "records[0]: expected an object"),
+    ('{"version": 1,\n "records": [}', "line 2, column 14: not JSON"),
+    ('{"version": 1, "records": [' + "9" * 5000 + "]}", "not JSON a results file holds"),
+])
+def test_json_that_python_reads_but_no_results_file_holds_is_refused(text, fragment, tmp_path, capsys):
+    path = tmp_path / "r.json"
+    path.write_text(text)
+    assert main(["compare", str(path), str(path)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and fragment in err, err
+
+
+def test_a_run_named_twice_is_refused_not_counted_once(sample_views, tmp_path, capsys):
+    doc = _doc(sample_views)
+    doc["records"].append(dict(doc["records"][0], verdict="error"))
+    (tmp_path / "r.json").write_text(json.dumps(doc))
+    assert main(["compare", str(tmp_path / "r.json"), str(tmp_path / "r.json")]) == 2
+    name = doc["records"][0]["name"]
+    assert (f"records[{len(doc['records']) - 1}] (run '{name}'): name: the run is in the file twice: records[0] has "
+            "it too") in capsys.readouterr().err
+
+
+def test_a_fifo_a_folder_and_a_huge_file_are_refused_before_reading(sample_views, tmp_path, capsys):
+    write_results(tmp_path / "base.json", sample_views)
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)
+    huge = tmp_path / "huge.json"
+    with huge.open("wb") as f:  # sparse: as large as the limit says, without the disk
+        f.truncate(FILE_LIMIT + 1)
+    for path, fragment in ((fifo, "not a regular file"), (tmp_path, "not a regular file"),
+                           (huge, f"{FILE_LIMIT + 1} bytes, more than the 256 MiB")):
+        start = time.monotonic()
+        assert main(["compare", str(tmp_path / "base.json"), str(path)]) == 2
+        assert fragment in capsys.readouterr().err and time.monotonic() - start < 5
+
+
+def test_a_results_file_the_harness_wrote_still_reads_whole(sample_views, tmp_path):
+    write_results(tmp_path / "r.json", sample_views)
+    views, _ = read_results(tmp_path / "r.json")
+    assert views == [dataclasses.replace(v, duration_s=0.0) for v in sample_views]
+
+
+def test_a_field_added_to_a_view_is_checked_by_its_annotation(sample_views):
+    # the schema is the views' own annotations: a mismatch's ``found_in`` (int | None) refuses a string
+    doc = _doc(sample_views)
+    d = _first_diverging(doc)
+    doc["records"][d]["first"]["found_in"] = "slot 3"
+    with pytest.raises(ResultsFileError, match=r"first\.found_in: expected an integer, got the string 'slot 3'"):
+        check_document(doc)
+    doc["records"][d]["first"]["found_in"] = None
+    check_document(doc)
+
+
+def test_the_schema_spells_no_expectation_as_the_cases_do():
+    from harness.check.case import NO_EXPECTATION
+    from harness.report import results_schema
+
+    assert results_schema.NO_EXPECTATION == NO_EXPECTATION

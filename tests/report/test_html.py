@@ -297,3 +297,20 @@ def test_an_invariant_verdict_is_counted_filtered_and_given_its_section(sample_v
     assert 'count-invariant' in index and '<option value="invariant">invariant</option>' in index
     page = next(p for p in _pages(tmp_path) if "tiny_stale_error" in p.name)
     assert 'data-verdict="invariant"' in _text(page) and "free_but_owned: swa slot 3" in _text(page)
+
+
+def test_ops_replayed_by_calling_them_again_and_engine_notes_are_shown(sample_views, tmp_path):
+    from harness.report.text import graph_lines
+
+    pad = pick(sample_views, PAD)
+    graph = dataclasses.replace(pad.graph, rerun_ops=("mylib::fused_kernel",),
+                                notes=("the guard at backend.py:12 cannot see the capture without CUDA",))
+    views = tuple(dataclasses.replace(v, graph=graph) if v.name == PAD else v for v in sample_views)
+    lines = graph_lines(graph)
+    assert any("mylib::fused_kernel" in line and "calling them again" in line for line in lines)
+    assert "note: the guard at backend.py:12 cannot see the capture without CUDA" in lines
+    write_report(tmp_path, views, environment=ENV, duration_s=1.0, command="x", generated=None)
+    page = next(p for p in _pages(tmp_path) if "tiny_pad_tail" in p.name)
+    assert "<code>mylib::fused_kernel</code>" in _text(page) and "cannot see the capture" in _text(page)
+    back = {v.name: v for v in read_results(tmp_path / "results.json")[0]}  # the fields travel through JSON
+    assert back[PAD].graph.rerun_ops == ("mylib::fused_kernel",) and back[PAD].graph.notes == graph.notes

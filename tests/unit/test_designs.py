@@ -4,7 +4,7 @@ import torch
 from harness.backends.registry import backend_class
 from harness.serving.allocator import SWATokenToKVPoolAllocator
 from harness.serving.batch import ForwardMode, make_forward_batch
-from harness.serving.designs import DESIGNS, resolve_design
+from harness.serving.designs import DESIGNS, DesignImportError, resolve_design
 from harness.serving.model import model_spec
 from harness.serving.pool import HybridSWAKVPool, PoolSpec, ReqToTokenPool
 
@@ -99,5 +99,5 @@ def test_third_party_design_by_import_path():
     assert resolve_design("harness.serving.designs:translate") is DESIGNS["translate"]
     with pytest.raises(KeyError, match="unknown design"):
         resolve_design("nope")
-    with pytest.raises(KeyError, match="cannot be imported"):
+    with pytest.raises(DesignImportError, match="cannot be imported"):
         resolve_design("no.such.module:fn")

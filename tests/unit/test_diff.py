@@ -1,8 +1,11 @@
 """The slot-by-slot diff classifies each bad slot by where its contents came from."""
 
+import pytest
 import torch
 
+from harness.check import hashjoin
 from harness.check.diff import diff_runs
+from harness.check.rules import RULES, Finding, Rule, fixed
 from harness.check.snapshot import KVSnapshot
 from harness.serving.pool import poison_
 from harness.serving.timeline import LiveToken, TokenKey
@@ -100,6 +103,7 @@ def test_hidden_state_differences_are_reported():
     sub.hidden[0, 0] = float("nan")
     found, d = classes([sub], [ref])
     assert d.total == 1 and d.mismatches[0].pool == "hidden" and "NaN" in d.mismatches[0].detail
+    assert [(c.step, c.pool, c.layer, c.count) for c in d.counts] == [(0, "hidden", None, 1)]
 
 
 def test_tolerance_mode_accepts_small_differences_and_flags_large_ones():
@@ -110,6 +114,43 @@ def test_tolerance_mode_accepts_small_differences_and_flags_large_ones():
     far = diff_runs((snap(0, {1: 1.5}, live, [("a", 0)]),), tuple(ref), layer_is_swa=SWA, exact=False,
                     atol=1e-3, rtol=0.0)
     assert close.total == 0 and far.total == 1
+
+
+# ---- rules registered beside the built-in ones ----------------------------------------------------------
+
+def _zeroed(bad, todo):
+    """K and V hold zero bytes, as the dummy slot does."""
+    rows = hashjoin.take(bad.row, todo)
+    zero = [~hashjoin.take(part, rows).bool().any(1) for part in bad.sub]
+    return zero[0] & zero[1], None
+
+
+def test_a_registered_rule_classifies_the_rows_it_claims_before_the_rules_after_it():
+    live = [tok("a", 0, 1), tok("a", 1, 2), tok("a", 2, 3)]
+    ref = snap(0, {1: 1.0, 2: 2.0, 3: 3.0}, live, [("a", 0), ("a", 1), ("a", 2)])
+    # slot 1 zeroed, slot 2 drifted, slot 3 holds a@0's row (so a@0's row is misplaced as well as zeroed);
+    # the new rule goes before misplaced
+    sub = snap(0, {1: 0.0, 2: 2.5, 3: 1.0}, live, [("a", 0), ("a", 1), ("a", 2)])
+    rule = Rule(name="zeroed", classification="zeroed", claims=_zeroed,
+                describe=lambda rows, sub, ref: [Finding(detail=f"slot {r.slot} holds zeros") for r in rows])
+    at = [r.name for r in RULES].index("misplaced")
+    RULES.insert(at, rule)
+    try:
+        d = diff_runs((sub,), (ref,), layer_is_swa=SWA)
+    finally:
+        RULES.remove(rule)
+    assert [(m.slot, m.classification, m.detail) for m in d.mismatches] == [
+        (1, "zeroed", "slot 1 holds zeros"), (2, "drift", "max |diff| 0.5"), (3, "overwritten", "holds the K/V of a@0")]
+    assert d.classes == (("drift", 1), ("overwritten", 1), ("zeroed", 1))
+    assert [m.classification for m in diff_runs((sub,), (ref,), layer_is_swa=SWA).mismatches] == [
+        "misplaced", "drift", "overwritten"]
+
+
+def test_rules_that_leave_a_bad_row_unclaimed_are_refused():
+    live = [tok("a", 0, 1)]
+    rules = [Rule(name="never", classification="x", claims=lambda bad, todo: (todo < 0, None), describe=fixed("x"))]
+    with pytest.raises(ValueError, match="no rule claims 1 bad rows"):
+        diff_runs((snap(0, {1: 2.0}, live),), (snap(0, {1: 1.0}, live),), layer_is_swa=SWA, rules=rules)
 
 
 # ---- at scale: many slots, many differences --------------------------------------------------------------
@@ -161,7 +202,7 @@ def test_overwritten_names_the_right_owner_when_many_slots_differ():
 
 
 def test_hash_collisions_are_resolved_by_comparing_bytes(monkeypatch):
-    import harness.check.diff as diff_module
+    import harness.check.hashjoin as hashjoin
 
     k, v = big_pool(300)
     live = [tok("a", i, i) for i in range(1, 300)]
@@ -181,15 +222,15 @@ def test_hash_collisions_are_resolved_by_comparing_bytes(monkeypatch):
 
     assert rows(diff_runs(sub, ref, layer_is_swa=SWA)) == want
     # Every row now hashes alike, by line and whole: only the byte comparison tells them apart.
-    monkeypatch.setattr(diff_module, "_line_hash", lambda words, rows=None: torch.zeros(
+    monkeypatch.setattr(hashjoin, "line_hash", lambda words, rows=None: torch.zeros(
         words.shape[0] if rows is None else rows.numel(), dtype=torch.int64))
     assert rows(diff_runs(sub, ref, layer_is_swa=SWA)) == want
-    monkeypatch.setattr(diff_module, "_row_hash", lambda words: torch.zeros(words.shape[0], dtype=torch.int64))
+    monkeypatch.setattr(hashjoin, "row_hash", lambda words: torch.zeros(words.shape[0], dtype=torch.int64))
     assert rows(diff_runs(sub, ref, layer_is_swa=SWA)) == want
 
 
 def test_rows_alike_in_their_first_line_send_lookups_to_whole_row_hashes(monkeypatch):
-    import harness.check.diff as diff_module
+    import harness.check.hashjoin as hashjoin
 
     # 600 live rows that all begin with the same cache line (zeros) and differ after it, as a model with a
     # dead first head would write them; a hundred slots hold another live token's row.
@@ -201,25 +242,11 @@ def test_rows_alike_in_their_first_line_send_lookups_to_whole_row_hashes(monkeyp
     for slot in range(1, 101):
         sub_k[0, slot], sub_v[0, slot] = k[0, slot + 300], v[0, slot + 300]
     strong = []
-    real = diff_module._row_hash
-    monkeypatch.setattr(diff_module, "_row_hash", lambda words: strong.append(words.shape[0]) or real(words))
+    real = hashjoin.row_hash
+    monkeypatch.setattr(hashjoin, "row_hash", lambda words: strong.append(words.shape[0]) or real(words))
     d = diff_runs((big_snap(0, sub_k, sub_v, live),), (big_snap(0, k, v, live),), layer_is_swa=SWA, limit=1_000)
     assert [(m.slot, m.detail) for m in d.mismatches] == [(s, f"holds the K/V of a@{s + 300}") for s in range(1, 101)]
     assert strong, "the lookup kept the line hashes that nominate every row"
-
-
-def test_hash_lookup_finds_every_equal_pair_also_in_buckets_that_keys_share():
-    from harness.check.diff import _hash_hits, _Scratch
-
-    gen = torch.Generator().manual_seed(1)
-    base = torch.randint(-2**62, 2**62, (300,), generator=gen)
-    # keys equal in their low 40 bits share a bucket in any table this lookup builds
-    keys = torch.unique(torch.cat([base, base[:60] + (1 << 40), base[:60] + (2 << 40)]))
-    hashes = torch.cat([keys[torch.randint(0, keys.numel(), (3_000,), generator=gen)],
-                        torch.randint(-2**62, 2**62, (5_000,), generator=gen), base[:60] + (3 << 40)])
-    rows, key = _hash_hits(keys, hashes, scratch=_Scratch())
-    want = {(i, int((keys == h).nonzero())) for i, h in enumerate(hashes.tolist()) if bool((keys == h).any())}
-    assert set(zip(rows.tolist(), key.tolist())) == want and rows.numel() == len(want)
 
 
 def test_tolerance_mode_on_bf16_flags_only_differences_beyond_tolerance():

@@ -4,18 +4,22 @@ Random small runs with everything the rules care about: poison, rows copied from
 rows moved to other slots (live or free) or copied from another layer, rows alike in their first cache
 line and unlike after it, stale changes, slots kept from the previous step, NaN, fp8 bytes, duplicate
 rows, two live tokens sharing a slot, tolerance mode. Each case is also diffed with line and row hashes
-that collide for almost every row, which must change nothing.
+that collide for almost every row, which must change nothing, and with a limit, which must change only
+how many records are built (counts per step, pool and layer included). Some cases are diffed with each
+rule left out in turn, against the literal reading without it: no rule relies on another having run.
 """
 
 from __future__ import annotations
 
 import random
+from collections import Counter
 
 import pytest
 import torch
 
-import harness.check.diff as diff_module
+import harness.check.hashjoin as hashjoin
 from harness.check.diff import diff_runs
+from harness.check.rules import RULES
 from harness.check.snapshot import KVSnapshot
 from harness.serving.pool import is_poison, poison_
 from harness.serving.timeline import LiveToken, TokenKey
@@ -25,8 +29,9 @@ def _bytes(t: torch.Tensor) -> bytes:
     return t.contiguous().view(torch.uint8).numpy().tobytes()
 
 
-def literal_diff(subject, reference, *, layer_is_swa, exact=True, atol=0.0, rtol=0.0):
-    """Every mismatch as (step, pool, layer, slot, rid, pos, what, classification, detail), in report order."""
+def literal_diff(subject, reference, *, layer_is_swa, exact=True, atol=0.0, rtol=0.0, skip=()):
+    """Every mismatch as (step, pool, layer, slot, rid, pos, what, classification, detail, holder, found_in),
+    in report order, the rules named in ``skip`` left out."""
     ids = {"full": [i for i, s in enumerate(layer_is_swa) if not s], "swa": [i for i, s in enumerate(layer_is_swa) if s]}
     found, slots_seen, prev = [], set(), None
 
@@ -63,23 +68,26 @@ def literal_diff(subject, reference, *, layer_is_swa, exact=True, atol=0.0, rtol
                          and _bytes(sv[li, j]) == _bytes(want_v)),
                         None,
                     )
-                    if is_poison(got_k) and is_poison(got_v):
-                        cls = ("unwritten", "slot still holds poison")
-                    elif holder is not None and (holder.rid, holder.pos) != (tok.rid, tok.pos):
-                        cls = ("overwritten", f"holds the K/V of {holder.rid}@{holder.pos}")
-                    elif not was_written and changed:
-                        cls = ("overwritten", "changed in a step that did not write its owner: a padded row or a stale location")
-                    elif elsewhere is not None:
-                        cls = ("misplaced", f"expected row found in slot {elsewhere}")
-                    elif was_written and pk is not None and not changed:
-                        cls = ("unwritten", "slot kept its previous contents")
-                    elif got_k.dtype == torch.uint8:
-                        cls = ("drift", "quantized bytes differ")
-                    elif bool(torch.isnan(got_k).any() or torch.isnan(got_v).any()):
-                        cls = ("drift", "computed NaN")
-                    else:
-                        size = torch.maximum((got_k.float() - want_k.float()).abs().max(), (got_v.float() - want_v.float()).abs().max())
-                        cls = ("drift", f"max |diff| {float(size):.3g}")
+                    nan = bool(torch.isnan(got_k).any() or torch.isnan(got_v).any())
+                    size = torch.maximum((got_k.float() - want_k.float()).abs().max(),
+                                         (got_v.float() - want_v.float()).abs().max())
+                    other_holder = holder is not None and (holder.rid, holder.pos) != (tok.rid, tok.pos)
+                    named = f"{holder.rid}@{holder.pos}" if other_holder else None
+                    stale = "changed in a step that did not write its owner: a padded row or a stale location"
+                    # (name, applies, (classification, detail, holder, found_in)), in precedence order
+                    rules = [
+                        ("poisoned", is_poison(got_k) and is_poison(got_v),
+                         ("unwritten", "slot still holds poison", None, None)),
+                        ("holds_live_row", other_holder, ("overwritten", f"holds the K/V of {named}", named, None)),
+                        ("changed_unwritten", not was_written and changed, ("overwritten", stale, None, None)),
+                        ("misplaced", elsewhere is not None,
+                         ("misplaced", f"expected row found in slot {elsewhere}", None, elsewhere)),
+                        ("kept_old", was_written and pk is not None and not changed,
+                         ("unwritten", "slot kept its previous contents", None, None)),
+                        ("quantized", got_k.dtype == torch.uint8, ("drift", "quantized bytes differ", None, None)),
+                        ("drift", True, ("drift", "computed NaN" if nan else f"max |diff| {float(size):.3g}", None, None)),
+                    ]
+                    cls = next(c for name, applies, c in rules if applies and name not in skip)
                     what = "kv" if bk and bv else ("k" if bk else "v")
                     rows.append((sub.step, pool, ids[pool][li], s, tok.rid, tok.pos, what, *cls))
                     slots_seen.add((pool, s))
@@ -184,7 +192,13 @@ def random_runs(seed: int):
 
 
 def _as_rows(result):
-    return [(m.step, m.pool, m.layer, m.slot, m.rid, m.pos, m.what, m.classification, m.detail) for m in result.mismatches]
+    return [(m.step, m.pool, m.layer, m.slot, m.rid, m.pos, m.what, m.classification, m.detail, m.holder, m.found_in)
+            for m in result.mismatches]
+
+
+def _cells(rows):
+    """Mismatches per (step, pool, layer), in order of first appearance."""
+    return list(Counter((r[0], r[1], r[2]) for r in rows).items())
 
 
 def _colliding_hash(words: torch.Tensor) -> torch.Tensor:
@@ -208,10 +222,24 @@ def test_vectorized_diff_classifies_like_the_literal_rules(seed, monkeypatch):
     for row in want:
         classes[row[7]] = classes.get(row[7], 0) + 1
     assert got.classes == tuple(sorted(classes.items()))
-    assert _as_rows(diff_runs(sub, ref, layer_is_swa=layer_is_swa, limit=5, **kw)) == want[:5]
+    assert [(c.step, c.pool, c.layer, c.count) for c in got.counts] == [(*key, n) for key, n in _cells(want)]
+    first = diff_runs(sub, ref, layer_is_swa=layer_is_swa, limit=5, **kw)
+    assert _as_rows(first) == want[:5]
+    assert first.counts == got.counts and first.total == got.total and first.classes == got.classes
 
     # Line hashes that collide: lookups give up on them and start over on row hashes, which collide too.
-    monkeypatch.setattr(diff_module, "_line_hash", _colliding_line_hash)
+    monkeypatch.setattr(hashjoin, "line_hash", _colliding_line_hash)
     assert _as_rows(diff_runs(sub, ref, layer_is_swa=layer_is_swa, limit=10_000, **kw)) == want
-    monkeypatch.setattr(diff_module, "_row_hash", _colliding_hash)
+    monkeypatch.setattr(hashjoin, "row_hash", _colliding_hash)
     assert _as_rows(diff_runs(sub, ref, layer_is_swa=layer_is_swa, limit=10_000, **kw)) == want
+
+
+@pytest.mark.parametrize("seed", range(0, 80, 5))
+@pytest.mark.parametrize("left_out", [r.name for r in RULES[:-1]])
+def test_each_rule_stands_alone_when_another_is_left_out(left_out, seed):
+    # What one rule computes for another (the reference rows' hashes, whether a slot changed since the
+    # previous step) must not depend on the other having run first.
+    sub, ref, layer_is_swa, _ = random_runs(seed)
+    want, _ = literal_diff(sub, ref, layer_is_swa=layer_is_swa, skip=(left_out,))
+    rules = [r for r in RULES if r.name != left_out]
+    assert _as_rows(diff_runs(sub, ref, layer_is_swa=layer_is_swa, limit=10_000, rules=rules)) == want

@@ -9,6 +9,7 @@ from harness.runners.decode_graph import DecodeGraphRunner
 from harness.runners.piecewise import PiecewisePrefillRunner
 from harness.scenario import ScenarioError, load_scenario
 from harness.serving.faults import FAULTS, Component, faults_acting_on
+from harness.serving.prefix_cache import SWARadixCache
 from harness.serving.scheduler import Scheduler
 from harness.serving.speculative import SpeculativeWorker
 
@@ -18,6 +19,7 @@ COMPONENTS = {
     Component.PIECEWISE_RUNNER: PiecewisePrefillRunner,
     Component.ATTENTION_BACKEND: backend_class("torch_native"),
     Component.SPECULATIVE_WORKER: SpeculativeWorker,
+    Component.PREFIX_CACHE: SWARadixCache,
 }
 
 

@@ -11,7 +11,8 @@ from harness.serving.faults import FAULTS, Component
 from harness.serving.model import PRESETS
 
 ROOT = Path(__file__).resolve().parents[2] / "scenarios"
-FAMILIES = ("swa_prefill_", "swa_decode_", "swa_mixed_", "swa_spec_", "swa_fp8_", "swa_evict_", "swa_paged_")
+FAMILIES = ("swa_prefill_", "swa_decode_", "swa_mixed_", "swa_spec_", "swa_fp8_", "swa_evict_", "swa_paged_",
+            "swa_prefix_")
 
 
 @pytest.fixture(scope="module")
