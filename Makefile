@@ -6,6 +6,7 @@ VENV ?= .venv
 CONSTRAINTS ?= constraints/cpu.txt
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+GPU_STAMP := $(VENV)/.installed-gpu
 PYTEST_WORKERS ?= auto
 
 .PHONY: venv test test-fast test-gpu report screenshots chromium bench clean
@@ -25,7 +26,12 @@ test: $(STAMP) chromium
 test-fast: $(STAMP)
 	$(PY) -m pytest -n $(PYTEST_WORKERS) -m "not slow"
 
-test-gpu: $(STAMP)
+# the gpu extra (flashinfer-python) on top of the base install, once per change of pyproject.toml
+$(GPU_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet $(if $(CONSTRAINTS),-c $(CONSTRAINTS)) -e '.[gpu]'
+	touch $(GPU_STAMP)
+
+test-gpu: $(GPU_STAMP)
 	$(PY) -m pytest -m gpu --harness-device=cuda
 
 # the HTML report, results.json and results.csv in reports/ (exits 1 when a verdict is unexpected; the report is

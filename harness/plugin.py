@@ -53,7 +53,10 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
-    if is_scenario_file(file_path, parent.config.rootpath):
+    # a .toml named on the command line is a scenario wherever it lives; found by walking a folder, only
+    # below a folder named scenarios (so pyproject.toml and the like are never taken for one)
+    if is_scenario_file(file_path, parent.config.rootpath) or (
+            file_path.suffix == ".toml" and parent.session.isinitpath(file_path)):
         return scenario_file(parent, file_path)
     return None
 
