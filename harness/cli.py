@@ -154,10 +154,11 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 def _cmd_list(args: argparse.Namespace) -> int:
     specs, load_errors = load_all(args.paths or [SCENARIO_ROOT_DEFAULT])
     rows = [
-        (s.name, ",".join(s.tags), ",".join(s.modes), ",".join(s.designs), ",".join(sorted(s.faults)) or "-")
+        (s.name, ",".join(s.tags), ",".join(s.modes), ",".join(s.designs), ",".join(sorted(s.faults)) or "-",
+         "; ".join(s.references) or "-")
         for s in specs
     ]
-    print(table(("scenario", "tags", "modes", "designs", "faults"), rows))
+    print(table(("scenario", "tags", "modes", "designs", "faults", "references"), rows))
     _print_problems(load_errors)
     return 1 if load_errors else 0
 

@@ -37,7 +37,7 @@ def case_view(result: CaseResult | None, *, case: Case | None = None, duration_s
     pytest_cmd, cli_cmd = reproduce(case)
     return CaseView(
         name=case.name, scenario=scenario.name, path=_display_path(scenario.path), description=scenario.description,
-        tags=scenario.tags, design=case.design, mode=str(case.mode), backend=case.backend, engine=str(case.engine),
+        tags=scenario.tags, references=scenario.references, design=case.design, mode=str(case.mode), backend=case.backend, engine=str(case.engine),
         device=str(case.device), faults=tuple(sorted(case.faults)),
         clean_rerun=not case.with_faults and bool(scenario.faults), expected=str(case.expected),
         verdict=str(verdict.outcome) if verdict is not None else "skipped", why=case.why,

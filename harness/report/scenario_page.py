@@ -87,6 +87,7 @@ class ScenarioPage:
     path: str
     description: str
     tags: tuple[str, ...]
+    references: tuple[str, ...]
     faults: tuple[str, ...]
     family: str
     settings: tuple[tuple[str, str], ...]
@@ -256,7 +257,7 @@ def scenario_page(views: Sequence[CaseView], *, index_href: str, anchors: Mappin
     faults = tuple(dict.fromkeys(f for v in views for f in v.faults))
     return ScenarioPage(
         name=head.scenario, path=head.path, description=head.description, tags=head.tags,
-        faults=faults, family=family(head.scenario),
+        references=head.references, faults=faults, family=family(head.scenario),
         settings=_scenario_settings(head, faults), index_href=index_href, designs=tuple(cards),
         modes=ordered([v.mode for v in views], MODE_ORDER), timeline=timeline, timeline_note=note,
         sections=tuple(sections), sectioned=frozenset(s.row.name for s in sections),

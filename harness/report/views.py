@@ -182,6 +182,8 @@ class CaseView:
     """the run's timeline; empty for skipped cases"""
     heat: tuple[HeatView, ...] = ()
     """mismatch counts per (step, pool, layer) over the whole run (``details`` stops at the diff's limit)"""
+    references: tuple[str, ...] = ()
+    """the scenario's real-bug references (``ScenarioSpec.references``)"""
 
     @property
     def ok(self) -> bool:
@@ -216,6 +218,7 @@ class CaseView:
         data = {f.name: record[f.name] for f in dataclasses.fields(cls)
                 if f.name in record or f.default is dataclasses.MISSING}
         data["tags"] = tuple(data["tags"])
+        data["references"] = tuple(data.get("references", ()))
         data["faults"] = tuple(data["faults"])
         data["classes"] = tuple((str(k), int(n)) for k, n in data["classes"])
         data["first"] = _mismatch(data["first"])

@@ -155,7 +155,7 @@ def _too_deep(text: str) -> tuple[int, int] | None:
     return None
 
 
-_TOP_KEYS = ("description", "tags", "model", "pool", "eviction", "graphs", "timeline", "run", "expect")
+_TOP_KEYS = ("description", "tags", "references", "model", "pool", "eviction", "graphs", "timeline", "run", "expect")
 
 
 def read_document(r: Reader, data: dict, path: Path) -> ScenarioSpec | None:
@@ -163,6 +163,7 @@ def read_document(r: Reader, data: dict, path: Path) -> ScenarioSpec | None:
     r.known_keys(data, "", _TOP_KEYS)
     description = r.value(data, "", "description", string(nonempty=True))
     tags = r.array(data, "", "tags", string(nonempty=True), ())
+    references = r.array(data, "", "references", string(nonempty=True), ())
     model = _read_model(r, r.table(data, "", "model", required=True))
     pool = _read_pool(r, r.table(data, "", "pool", required=True))
     eviction = _read_eviction(r, r.table(data, "", "eviction", required=False) or {})
@@ -171,7 +172,7 @@ def read_document(r: Reader, data: dict, path: Path) -> ScenarioSpec | None:
     designs, backends, kv_write, faults, timeout_s = _read_run(r, r.table(data, "", "run", required=False) or {})
     expectations = _read_expectations(r, r.table(data, "", "expect", required=False) or {})
     parts = dict(
-        description=description, tags=tags, model=model, pool=pool, timeline=timeline, graphs=graphs, modes=modes,
+        description=description, tags=tags, references=references, model=model, pool=pool, timeline=timeline, graphs=graphs, modes=modes,
         designs=designs, backends=backends, kv_write=kv_write, faults=faults, expectations=expectations,
     )
     if model is None or pool is None or timeline is None or expectations is None:
@@ -183,7 +184,8 @@ def read_document(r: Reader, data: dict, path: Path) -> ScenarioSpec | None:
         for problem in graphs.problems():
             r.add(f"graphs.{problem.key}", problem.message)
         return None
-    parts.update(description=(description or "").strip(), tags=tags or (), designs=designs or DEFAULT_DESIGNS,
+    parts.update(description=(description or "").strip(), tags=tags or (), references=references or (),
+                 designs=designs or DEFAULT_DESIGNS,
                  backends=backends or DEFAULT_BACKENDS, kv_write=kv_write or KVWrite.PLAIN, faults=faults or ())
     return ScenarioSpec(name=scenario_name(path.stem), path=path, timeout_s=timeout_s, eviction=eviction, **parts)
 

@@ -114,6 +114,8 @@ class ScenarioSpec:
     path: Path
     description: str
     tags: tuple[str, ...]
+    references: tuple[str, ...] = ()
+    """the real fixes (or reports) the scenario stands for, e.g. "SGLang PR 24743"; shown by list and the pages"""
     model: ModelSpec
     pool: PoolSpec
     timeline: TimelineSpec
@@ -174,6 +176,9 @@ class ScenarioSpec:
         for i, tag in enumerate(self.tags):
             if not tag.strip() or not tag.isprintable():
                 out.append(Problem(f"tags[{i}]", f"expected a non-empty printable string, got {tag!r}"))
+        for i, ref in enumerate(self.references):
+            if not ref.strip() or not ref.isprintable():
+                out.append(Problem(f"references[{i}]", f"expected a non-empty printable string, got {ref!r}"))
         if self.model.name not in PRESETS:
             out.append(Problem("model.preset", f"expected one of {', '.join(map(repr, PRESETS))}, "
                                                f"got {self.model.name!r}"))

@@ -52,6 +52,8 @@ def scenario_toml(spec: ScenarioSpec) -> str:
     lines = [f"description = {_value(spec.description)}"]
     if spec.tags:
         lines.append(f"tags = {_value(spec.tags)}")
+    if spec.references:
+        lines.append(f"references = {_value(spec.references)}")
     lines.append("")
     lines += _table("model", [("preset", spec.model.name), *_changed(spec.model, PRESETS[spec.model.name], ("name",))])
     pool_defaults = PoolSpec(full_size=spec.pool.full_size, swa_size=spec.pool.swa_size)

@@ -113,17 +113,20 @@ def test_run_with_nothing_selected_exits_2(cli_dir, capsys, write_scenario):
     assert "no runs selected" in err
 
 
-def test_list_prints_each_scenario_with_its_tags_modes_designs_and_faults(cli_dir, capsys, write_scenario):
+def test_list_prints_each_scenario_with_its_tags_modes_designs_faults_and_references(cli_dir, capsys,
+                                                                                     write_scenario):
     write_scenario(cli_dir, "tiny_match")
+    write_scenario(cli_dir, "tiny_pad_tail")
     write_scenario(cli_dir, "tiny_wrong_window")
     code, out, err = run_cli(capsys, "list")
     assert code == 0 and err == ""
     lines = out.splitlines()
-    assert lines[0].split() == ["scenario", "tags", "modes", "designs", "faults"]
-    assert [line.split() for line in lines[1:]] == [
-        ["tiny_match", "smoke,tiny", "eager,full", "translate,stale_state,forward_batch", "-"],
-        ["tiny_wrong_window", "fault,window", "eager", "forward_batch", "window_from_wrong_layer"],
-    ]
+    assert lines[0].split() == ["scenario", "tags", "modes", "designs", "faults", "references"]
+    rows = {line.split()[0]: line.split() for line in lines[1:]}
+    assert rows["tiny_match"] == ["tiny_match", "smoke,tiny", "eager,full", "translate,stale_state,forward_batch",
+                                  "-", "-"]
+    assert rows["tiny_wrong_window"][1:5] == ["fault,window", "eager", "forward_batch", "window_from_wrong_layer"]
+    assert lines[[line.split()[0] for line in lines].index("tiny_pad_tail")].endswith("SGLang PR 24743")
 
 
 def test_a_bad_file_is_reported_with_path_and_key_exits_1_and_the_others_still_run(cli_dir, capsys, write_scenario):

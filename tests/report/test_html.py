@@ -120,6 +120,8 @@ def test_diverging_scenario_page_states_where_and_draws_the_pictures(report, sam
     for finding in view.graph.findings:  # what the input audit said is on the page, each with its path
         assert f'data-finding="{finding.kind}"' in page and (finding.path or "") in page
     assert view.reproduce_pytest.replace("'", "&#39;") in page
+    assert view.references == ("SGLang PR 24743",)  # the scenario's real-bug references, on its page
+    assert re.search(r'<p class="references">Real bugs: <span class="reference">SGLang PR 24743</span></p>', page)
     bad_rows = [a for t, a in tags if t == "tr" and "data-class" in a]
     assert len(bad_rows) == len(view.details)
     for label in ("captures", "replays", "padded replays", "eager fallbacks"):

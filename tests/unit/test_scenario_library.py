@@ -1,5 +1,6 @@
 """The scenario library itself: it loads, and it covers what the harness promises to catch."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -39,6 +40,14 @@ def test_every_fault_is_flagged_somewhere_and_matches_without_it(library):
             if e.without_faults == "match" and any(e.for_mode(m) in ("diverge", "error", "invariant") for m in s.modes)
         ]
         assert flagged, f"no scenario flags {fault} and expects a match once it is switched off"
+
+
+def test_every_scenario_names_the_real_fixes_it_stands_for(library):
+    shape = re.compile(r"^(SGLang|vLLM|TensorRT-LLM|PyTorch|FlashInfer) (PR|issue) \d+$")
+    for spec in library:
+        assert spec.references, f"{spec.name}: no references"
+        for ref in spec.references:
+            assert shape.match(ref), f"{spec.name}: reference {ref!r} is not 'Project PR|issue N'"
 
 
 def test_every_model_preset_is_exercised(library):
