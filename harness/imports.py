@@ -41,5 +41,6 @@ def load_named(name: str, table: Mapping[str, str], *, kind: str, check: Callabl
 def subclass_of(base: type) -> Callable[[object], str | None]:
     """A ``check`` for ``load_named``: the object must be a subclass of ``base``."""
     def check(obj: object) -> str | None:
-        return None if isinstance(obj, type) and issubclass(obj, base) else f"is not a {base.__name__} subclass"
+        article = "an" if base.__name__[:1].lower() in "aeiou" else "a"
+        return None if isinstance(obj, type) and issubclass(obj, base) else f"is not {article} {base.__name__} subclass"
     return check

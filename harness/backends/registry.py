@@ -3,8 +3,9 @@ one is named by ``package.module:Class`` wherever a name is expected, like a des
 
 from __future__ import annotations
 
-import importlib
+from typing import cast
 
+from ..imports import load_named, subclass_of
 from .base import DECLARATIONS, AttentionBackend
 
 BACKENDS: dict[str, str] = {
@@ -13,21 +14,14 @@ BACKENDS: dict[str, str] = {
 }
 
 
+def _is_declared_backend(obj: object) -> str | None:
+    if (why := subclass_of(AttentionBackend)(obj)) is not None:
+        return why
+    if missing := cast(type[AttentionBackend], obj).missing_declarations():
+        return f"does not declare {', '.join(missing)}; an AttentionBackend declares {', '.join(DECLARATIONS)}"
+    return None
+
+
 def backend_class(name: str) -> type[AttentionBackend]:
     """The backend class a registered name or a ``package.module:Class`` path names; KeyError otherwise."""
-    path = BACKENDS.get(name, name)
-    module_name, sep, attr = path.partition(":")
-    if not sep:
-        raise KeyError(f"unknown backend {name!r}; known: {', '.join(BACKENDS)}, or 'package.module:Class'")
-    try:
-        cls = getattr(importlib.import_module(module_name), attr)
-    except KeyboardInterrupt:
-        raise
-    except BaseException as exc:  # noqa: BLE001 - a module that exits or raises at import is a bad name, not a crash
-        raise KeyError(f"backend {name!r} cannot be imported: {type(exc).__name__}: {exc}") from None
-    if not (isinstance(cls, type) and issubclass(cls, AttentionBackend)):
-        raise KeyError(f"backend {name!r} is not an AttentionBackend subclass")
-    if missing := cls.missing_declarations():
-        raise KeyError(f"backend {name!r} does not declare {', '.join(missing)}; an AttentionBackend declares "
-                       f"{', '.join(DECLARATIONS)}")
-    return cls
+    return cast(type[AttentionBackend], load_named(name, BACKENDS, kind="backend", check=_is_declared_backend))

@@ -172,7 +172,8 @@ def read_document(r: Reader, data: dict, path: Path) -> ScenarioSpec | None:
     designs, backends, kv_write, faults, timeout_s = _read_run(r, r.table(data, "", "run", required=False) or {})
     expectations = _read_expectations(r, r.table(data, "", "expect", required=False) or {})
     parts = dict(
-        description=description, tags=tags, references=references, model=model, pool=pool, timeline=timeline, graphs=graphs, modes=modes,
+        description=description, tags=tags, references=references, model=model, pool=pool, timeline=timeline,
+        graphs=graphs, modes=modes,
         designs=designs, backends=backends, kv_write=kv_write, faults=faults, expectations=expectations,
     )
     if model is None or pool is None or timeline is None or expectations is None:

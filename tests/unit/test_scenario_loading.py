@@ -181,7 +181,7 @@ def test_unknown_keys_at_every_level(tmp_path):
         expect='[expect.translate]\nverdict = "match"\nwhy = "w"\nverdit = "x"\n',
     )
     found = problems_of(path)
-    assert f"{path}: comment: unknown key; expected one of description, tags, model" in "\n".join(found)
+    assert f"{path}: comment: unknown key; expected one of description, tags, references, model" in "\n".join(found)
     assert any(line.startswith(f"{path}: model.windw: unknown key; expected one of preset,") and "window" in line
                for line in found), found
     # the preset's name is not a model override
