@@ -13,7 +13,8 @@ request is admitted with the longest cached prefix its prompt matches (``prefix_
 request frees only what it owns, never the cache's slots. Matching and making room for the next batch
 (cache pressure evicts from the cache) happen when the clock advances past a step, after that step's
 inserts, so the pool invariants check both before a batch reads or reuses what they chose; a request that
-arrives while nothing runs is matched when it is admitted.
+arrives while nothing runs is matched when it is admitted. A run that speculates keys the cache as EAGLE does,
+by pairs of adjacent tokens: a request's key is a token shorter than its tokens.
 
 Tokens are teacher-forced from a seeded stream per request, so the schedule and every slot assignment
 depend on the timeline alone, never on model outputs: a subject run and its reference see identical
@@ -199,8 +200,8 @@ class Scheduler:
                 if self.cache is not None and req.prefilling:
                     evicted.extend(self._cache_unfinished(req))
                 if "release_before_last_batch" in self.faults and self._last_batch_next(req):
-                    # the release SGLang PR 18803 defers past the forward that still reads the request runs
-                    # before it: the request's last decode batch (prepared ahead under overlap scheduling) is to come
+                    # SGLang PR 18803 defers a finished request's release past the overlapped forward that still
+                    # reads it; here it runs a batch early, while the request's last decode batch is still to come
                     self.stack.free(torch.tensor(req.slots[req.cached_len :], dtype=torch.int64, device=self.device))
                     req.released = True
         self._step += 1
