@@ -206,6 +206,8 @@ class ScenarioSpec:
             return Problem(key, f"{name} acts only in {acts} mode; graphs.modes has {', '.join(self.modes)}")
         if fault.needs_prefix_cache and not self.eviction.prefix_cache:
             return Problem(key, f"{name} acts only with a prefix cache; eviction.prefix_cache is off")
+        if fault.needs_drafts and not self.timeline.draft_steps:
+            return Problem(key, f"{name} acts only in a run that speculates; timeline.draft_steps is 0")
         return None
 
     def _expectation_problems(self) -> list[Problem]:

@@ -66,6 +66,14 @@ class RequestWindow:
     """prompt tokens remain to be prefilled (chunked prefill)"""
     decoded: int
     """decode steps the request has run"""
+    key_len: int | None = None
+    """entries of the radix key a prefix cache inserts for the request, when that is not ``seq_len``: with
+    EAGLE's bigram keys (one entry per pair of adjacent tokens) one fewer than its tokens"""
+
+    @property
+    def insert_len(self) -> int:
+        """How far an insert of the request reaches (before its floor to a page): its key's length."""
+        return self.seq_len if self.key_len is None else self.key_len
 
 
 class EvictionPolicy(ABC):
@@ -99,14 +107,16 @@ class TightEviction(EvictionPolicy):
     slot is poisoned and reused at once. With prefix sharing it keeps the window rounded up to whole pages,
     as SGLang's policy does (PR 29860): at pages longer than the window, flooring the window's start to a
     page would free the request's last full page, and the prefix cache would receive a branch with no SWA
-    KV at its end, which no later prompt can match. At pages of one token the two agree.
+    KV at its end, which no later prompt can match. At pages of one token the two agree. That window is kept
+    below where the insert ends, the key's length (SGLang PR 34870: a bigram key ends a token earlier than
+    the tokens it spans, a page earlier at a page multiple).
     """
 
     name = "tight"
 
     def frontier(self, req: RequestWindow) -> int:
         if self.prefix_sharing:
-            return max(req.swa_evicted, _floor_to(req.seq_len - retained_with_sharing(self.window, self.page_size),
+            return max(req.swa_evicted, _floor_to(req.insert_len - retained_with_sharing(self.window, self.page_size),
                                                   self.page_size))
         return max(req.swa_evicted, self.window_start(req.seq_len) // self.page_size * self.page_size)
 
@@ -118,9 +128,9 @@ class SGLangEviction(EvictionPolicy):
     frees a request's SWA slots below ``pre_len - retain``, ``pre_len`` being the tokens cached so far (the
     harness's ``seq_len`` after the step): ``retain`` is the window without prefix sharing, and with a prefix
     cache the window rounded up to whole pages (at least one page) so a cached branch keeps a matchable
-    window. The frontier is floored to a page, frees wait until it has moved ``interval`` tokens past what was
-    freed, nothing is freed before a request's first decode batch, and during chunked prefill only without
-    prefix sharing.
+    window, counted back from the key's length (PR 34870). The frontier is floored to a page, frees wait
+    until it has moved ``interval`` tokens past what was freed, nothing is freed before a request's first
+    decode batch, and during chunked prefill only without prefix sharing.
     """
 
     name = "sglang"
@@ -132,7 +142,7 @@ class SGLangEviction(EvictionPolicy):
             return req.swa_evicted  # the batch about to run is the request's first decode batch
         sliding = self.window - 1
         retain = retained_with_sharing(self.window, self.page_size) if self.prefix_sharing else sliding
-        moved = req.seq_len - retain
+        moved = (req.insert_len if self.prefix_sharing else req.seq_len) - retain
         if moved < req.swa_evicted + self.spec.interval:
             return req.swa_evicted
         return max(req.swa_evicted, moved // self.page_size * self.page_size)

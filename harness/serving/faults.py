@@ -36,6 +36,8 @@ class Fault:
     """the public bug or fix it re-creates"""
     needs_prefix_cache: bool = False
     """acts only in a run that keeps a prefix cache (``eviction.prefix_cache``)"""
+    needs_drafts: bool = False
+    """acts only in a run that speculates (``timeline.draft_steps`` > 0), whose radix keys are EAGLE's bigrams"""
 
 
 FAULTS: dict[str, Fault] = {
@@ -94,6 +96,20 @@ FAULTS: dict[str, Fault] = {
               summary="requests still in chunked prefill are never evicted: a long prompt keeps every SWA slot "
                       "it was given until its first decode, and the SWA pool runs dry",
               reference="SGLang PR 33805 (a path that never ran SWA eviction)"),
+        Fault(name="evict_by_token_count", acts_on=Component.SCHEDULER, modes=("eager", "full", "piecewise"),
+              needs_prefix_cache=True, needs_drafts=True,
+              summary="with EAGLE's bigram radix keys (one entry per pair of adjacent tokens) the eviction frontier "
+                      "is counted back from the request's tokens, not from its key's length: at a page multiple the "
+                      "key ends a page earlier, and the leaf inserted between chunks keeps a page less than a window "
+                      "of live SWA KV, so no match can end there",
+              reference="SGLang PR 34870 (count the frontier from the key's length; PR 34823 had gated off the "
+                        "pool-accounting crash the unit mix caused)"),
+        Fault(name="release_before_last_batch", acts_on=Component.SCHEDULER, modes=("eager", "full", "piecewise"),
+              summary="a request is released (both pools) when its last token is scheduled, not once it is written: "
+                      "the decode batch that carries the last token still holds the request, whose window and write "
+                      "slots are back on the free lists for the allocator to hand to the next batch's tokens",
+              reference="SGLang PR 18803 (defer a finished request's release past the overlapped forward that still "
+                        "reads it); PRs 29353, 31687 (order the scheduler's frees and rewrites behind that forward)"),
         Fault(name="reuse_stale_plan", acts_on=Component.SCHEDULER, modes=("eager", "full", "piecewise"),
               summary="the translator serves the previous iteration's plan for the SWA sub-pool: its ids belong to "
                       "another batch, and a longer tensor passes the length check and is sliced silently",

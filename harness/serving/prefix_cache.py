@@ -85,7 +85,8 @@ class Match:
 
 
 class SWARadixCache:
-    """Radix tree of cached prompts, keyed by page, holding full slots with SWA tombstones."""
+    """Radix tree of cached prompts, keyed by page, holding full slots with SWA tombstones. A key is any
+    sequence of hashable entries, one per cached position: tokens, or EAGLE's pairs of adjacent tokens."""
 
     component = Component.PREFIX_CACHE
 

@@ -13,7 +13,8 @@ request is admitted with the longest cached prefix its prompt matches (``prefix_
 request frees only what it owns, never the cache's slots. Matching and making room for the next batch
 (cache pressure evicts from the cache) happen when the clock advances past a step, after that step's
 inserts, so the pool invariants check both before a batch reads or reuses what they chose; a request that
-arrives while nothing runs is matched when it is admitted.
+arrives while nothing runs is matched when it is admitted. A run that speculates keys the cache as EAGLE does,
+by pairs of adjacent tokens: a request's key is a token shorter than its tokens.
 
 Tokens are teacher-forced from a seeded stream per request, so the schedule and every slot assignment
 depend on the timeline alone, never on model outputs: a subject run and its reference see identical
@@ -79,6 +80,8 @@ class _Req:
     chunks): shared, never freed by the request"""
     lease: Match | None = None
     """the request's locked prefix in the cache: its match while it waits or runs, then what it inserted"""
+    released: bool = False
+    """its slots are already back in the pools while it still runs (only under ``release_before_last_batch``)"""
 
     @property
     def total_len(self) -> int:
@@ -92,9 +95,9 @@ class _Req:
     def last_loc(self) -> int:
         return self.slots[-1] if self.slots else 0
 
-    def window(self) -> RequestWindow:
+    def window(self, *, bigram: bool = False) -> RequestWindow:
         return RequestWindow(seq_len=self.seq_len, swa_evicted=self.swa_evicted, prefilling=self.prefilling,
-                             decoded=self.decoded)
+                             decoded=self.decoded, key_len=max(0, self.seq_len - 1) if bigram else None)
 
 
 class TimelineTooLong(RuntimeError):
@@ -132,6 +135,9 @@ class Scheduler:
                       if eviction.prefix_sharing else None)
         if self.cache is not None:
             stack.hold_prefix_cache(self.cache)
+        self._bigram = self.cache is not None and timeline.draft_steps > 0
+        """EAGLE keys its radix cache by pairs of adjacent tokens (the draft model's KV at a position depends on the
+        next token too): a request's key holds one entry fewer than its tokens"""
         tokens = request_tokens(timeline, vocab_size)
         self._pending = [
             _Req(spec=r, tokens=tokens[r.rid]) for r in sorted(timeline.requests, key=lambda r: r.arrive)
@@ -183,16 +189,21 @@ class Scheduler:
         evicted: list[TokenKey] = []
         for req in list(self._running):
             if req.seq_len >= req.total_len and not req.prefilling:
-                if self.cache is not None:
+                if self.cache is not None and not req.released:
                     self._cache_finished(req)
                 else:
                     self._free(req)
                 finished.append(req.spec.rid)
-            else:
-                req.due = max(req.due, self.eviction.frontier(req.window()))
+            elif not req.released:
+                req.due = max(req.due, self.eviction.frontier(req.window(bigram=self._bigram)))
                 evicted.extend(self._evict(req, self._frontier(req)))
                 if self.cache is not None and req.prefilling:
                     evicted.extend(self._cache_unfinished(req))
+                if "release_before_last_batch" in self.faults and self._last_batch_next(req):
+                    # SGLang PR 18803 defers a finished request's release past the overlapped forward that still
+                    # reads it; here it runs a batch early, while the request's last decode batch is still to come
+                    self.stack.free(torch.tensor(req.slots[req.cached_len :], dtype=torch.int64, device=self.device))
+                    req.released = True
         self._step += 1
         if self.cache is not None:
             self._prepare_next_step()
@@ -208,8 +219,17 @@ class Scheduler:
         req.swa_evicted = evict_to
         return evicted
 
+    def _last_batch_next(self, req: _Req) -> bool:
+        """The next decode batch writes the request's last token."""
+        left = req.total_len - req.seq_len
+        return not req.prefilling and 0 < left <= max(1, self.timeline.draft_steps)
+
     def _frontier(self, req: _Req) -> int:
-        window = req.window()
+        window = req.window(bigram=self._bigram)
+        if "evict_by_token_count" in self.faults:
+            # SGLang before PR 34870: the frontier is counted back from the request's tokens, while a bigram
+            # key's insert ends a token earlier (a page earlier at a page multiple)
+            window = dataclasses.replace(window, key_len=None)
         if "skip_evict_mid_prefill" in self.faults and req.prefilling:
             return req.swa_evicted
         page = self.stack.page_size
@@ -238,7 +258,12 @@ class Scheduler:
 
     def _free(self, req: _Req) -> None:
         """A request leaves without being cached: free what it owns (all of it, without a prefix cache)."""
-        self.stack.free(torch.tensor(req.slots[req.cached_len :], dtype=torch.int64, device=self.device))
+        if not req.released:
+            self.stack.free(torch.tensor(req.slots[req.cached_len :], dtype=torch.int64, device=self.device))
+        self._drop(req)
+
+    def _drop(self, req: _Req) -> None:
+        """The request leaves, its slots already freed or cached: its lease and row go."""
         self._release(req)
         self.stack.free_req_row(req.row)
         self._running.remove(req)
@@ -252,7 +277,7 @@ class Scheduler:
     def _cache_finished(self, req: _Req) -> None:
         """Insert a finished request (SGLang's ``cache_finished_req``) and free what the cache did not take."""
         assert self.cache is not None
-        kept = self.cache.insert(req.tokens[: req.seq_len].tolist(), req.slots, cached_len=req.cached_len,
+        kept = self.cache.insert(self._key(req.tokens[: req.seq_len]), req.slots, cached_len=req.cached_len,
                                  swa_evicted=req.swa_evicted)
         # the cache freed the request's copies of what it already held; past ``kept`` the slots are still its own
         self.stack.free(torch.tensor(req.slots[kept.length :], dtype=torch.int64, device=self.device))
@@ -270,7 +295,7 @@ class Scheduler:
             page = self.stack.page_size
             evicted = self._evict(req, max(0, req.seq_len - (self.eviction.window - 1)) // page * page)
         swa_evicted = 0 if "unfinished_insert_no_evicted_len" in self.faults else req.swa_evicted
-        lease = self.cache.insert(req.tokens[: req.seq_len].tolist(), req.slots, cached_len=req.cached_len,
+        lease = self.cache.insert(self._key(req.tokens[: req.seq_len]), req.slots, cached_len=req.cached_len,
                                   swa_evicted=swa_evicted, holder=req.spec.rid)
         self._release(req)
         req.lease = lease
@@ -306,7 +331,16 @@ class Scheduler:
         """Match the request's prompt (all but its last token, which must be computed) against the cache."""
         assert self.cache is not None
         self._release(req)
-        req.lease = self.cache.match(req.tokens[: req.spec.prompt_len - 1].tolist(), holder=req.spec.rid)
+        # a bigram key of the whole prompt has an entry for every position but the last, like the plain key
+        # of all but the last token
+        prompt = req.tokens[: req.spec.prompt_len] if self._bigram else req.tokens[: req.spec.prompt_len - 1]
+        req.lease = self.cache.match(self._key(prompt), holder=req.spec.rid)
+
+    def _key(self, tokens: torch.Tensor) -> list:
+        """The radix key of ``tokens``: the tokens, or with bigram keys the pairs of adjacent ones (entry i
+        stands for position i's KV)."""
+        ids = tokens.tolist()
+        return list(zip(ids, ids[1:])) if self._bigram else ids
 
     def _admit_shared(self, req: _Req) -> None:
         """Admit a request with its matched prefix: its row points at the cache's slots."""
