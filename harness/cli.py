@@ -227,8 +227,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_matrix_options(report)
     report.set_defaults(func=_cmd_run, report_dir_default="reports")
     compare = sub.add_parser("compare", help="what changed between two results.json files; exits 1 when a run "
-                             "changed for the worse (gave its expected verdict in BASE, not in HEAD; or is new and "
-                             "does not)")
+                             "changed for the worse (gave its expected verdict in BASE, not in HEAD; is new and "
+                             "does not; or matched in BASE and fails in HEAD under an edited expectation)")
     compare.add_argument("base", metavar="BASE.json")
     compare.add_argument("head", metavar="HEAD.json")
     compare.add_argument("--report-dir", metavar="DIR",

@@ -35,6 +35,9 @@ from .scenario_page import ScenarioPage, run_anchors, scenario_page
 from .text import printable
 from .views import CaseView
 
+RUNS_PAGE_SIZE = 100
+"""rows of the index's runs table shown at once (the library has well over a thousand runs)"""
+
 SCENARIO_DIR = PAGES_DIR
 """scenario pages live in this subfolder of the report folder"""
 
@@ -87,7 +90,7 @@ def render(template: str, **context: Any) -> str:
 
 
 def render_index(page: IndexPage) -> str:
-    return render("index.html.j2", page=page, verdicts=VERDICTS)
+    return render("index.html.j2", page=page, verdicts=VERDICTS, page_size=RUNS_PAGE_SIZE)
 
 
 def render_scenario(page: ScenarioPage) -> str:

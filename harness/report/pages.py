@@ -11,6 +11,7 @@ import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from urllib.parse import quote
 
 from ..runspec import Mode
 from .slots import first_divergence_sentence
@@ -140,6 +141,27 @@ class Count:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class UnexpectedGroup:
+    """The unexpected runs of one design and mode (and backend): one line of the index's banner."""
+
+    design: str
+    mode: str
+    backend: str
+    runs: int
+    outcomes: tuple[tuple[str, str, int], ...]
+    """(expected, observed, runs), most runs first"""
+    example: RunRow
+    """the group's first run, linked with its first divergence"""
+    filter_href: str
+    """the index filtered to the group's unexpected runs"""
+
+
+BANNER_GROUPS = 8
+"""groups the banner shows; the rest are counted and the runs table lists them all (42 unexpected runs once
+took 2,300 px above the counts and the matrix)"""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class IndexPage:
     title: str
     generated: str | None
@@ -147,6 +169,10 @@ class IndexPage:
     settings: tuple[tuple[str, str], ...]
     counts: tuple[Count, ...]
     unexpected: tuple[RunRow, ...]
+    unexpected_groups: tuple[UnexpectedGroup, ...]
+    """the first ``BANNER_GROUPS`` groups of unexpected runs, largest first"""
+    unexpected_hidden: int
+    """unexpected runs in the groups the banner leaves out"""
     matrices: tuple[Matrix, ...]
     runs: tuple[RunRow, ...]
     scenarios: tuple[ScenarioLink, ...]
@@ -212,6 +238,22 @@ def _matrices(views: Sequence[CaseView], href_of: Mapping[str, str], page_of: Ma
     return tuple(out)
 
 
+def _unexpected_groups(unexpected: Sequence[RunRow], *, by_backend: bool) -> list[UnexpectedGroup]:
+    by_key: dict[tuple[str, str, str], list[RunRow]] = {}
+    for r in unexpected:
+        by_key.setdefault((r.backend if by_backend else "", r.design, r.mode), []).append(r)
+    out = []
+    for (backend, design, mode), rows in by_key.items():
+        outcomes = Counter((r.expected, r.verdict) for r in rows)
+        query = [("design", design), ("mode", mode), *([("backend", backend)] if backend else []),
+                 ("verdict", "unexpected")]
+        out.append(UnexpectedGroup(
+            design=design, mode=mode, backend=backend, runs=len(rows),
+            outcomes=tuple((e, o, n) for (e, o), n in outcomes.most_common()), example=rows[0],
+            filter_href="#" + "&".join(f"{k}={quote(v, safe='')}" for k, v in query)))
+    return sorted(out, key=lambda g: -g.runs)  # stable: equal groups keep the runs' order
+
+
 def _summary(description: str, limit: int = 170) -> str:
     """The description's first sentence (a period and a space end it), at most ``limit`` characters."""
     text = " ".join(description.split())
@@ -258,12 +300,15 @@ def index_page(
             seeds=f"{setup.model_seed} / {setup.timeline_seed}" if setup else "-",
         ))
     scenarios.sort(key=lambda s: (s.unexpected == 0, s.name))
+    groups_of = _unexpected_groups(unexpected, by_backend=len({v.backend for v in views}) > 1)
     data = {"runs": [{"name": r.name, "family": r.family, "design": r.design, "mode": r.mode, "backend": r.backend,
                       "verdict": r.verdict, "expected": r.expected, "status": r.status} for r in rows]}
     return IndexPage(
         title="KV-cache report", generated=generated, complete=complete,
         settings=_settings(views, environment, duration_s, command, generated), counts=tuple(counts),
-        unexpected=tuple(unexpected), matrices=_matrices(views, href_of, page_of), runs=tuple(unexpected_first(rows)),
+        unexpected=tuple(unexpected), unexpected_groups=tuple(groups_of[:BANNER_GROUPS]),
+        unexpected_hidden=sum(g.runs for g in groups_of[BANNER_GROUPS:]),
+        matrices=_matrices(views, href_of, page_of), runs=tuple(unexpected_first(rows)),
         scenarios=tuple(scenarios), families=tuple(sorted({family(v.scenario) for v in views})),
         designs=ordered([v.design for v in views], DESIGN_ORDER), modes=ordered([v.mode for v in views], MODE_ORDER),
         backends=ordered([v.backend for v in views], ()), data=data, compare_href=compare_href,

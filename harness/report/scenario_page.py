@@ -78,6 +78,9 @@ class RunSection:
     """set when the table stops short of every mismatch"""
     findings: tuple[FindingRow, ...]
     graph: GraphView | None
+    graph_stats: tuple[tuple[str, str], ...]
+    failed_in: str | None
+    """for an error before the first step: the set-up stage it failed in, the graph capture it names"""
     open: bool
 
 
@@ -211,11 +214,41 @@ def findings(graph: GraphView) -> tuple[FindingRow, ...]:
     return tuple(sorted(rows, key=lambda r: _FINDING_ORDER.get(r.kind, 3)))
 
 
+_STARTUP_GRAPHS = {"full": "decode graphs (batch-size buckets", "piecewise": "piecewise prefill graphs (token buckets"}
+
+
+def failed_capture(view: CaseView) -> str | None:
+    """Where a run that failed before its first step failed: in a graph mode, the start-up capture (the
+    runners capture largest bucket first). None when the run did not fail so, or failed elsewhere."""
+    e, s = view.error, view.setup
+    if (view.verdict != "error" or e is None or e.step is not None or s is None or view.mode not in _STARTUP_GRAPHS
+            or e.type in ("Timeout", "WorkerDied") or e.message.startswith("reference run failed")):
+        return None
+    buckets = s.decode_buckets if view.mode == "full" else s.prefill_buckets
+    order = ", ".join(str(b) for b in sorted(buckets, reverse=True))
+    when = ", unless this scenario captures on demand" if view.mode == "full" else ""
+    return (f"failed in set-up, before the first step: while capturing the {view.mode} runner's "
+            f"{_STARTUP_GRAPHS[view.mode]} {order}, captured largest first) at start-up{when}")
+
+
+def _zero(value: str) -> bool:
+    return value in ("0", "0.00 s")
+
+
 def _section(view: CaseView, row: RunRow) -> RunSection:
     heatmaps, slotmaps = _pictures(view)
     stats = [("mismatches", str(view.mismatches)), ("slots", str(view.mismatched_slots)),
              *[(name, str(n)) for name, n in view.classes], ("dummy-slot writes", str(view.dummy_writes)),
              ("steps compared", str(view.steps_compared)), ("duration", f"{view.duration_s:.2f} s")]
+    graph_stats = []
+    if view.graph is not None:
+        g = view.graph
+        graph_stats = [("captures", str(g.captures)), ("replays", str(g.replays)),
+                       ("padded replays", str(g.padded_replays)), ("eager fallbacks", str(g.eager_fallbacks))]
+    if view.verdict == "error":
+        # an error run compared nothing: a row of zero tiles would read as results
+        stats = [(label, value) for label, value in stats if not _zero(value)]
+        graph_stats = [(label, value) for label, value in graph_stats if not _zero(value)]
     note = None
     if view.mismatches > len(view.details):
         note = (f"the first {len(view.details)} of {view.mismatches} mismatches, in step order (the diff's limit); "
@@ -230,7 +263,8 @@ def _section(view: CaseView, row: RunRow) -> RunSection:
         bad=tuple(BadRow(step=m.step, pool=m.pool, layer=m.layer, slot=m.slot, owner=m.owner,
                          observed=f"the K/V of {m.holder}" if m.holder else m.detail,
                          classification=m.classification, what=m.what) for m in view.details),
-        bad_note=note, findings=findings(view.graph) if view.graph else (), graph=view.graph, open=row.status == "unexpected",
+        bad_note=note, findings=findings(view.graph) if view.graph else (), graph=view.graph,
+        graph_stats=tuple(graph_stats), failed_in=failed_capture(view), open=row.status == "unexpected",
     )
 
 

@@ -18,7 +18,7 @@ from harness.report.html import write_report
 from harness.report.slots import first_divergence_sentence
 
 from ._hostile import hostile
-from ._samples import pick
+from ._samples import many_unexpected, pick
 
 pytestmark = pytest.mark.slow  # a headless Chromium per module: seconds
 
@@ -128,3 +128,41 @@ def test_a_report_of_hostile_strings_runs_none_of_them(browser, sample_views, tm
         assert page.evaluate("document.querySelectorAll('img').length") == 0
         assert page.problems() == [], path  # a blocked inline script would show here as a CSP error
         page.close()
+
+
+def test_a_report_of_many_unexpected_runs_keeps_the_matrix_in_view_and_pages_the_runs(browser, sample_views, tmp_path):
+    views = many_unexpected(sample_views)  # 240 runs, 40 unexpected, 22 of them metadata x full
+    page = browser.open(write_report(tmp_path, views, environment=ENV, generated=None))
+    assert page.problems() == []
+    assert page.evaluate("document.getElementById('matrix').getBoundingClientRect().top") < 900  # the viewport
+    # expected cells neutral, unexpected ones bold and red-bordered
+    style = """(sel => { const c = document.querySelector(sel), a = c.querySelector('a');
+        return [getComputedStyle(c).backgroundColor, getComputedStyle(a).fontWeight, getComputedStyle(c).boxShadow]; })"""
+    ok = page.evaluate(f"{style}('td[data-cell][data-status=ok]')")
+    bad = page.evaluate(f"{style}('td[data-cell][data-status=unexpected]')")
+    assert ok[0] == "rgb(255, 255, 255)" and ok[1] == "400" and ok[2] == "none"
+    assert bad[1] == "700" and "rgb(207, 34, 46)" in bad[2]
+
+    pager = "document.getElementById('runs-page').textContent"
+    assert len(visible_rows(page, "tr[data-run]")) == 100 and page.evaluate(pager) == "rows 1\u2013100 of 240"
+    assert {r["status"] for r in visible_rows(page, "tr[data-run]")[:40]} == {"unexpected"}
+    page.evaluate("document.getElementById('runs-next').click()")
+    page.evaluate("document.getElementById('runs-next').click()")
+    assert len(visible_rows(page, "tr[data-run]")) == 40 and page.evaluate(pager) == "rows 201\u2013240 of 240"
+    page.evaluate("document.getElementById('runs-all').click()")
+    assert len(visible_rows(page, "tr[data-run]")) == 240
+
+    # a banner group links to its runs: the filter set, the table filtered and in view
+    page.evaluate("document.querySelector('tr[data-unexpected-group] a[data-filter-link]').click()")
+    assert [page.evaluate(f"document.getElementById('{s}').value") for s in ("f-design", "f-mode", "f-verdict")] == [
+        "metadata", "full", "unexpected"]
+    shown = visible_rows(page, "tr[data-run]")
+    assert len(shown) == 22 and {(r["design"], r["mode"], r["status"]) for r in shown} == {
+        ("metadata", "full", "unexpected")}
+    assert page.evaluate("document.getElementById('runs-pager').hidden") is True
+    assert 0 <= page.evaluate("document.getElementById('runs-table').getBoundingClientRect().top") < 900
+    page.evaluate("document.getElementById('all-unexpected').click()")
+    assert len(visible_rows(page, "tr[data-run]")) == 40 and page.evaluate(
+        "document.getElementById('f-design').value") == ""
+    assert page.problems() == []
+    page.close()

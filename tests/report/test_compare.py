@@ -9,6 +9,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -18,6 +20,7 @@ from harness.cli import main
 from harness.report.compare import compare_frame, compare_page, summary_text
 from harness.report.records import read_results, results_document, write_results
 from harness.report.results_schema import FILE_LIMIT, ResultsFileError, check_document
+from harness.report.slots import first_divergence_sentence
 from harness.report.views import ErrorView
 
 from ._hostile import elements
@@ -31,16 +34,27 @@ MATCH_A = "tiny_match[translate-eager-torch_native]"
 MATCH_B = "tiny_match[translate-full-torch_native]"
 MATCH_C = "tiny_match[stale_state-eager-torch_native]"
 MATCH_D = "tiny_match[stale_state-full-torch_native]"
+MATCH_E = "tiny_match[forward_batch-full-torch_native]"
+DRAFT = "tiny_stale_error[forward_batch-eager-torch_native]"
 
 
 @pytest.fixture(scope="module")
 def base_head(sample_views):
     """(BASE, HEAD, the change kind each touched run should get)."""
+    rep = dataclasses.replace
     base = list(sample_views)
     pad, window, err = pick(base, PAD), pick(base, WINDOW), pick(base, ERROR)
+    # BASE's own diverging run, as expected, so that HEAD can turn it into an error it expects too
+    base = [rep(v, verdict="diverge", expected="diverge", first=pad.first, details=pad.details[:1], mismatches=1,
+                mismatched_slots=1) if v.name == DRAFT else v for v in base]
     head_by_name = {v.name: v for v in base}
-    rep = dataclasses.replace
     expect = {}
+    # a match that now diverges, with HEAD's scenario file edited to expect it: as expected on both sides, and
+    # the regression a review must catch
+    head_by_name[MATCH_E] = rep(pick(base, MATCH_E), verdict="diverge", expected="diverge", first=pad.first,
+                                details=pad.details[:2], mismatches=4, mismatched_slots=2,
+                                why="HEAD now says the padded rows are expected to diverge")
+    expect[MATCH_E] = "masked regression"
     # a run that matched now diverges, against an unchanged expectation: the regression a reviewer must see
     head_by_name[MATCH_A] = rep(pick(base, MATCH_A), verdict="diverge", first=pad.first, details=pad.details[:3],
                                 mismatches=3, mismatched_slots=2)
@@ -54,10 +68,15 @@ def base_head(sample_views):
     # an error with another message
     head_by_name[ERROR] = rep(err, error=ErrorView(type="IndexError", message="index 40 is out of bounds", step=1))
     expect[ERROR] = "error changed"
-    # a match becomes an error that the scenario now expects: not worse, but a new error
+    # a match becomes an error that the scenario now expects: masked too
     head_by_name[MATCH_B] = rep(pick(base, MATCH_B), verdict="error", expected="error",
                                 error=ErrorView(type="RuntimeError", message="boom", step=0))
-    expect[MATCH_B] = "new error"
+    expect[MATCH_B] = "masked regression"
+    # a divergence becomes an error that the scenario now expects: not worse (it was failing), but a new error
+    head_by_name[DRAFT] = rep(pick(base, DRAFT), verdict="error", expected="error", first=None, details=(),
+                              mismatches=0, mismatched_slots=0,
+                              error=ErrorView(type="RuntimeError", message="boom", step=1))
+    expect[DRAFT] = "new error"
     # the expectation moved without the verdict
     head_by_name[PAD_CLEAN] = rep(pick(base, PAD_CLEAN), expected="diverge")
     expect[PAD_CLEAN] = "regressed"
@@ -76,21 +95,27 @@ def test_each_change_gets_its_kind(base_head):
     assert {name: df.loc[name, "kind"] for name in expect} == expect
     assert set(df.loc[[n for n in df.index if n not in expect], "kind"]) == {"unchanged"}
     assert df.loc[PAD_CLEAN, "notes"] == "expectation changed"
-    assert df.loc[MATCH_B, "notes"] == "verdict changed, expectation changed"
-    assert list(df["kind"][: sum(df["worse"])]) == ["regressed", "regressed", "new failure"]  # worse first
+    # the verdicts are on both sides of every row: "verdict changed" is never repeated as a note, nor what the
+    # kind already says
+    assert df.loc[MATCH_B, "notes"] == "" and df.loc[MATCH_E, "notes"] == ""
+    assert df.loc[DRAFT, "notes"] == "expectation changed"
+    assert list(df["kind"][: sum(df["worse"])]) == ["masked regression", "masked regression", "regressed",
+                                                     "regressed", "new failure"]  # worse first
 
 
 def test_exit_status_is_1_only_when_something_changed_for_the_worse(base_head):
     base, head, _ = base_head
     page = compare_page(base, head, base_label="BASE", head_label="HEAD")
-    assert page.exit_status == 1 and {r.name for r in page.worse} == {MATCH_A, PAD_CLEAN,
+    assert page.exit_status == 1 and {r.name for r in page.worse} == {MATCH_A, MATCH_B, MATCH_E, PAD_CLEAN,
                                                                       "tiny_match[metadata-eager-torch_native]"}
     text = summary_text(page)
-    assert text.splitlines()[1] == ("  2 regressed, 1 new failure, 1 new error, 1 divergence moved, 1 error changed, "
-                                    "1 mismatches changed, 1 removed, 6 unchanged")
-    assert f"  REGRESSED            {MATCH_A}: match (expected match) -> diverge (expected match)" in text
-    assert text.endswith("3 changes for the worse (a run that gave its expected verdict no longer does, or a new run "
-                         "that does not)")
+    assert text.splitlines()[1] == ("  2 masked regression, 2 regressed, 1 new failure, 1 new error, 1 divergence "
+                                    "moved, 1 error changed, 1 mismatches changed, 1 removed, 4 unchanged")
+    assert (f"  REGRESSED            {MATCH_A}: match (expected match) -> diverge (expected match), mismatches 0 -> 3"
+            in text)
+    assert "verdict changed" not in text
+    assert text.endswith("5 changes for the worse (a run that gave its expected verdict no longer does, a new run "
+                         "that does not, or a run whose new failure HEAD now expects)")
     same = compare_page(base, base, base_label="BASE", head_label="BASE")
     assert same.exit_status == 0 and summary_text(same).endswith("nothing changed for the worse")
     better = compare_page(head, base, base_label="HEAD", head_label="BASE")
@@ -110,7 +135,8 @@ def test_compare_command_prints_the_summary_and_writes_the_page(base_head, tmp_p
     assert 'id="worse-banner"' in page
     tags = elements(tmp_path / "cmp" / "compare.html").tags
     changes = [a["data-change"] for t, a in tags if t == "tr" and "data-change" in a]
-    assert changes[:3] == ["regressed", "regressed", "new failure"] and len(changes) == 8
+    assert changes[:5] == ["masked regression", "masked regression", "regressed", "regressed", "new failure"]
+    assert len(changes) == 10
     links = [a["href"] for t, a in tags if t == "a" and a.get("href", "").startswith("scenarios/")]
     assert links and all((tmp_path / "cmp" / h.split("#")[0]).exists() for h in links)
     assert 'href="compare.html"' in (tmp_path / "cmp" / "index.html").read_text()
@@ -264,3 +290,66 @@ def test_the_schema_spells_no_expectation_as_the_cases_do():
     from harness.report import results_schema
 
     assert results_schema.NO_EXPECTATION == NO_EXPECTATION
+
+
+# ---- what a review must catch -------------------------------------------------------------------------
+
+
+def test_an_expectation_edited_to_hide_a_new_divergence_is_headlined_and_fails_the_command(sample_views, tmp_path):
+    # the user's path: two results files, the command in a subprocess, its exit status and its first lines
+    match = pick(sample_views, MATCH_E)
+    pad = pick(sample_views, PAD)
+    masked = dataclasses.replace(match, verdict="diverge", expected="diverge", first=pad.first, details=pad.details[:2],
+                                 mismatches=4, mismatched_slots=2, why="padded rows now expected to diverge")
+    moved = dataclasses.replace(pad, first=pad.details[1], details=pad.details[1:])
+    write_results(tmp_path / "base.json", [match, pad])
+    write_results(tmp_path / "head.json", [masked, moved])
+    done = subprocess.run([sys.executable, "-m", "harness", "compare", "base.json", "head.json"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+    assert done.returncode == 1, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[1] == "  1 masked regression, 1 divergence moved, 0 unchanged"
+    assert lines[2].startswith("MASKED REGRESSION: 1 run matched in BASE, fails in HEAD, and reads as expected")
+    assert lines[3:8] == [
+        "  forward_batch x full: 1 run",
+        f"    {MATCH_E}: match -> diverge, mismatches 0 -> 4",
+        f"      BASE expected match: {match.why}",
+        "      HEAD expected diverge: padded rows now expected to diverge",
+        f"      HEAD: {first_divergence_sentence(masked)}",
+    ]
+    assert lines[8].startswith("  DIVERGENCE MOVED") and lines[-1].startswith("1 change for the worse")
+
+
+def _regressions(view, n: int, *, design: str, mode: str) -> tuple[list, list]:
+    base = [dataclasses.replace(view, name=f"s{i:02}[{design}-{mode}-torch_native]", scenario=f"s{i:02}",
+                                design=design, mode=mode) for i in range(n)]
+    head = [dataclasses.replace(v, verdict="diverge", mismatches=i + 1, mismatched_slots=1) for i, v in enumerate(base)]
+    return base, head
+
+
+def test_regressions_of_one_design_and_mode_are_one_line_with_their_count_and_mismatches(sample_views, tmp_path):
+    match = pick(sample_views, MATCH_E)
+    base, head = _regressions(match, 22, design="metadata", mode="full")
+    b2, h2 = _regressions(match, 1, design="translate", mode="eager")
+    page = compare_page([*base, *b2], [*head, *h2], base_label="BASE", head_label="HEAD")
+    assert page.exit_status == 1 and [(g.design, g.mode, len(g.rows)) for g in page.worse_groups] == [
+        ("metadata", "full", 22), ("translate", "eager", 1)]
+    lines = summary_text(page).splitlines()
+    assert lines[2:5] == [
+        f"  REGRESSED            metadata x full: 22 runs, match -> diverge, mismatches 0 -> {sum(range(1, 23))}",
+        f"{'':23}s00, s01, s02, s03, s04, s05 and 16 more",
+        f"  REGRESSED            s00[translate-eager-torch_native]: match (expected match) -> diverge (expected match), "
+        "mismatches 0 -> 1",
+    ]
+    assert len(lines) == 7 and "verdict changed" not in "\n".join(lines)
+
+    write_results(tmp_path / "base.json", [*base, *b2])
+    write_results(tmp_path / "head.json", [*head, *h2])
+    assert main(["compare", str(tmp_path / "base.json"), str(tmp_path / "head.json"), "--report-dir",
+                 str(tmp_path / "cmp")]) == 1
+    tags = elements(tmp_path / "cmp" / "compare.html").tags
+    groups = [(a["data-group"], a["data-runs"], "open" in a) for t, a in tags if t == "details" and "data-group" in a]
+    assert groups == [("regressed:metadata:full", "22", False), ("regressed:translate:eager", "1", True)]
+    page_text = (tmp_path / "cmp" / "compare.html").read_text()
+    assert "also: verdict changed" not in page_text and 'data-mismatches="22"' in page_text

@@ -28,7 +28,7 @@ from harness.report.slots import first_divergence_sentence, slot_map
 from harness.report.views import CaseView, MismatchView
 
 from ._hostile import EVIL, EVIL_RID, elements, hostile
-from ._samples import pick, with_expected
+from ._samples import many_unexpected, pick, with_expected
 
 PAD = "tiny_pad_tail[forward_batch-full-torch_native]"
 WINDOW = "tiny_wrong_window[forward_batch-eager-torch_native]"
@@ -97,6 +97,66 @@ def test_unexpected_results_come_first_and_cannot_be_missed(sample_views, tmp_pa
     scenario = _text(tmp_path / "scenarios" / "tiny_pad_tail.html")
     assert scenario.index("<strong>1 unexpected result</strong>") < scenario.index('id="designs"')
     assert re.search(r'<section class="card run st-unexpected[^>]*>\s*<details open>', scenario)
+
+
+def test_many_unexpected_runs_make_a_short_banner_grouped_by_design_and_mode(sample_views, tmp_path):
+    views = many_unexpected(sample_views)
+    assert len(views) == 240 and sum(not v.ok for v in views) == 40
+    index = write_report(tmp_path, views, environment=ENV, generated=None)
+    page, tags = _text(index), elements(index).tags
+    banner = page[page.index('id="unexpected"'):page.index('id="filters"')]
+    assert page.index('id="unexpected"') < page.index('data-count="runs"') < page.index('id="matrix"') < page.index(
+        'id="runs"')
+    groups = [a for t, a in tags if t == "tr" and "data-unexpected-group" in a]
+    # largest first, capped: the two groups left out are counted, and the full list is a link away
+    assert [(g["data-design"], g["data-mode"], g["data-runs"]) for g in groups[:2]] == [
+        ("metadata", "full", "22"), ("translate", "full", "10")]
+    assert len(groups) == 8 and [g["data-runs"] for g in groups[2:]] == ["1"] * 6
+    assert 'href="#design=metadata&amp;mode=full&amp;verdict=unexpected"' in banner
+    assert "2 more in groups not shown here; the full list of 40 unexpected runs" in banner
+    assert 'href="#verdict=unexpected" id="all-unexpected"' in banner
+    assert banner.count("data-unexpected-run") == 8 and "and 21 more" in banner
+    rows = [a for t, a in tags if t == "tr" and "data-run" in a]
+    assert len(rows) == 240 and all(a["data-status"] == "unexpected" for a in rows[:40])
+    assert 'data-page-size="100"' in page and 'id="runs-pager"' in page
+
+
+def test_expected_and_unexpected_verdicts_are_drawn_apart(sample_views, tmp_path):
+    # an amber "diverge" the scenario expects read as a warning: expected cells and badges are neutral
+    views = [with_expected(v, "match") if v.name == PAD else v for v in sample_views]
+    index = write_report(tmp_path, views, environment=ENV, generated=None)
+    cells = {(a["data-design"], a["data-mode"], a["data-status"]) for t, a in elements(index).tags
+             if t == "td" and "data-cell" in a and a["data-verdict"] == "diverge"}
+    assert cells == {("forward_batch", "full", "unexpected"), ("forward_batch", "eager", "ok")}
+    page = _text(index)
+    assert '<span class="badge obs obs-unexpected v-diverge">diverge</span>' in page
+    assert '<span class="badge obs obs-ok v-diverge">diverge</span>' in page
+    css = _text(index)[page.index("<style>"):page.index("</style>")]
+    assert "table.matrix td.cell.st-ok:not(.v-match) { background: #f6f8fa;" in css
+    scenario = _text(tmp_path / "scenarios" / "tiny_wrong_window.html")
+    assert '<span class="badge obs obs-ok v-diverge">diverge</span>' in scenario
+    assert 'class="badge v-diverge"' not in scenario.split('id="designs"')[1].split('id="timeline"')[0]
+
+
+def test_an_error_run_shows_no_zero_tiles_and_names_the_capture_that_failed(sample_views, tmp_path):
+    err = pick(sample_views, ERROR)
+    pad = pick(sample_views, PAD)
+    # the library's start-up failure: the full runner's capture raises before any step, nothing observed
+    startup = dataclasses.replace(err, name="tiny_stale_error[stale_state-full-torch_native]", mode="full",
+                                  setup=pad.setup, graph=None, steps=(), steps_compared=0,
+                                  error=dataclasses.replace(err.error, step=None))
+    page = scenario_page([err, startup], index_href="../index.html", anchors=run_anchors([err, startup]))
+    by_mode = {s.row.mode: s for s in page.sections}
+    # mismatches, slots, dummy-slot writes, the graph counters and the duration are all 0 here
+    assert by_mode["eager"].stats == (("steps compared", "1"),) and by_mode["eager"].graph_stats == ()
+    assert by_mode["full"].stats == () and by_mode["full"].graph_stats == ()
+    assert by_mode["eager"].failed_in is None
+    assert by_mode["full"].failed_in == (
+        "failed in set-up, before the first step: while capturing the full runner's decode graphs (batch-size "
+        "buckets 4, 2, captured largest first) at start-up, unless this scenario captures on demand")
+    write_report(tmp_path, [err, startup], environment=ENV, generated=None)
+    html = _text(tmp_path / "scenarios" / "tiny_stale_error.html")
+    assert html.count("data-failed-capture") == 1 and '<span class="label">mismatches</span>' not in html
 
 
 def test_diverging_scenario_page_states_where_and_draws_the_pictures(report, sample_views):

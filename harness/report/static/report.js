@@ -6,7 +6,8 @@
     return Array.prototype.slice.call((root || document).querySelectorAll(selector));
   }
 
-  /* ---- filter (index page): family, design, mode, verdict, backend ---- */
+  /* ---- filter (index page): family, design, mode, verdict, backend; the runs table in pages ---- */
+  var repaginate = function () {};
   var form = document.getElementById("filter-form");
   if (form) {
     var dataNode = document.getElementById("report-data");
@@ -31,9 +32,43 @@
     };
     var fromElement = function (el) { return function (key) { return el.getAttribute("data-" + key); }; };
 
+    /* the library has well over a thousand runs: the filter chooses rows, the pager shows them a page at a time */
+    var runsTable = document.getElementById("runs-table");
+    var pageSize = runsTable ? parseInt(runsTable.getAttribute("data-page-size"), 10) || 0 : 0;
+    var pageIndex = 0;
+    var showAll = false;
+    var pager = document.getElementById("runs-pager");
+    repaginate = function () {
+      var kept = all("tr[data-run]").filter(function (tr) { return !tr.hasAttribute("data-filtered-out"); });
+      var paged = pageSize > 0 && !showAll && kept.length > pageSize;
+      var pages = paged ? Math.ceil(kept.length / pageSize) : 1;
+      pageIndex = Math.min(pageIndex, pages - 1);
+      all("tr[data-run]").forEach(function (tr) { tr.hidden = tr.hasAttribute("data-filtered-out"); });
+      if (paged) {
+        kept.forEach(function (tr, i) { tr.hidden = Math.floor(i / pageSize) !== pageIndex; });
+      }
+      if (!pager) { return; }
+      pager.hidden = pageSize === 0 || kept.length <= pageSize;
+      var first = paged ? pageIndex * pageSize + 1 : 1;
+      var last = paged ? Math.min(kept.length, (pageIndex + 1) * pageSize) : kept.length;
+      document.getElementById("runs-page").textContent = "rows " + first + "\u2013" + last + " of " + kept.length;
+      document.getElementById("runs-prev").disabled = !paged || pageIndex === 0;
+      document.getElementById("runs-next").disabled = !paged || pageIndex === pages - 1;
+      document.getElementById("runs-all").textContent = showAll ? "show " + pageSize + " at a time" : "show all";
+    };
+    if (pager) {
+      document.getElementById("runs-prev").addEventListener("click", function () { pageIndex -= 1; repaginate(); });
+      document.getElementById("runs-next").addEventListener("click", function () { pageIndex += 1; repaginate(); });
+      document.getElementById("runs-all").addEventListener("click", function () { showAll = !showAll; pageIndex = 0; repaginate(); });
+    }
+
     var apply = function () {
       var f = current();
-      all("tr[data-run]").forEach(function (tr) { tr.hidden = !keeps(f, fromElement(tr)); });
+      all("tr[data-run]").forEach(function (tr) {
+        if (keeps(f, fromElement(tr))) { tr.removeAttribute("data-filtered-out"); } else { tr.setAttribute("data-filtered-out", ""); }
+      });
+      pageIndex = 0;
+      repaginate();
       all("tr[data-scenario]").forEach(function (tr) { tr.hidden = !!f.family && tr.getAttribute("data-family") !== f.family; });
       all("table.matrix").forEach(function (table) {
         var columnsShown = function (el) {
@@ -72,8 +107,8 @@
     };
 
     /* a filtered view can be shared as a link: index.html#verdict=diverge&family=swa_decode_ */
-    var fromHash = function () {
-      var h = window.location.hash.replace(/^#/, "");
+    var fromHash = function (hash) {
+      var h = hash.replace(/^#/, "");
       h.split("&").forEach(function (pair) {
         var kv = pair.split("=");
         if (kv.length !== 2) { return; }
@@ -85,9 +120,23 @@
       });
     };
 
+    /* a link to a filtered view on the page itself (the banner's groups): filter, then show the runs table */
+    var follow = function (hash) {
+      selects.forEach(function (s) { s.value = ""; });
+      fromHash(hash);
+      apply();
+      if (runsTable) { runsTable.scrollIntoView(); }
+    };
+    all("a[data-filter-link]").forEach(function (a) {
+      a.addEventListener("click", function (e) { e.preventDefault(); follow(a.getAttribute("href")); });
+    });
+    window.addEventListener("hashchange", function () {
+      if (window.location.hash.indexOf("=") >= 0) { follow(window.location.hash); }
+    });
+
     selects.forEach(function (s) { s.addEventListener("change", apply); });
     form.addEventListener("reset", function () { window.setTimeout(apply, 0); });
-    fromHash();
+    fromHash(window.location.hash);
     apply();
   }
 
@@ -116,6 +165,7 @@
           return ascending ? c : -c;
         });
         rows.forEach(function (row) { body.appendChild(row); });
+        if (table.id === "runs-table") { repaginate(); }
       };
       th.addEventListener("click", sort);
       th.addEventListener("keydown", function (e) { if (e.key === "Enter" || e.key === " ") { e.preventDefault(); sort(); } });
