@@ -2,12 +2,17 @@
 
 ``KeyError: 4`` alone does not say which line of a design raised it. A run's traceback passes through the
 harness's own machinery (the driver, the scheduler, the graph engine, the serving stack) before it reaches
-the code under test; those frames are the same in every run and say nothing about the bug. Kept are the
-frames of the code under test: the design's, the backend's and the runner's (the built-in ones live in
-``serving/designs.py``, ``backends/`` and ``runners/``; a third-party one anywhere outside the harness),
-never the standard library's or torch's (``nn.Module.__call__`` adds two frames to every module call),
-and always the innermost frame, where the exception was raised, even when
-that is the harness's (a design that passes the pool a bad index fails inside the pool).
+the code under test; those frames are the same in every run and say nothing about the bug. Kept are:
+
+- when the traceback passes through code outside the harness (a third-party design, backend or runner):
+  those frames, the harness frame that called into them (where the harness handed over: which hook), and
+  the innermost frame, where the exception was raised, even when that is the harness's (a design that
+  passes the pool a bad index fails inside the pool);
+- otherwise (a built-in subject failed): the frames of the built-in designs, backends and runners
+  (``serving/designs.py``, ``backends/``, ``runners/``) and the innermost frame.
+
+Frames of the standard library and of torch never count as the user's (``nn.Module.__call__`` adds two
+frames to every module call); the innermost frame is kept wherever it is.
 """
 
 from __future__ import annotations
@@ -37,20 +42,30 @@ class ErrorFrame:
 
 
 def subject_frames(tb: TracebackType | None) -> tuple[ErrorFrame, ...]:
-    """The frames of ``tb`` in the code under test, outermost first, the innermost frame always kept."""
+    """The frames of ``tb`` a user needs (the module's rules), outermost first."""
     summary = traceback.extract_tb(tb)
-    kept = [(i, f) for i, f in enumerate(summary) if _under_test(f.filename) or i == len(summary) - 1]
-    frames = [ErrorFrame(file=f.filename, line=f.lineno or 0, function=f.name) for _, f in kept]
+    if not summary:
+        return ()
+    places = [_place(f.filename) for f in summary]
+    innermost = len(summary) - 1
+    if "user" in places:
+        caller = places.index("user") - 1  # the harness frame that called the user's code
+        keep = {i for i, p in enumerate(places) if p == "user"} | {caller, innermost}
+    else:
+        keep = {i for i, p in enumerate(places) if p == "built-in subject"} | {innermost}
+    frames = [ErrorFrame(file=f.filename, line=f.lineno or 0, function=f.name)
+              for i, f in enumerate(summary) if i in keep]
     return tuple(frames[-FRAMES_KEPT:])
 
 
-def _under_test(filename: str) -> bool:
+def _place(filename: str) -> str:
+    """"user" (code outside the harness and the libraries), "built-in subject", "harness" or "library\""""
     path = _resolved(filename)
     if path is None:
-        return True  # ``<string>``: code a design compiled itself
+        return "user"  # ``<string>``: code a design compiled itself
     if _is_within(path, _HARNESS):
-        return any(_is_within(path, home) for home in _SUBJECT_HOMES)
-    return not _in_library(path)
+        return "built-in subject" if any(_is_within(path, home) for home in _SUBJECT_HOMES) else "harness"
+    return "library" if _in_library(path) else "user"
 
 
 def _resolved(filename: str) -> Path | None:

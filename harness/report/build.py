@@ -91,8 +91,21 @@ def reproduce(case: Case) -> tuple[str, str]:
 
 def _error(error: RunError) -> ErrorView:
     return ErrorView(type=error.type, message=error.message, step=error.step,
-                     frames=tuple(FrameView(file=_display_path(Path(f.file)), line=f.line, function=f.function)
+                     frames=tuple(FrameView(file=_frame_file(f.file), line=f.line, function=f.function)
                                   for f in error.frames))
+
+
+_HARNESS_PARENT = Path(__file__).resolve().parents[2]
+
+
+def _frame_file(file: str) -> str:
+    """A frame's file as a user finds it: the harness's own as ``harness/...`` wherever it is installed (so a
+    record does not depend on where), any other relative to the working directory when inside it."""
+    path = Path(file)
+    try:
+        return path.resolve().relative_to(_HARNESS_PARENT / "harness").as_posix().join(("harness/", ""))
+    except (ValueError, OSError):
+        return _display_path(path)
 
 
 def _mismatch(m: KVMismatch) -> MismatchView:

@@ -22,7 +22,7 @@ from .pages import (
 )
 from .cause import Cause, first_divergence_cause
 from .slots import pool_label, pools_of, slot_map
-from .text import finding_line, frame_lines
+from .text import FRAMES_TITLE, finding_line, frame_lines
 from .views import CaseView, FindingView, GraphView, StepView
 
 
@@ -78,6 +78,7 @@ class RunSection:
     error: str | None
     frames: tuple[str, ...]
     """where the error was raised, ``file:line in function``, outermost first"""
+    frames_title: str
     stats: tuple[tuple[str, str], ...]
     heatmaps: tuple[PoolPicture, ...]
     slotmaps: tuple[PoolPicture, ...]
@@ -246,7 +247,8 @@ def _section(view: CaseView, row: RunRow) -> RunSection:
                        f"({', '.join(cause.graphs)})")
     return RunSection(
         row=row, why=view.why, faults=view.faults, error=error,
-        frames=tuple(frame_lines(view.error)) if view.error is not None else (), stats=tuple(stats), heatmaps=heatmaps,
+        frames=tuple(frame_lines(view.error)) if view.error is not None else (), frames_title=FRAMES_TITLE,
+        stats=tuple(stats), heatmaps=heatmaps,
         slotmaps=slotmaps,
         bad=tuple(BadRow(step=m.step, pool=m.pool, layer=m.layer, slot=m.slot, owner=m.owner,
                          observed=f"the K/V of {m.holder}" if m.holder else m.detail,

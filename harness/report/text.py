@@ -55,6 +55,10 @@ def first_divergence(view: CaseView, width: int = 90) -> str:
     return ""
 
 
+FRAMES_TITLE = "raised at, innermost last (the harness's own machinery left out)"
+"""the heading of an error's frames, in the terminal and on a scenario page"""
+
+
 def frame_lines(error: ErrorView) -> list[str]:
     """Where the error was raised, one ``file:line in function`` per frame, outermost first."""
     return [f"{printable(f.file)}:{f.line} in {printable(f.function)}" for f in error.frames]
@@ -98,7 +102,7 @@ def failure_block(view: CaseView) -> str:
                      f"step {cause.step} replayed ({', '.join(map(printable, cause.graphs))}) found:")
         lines.extend(f"    {finding_line(f)}" for f in cause.findings)
     if view.error is not None and view.error.frames:
-        lines.append("  raised in (the design's, backend's and runner's frames, innermost last):")
+        lines.append(f"  {FRAMES_TITLE}:")
         lines.extend(f"    {line}" for line in frame_lines(view.error))
     if view.mismatches:
         classes = ", ".join(f"{name} {n}" for name, n in view.classes)
