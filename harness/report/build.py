@@ -15,8 +15,8 @@ from .views import (
     CaseView,
     ErrorView,
     FindingView,
-    FrameView,
     ForwardView,
+    FrameView,
     GraphView,
     HeatView,
     MismatchView,
@@ -103,7 +103,7 @@ def _frame_file(file: str) -> str:
     record does not depend on where), any other relative to the working directory when inside it."""
     path = Path(file)
     try:
-        return path.resolve().relative_to(_HARNESS_PARENT / "harness").as_posix().join(("harness/", ""))
+        return f"harness/{path.resolve().relative_to(_HARNESS_PARENT / 'harness').as_posix()}"
     except (ValueError, OSError):
         return _display_path(path)
 
