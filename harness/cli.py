@@ -20,7 +20,7 @@ from .report.build import case_view
 from .report.compare import run_compare
 from .report.files import destination_problems
 from .report.session import ReportSession
-from .report.text import printable, progress_line, run_table, table
+from .report.text import failure_blocks, printable, progress_line, run_table, table
 from .report.views import CaseView
 from .runspec import TIMEOUT_MAX_S, Mode, Outcome
 from .scenario.loader import SCENARIO_ROOT_DEFAULT, ScenarioError, load_all
@@ -133,6 +133,9 @@ def _finish(session: ReportSession, *, complete: bool) -> int:
     views = session.ordered()
     if views:
         print(run_table(views))
+        print()
+    if blocks := failure_blocks(views):
+        print(blocks)  # the cause beside the symptom: audit findings, graph statistics, the traceback's frames
         print()
     print("\n".join(session.summary_lines()))
     session.finish(complete=complete)

@@ -13,6 +13,7 @@ from ..runspec import RunSpec
 from ..serving.scheduler import ScheduledStep, StepEnd
 from ..serving.timeline import LiveToken, TokenKey
 from .assemble import RunParts, assemble
+from .frames import subject_frames
 from .result import InvariantBreach, RunError, RunResult, StepRecord
 from .snapshot import KVSnapshot, take_snapshot
 
@@ -48,7 +49,8 @@ def execute(spec: RunSpec) -> RunResult:
         return RunResult(
             spec=spec,
             snapshots=tuple(snapshots),
-            error=RunError(type=type(exc).__name__, message=str(exc), step=step_index),
+            error=RunError(type=type(exc).__name__, message=str(exc), step=step_index,
+                           frames=subject_frames(exc.__traceback__)),
             observations=parts.runner.observations() if parts is not None else None,
             steps=tuple(steps),
         )

@@ -9,6 +9,7 @@ from ..runners.observations import ForwardRecord, GraphObservations
 from ..runspec import RunSpec
 from ..serving.invariants import InvariantViolation
 from ..serving.timeline import LiveToken, TokenKey
+from .frames import ErrorFrame
 from .snapshot import KVSnapshot
 
 
@@ -41,6 +42,9 @@ class RunError:
     type: str
     message: str
     step: int | None
+    frames: tuple[ErrorFrame, ...] = ()
+    """where it was raised, in the code under test, outermost first (``frames.subject_frames``); none for a
+    run that died, timed out or broke an invariant"""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

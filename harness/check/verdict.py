@@ -41,7 +41,8 @@ def judge(subject: RunResult, reference: RunResult) -> Verdict:
         return Verdict(
             outcome=Outcome.ERROR,
             diff=None,
-            error=RunError(type=err.type, message=f"reference run failed: {err.message}", step=err.step),
+            error=RunError(type=err.type, message=f"reference run failed: {err.message}", step=err.step,
+                           frames=err.frames),
             observations=subject.observations,
             steps=subject.steps,
         )

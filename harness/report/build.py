@@ -7,7 +7,7 @@ from pathlib import Path
 
 from ..check.case import Case, CaseResult
 from ..check.diff import KVMismatch
-from ..check.result import StepRecord
+from ..check.result import RunError, StepRecord
 from ..check.verdict import MismatchCount
 from ..runners.observations import GraphObservations
 from ..scenario.spec import ScenarioSpec
@@ -16,6 +16,7 @@ from .views import (
     ErrorView,
     FindingView,
     ForwardView,
+    FrameView,
     GraphView,
     HeatView,
     MismatchView,
@@ -45,7 +46,7 @@ def case_view(result: CaseResult | None, *, case: Case | None = None, duration_s
         mismatches=diff.total if diff else 0, mismatched_slots=diff.mismatched_slots if diff else 0,
         classes=tuple(diff.classes) if diff else (), dummy_writes=diff.dummy_writes if diff else 0,
         steps_compared=diff.steps_compared if diff else 0, first=details[0] if details else None, details=details,
-        error=ErrorView(type=error.type, message=error.message, step=error.step) if error else None,
+        error=_error(error) if error else None,
         graph=_graph(verdict.observations) if verdict is not None else None,
         reproduce_pytest=pytest_cmd, reproduce_cli=cli_cmd, duration_s=round(duration_s, 3),
         setup=setup_view(scenario), steps=tuple(_step(s) for s in verdict.steps) if verdict is not None else (),
@@ -67,8 +68,8 @@ def setup_view(scenario: ScenarioSpec) -> SetupView:
 def _step(s: StepRecord) -> StepView:
     return StepView(
         index=s.index, kind=s.kind, batch_size=s.batch_size, tokens=s.tokens,
-        forwards=tuple(ForwardView(path=str(f.path), rows=f.rows, bucket=f.bucket, captured=f.captured)
-                       for f in s.forwards),
+        forwards=tuple(ForwardView(path=str(f.path), rows=f.rows, bucket=f.bucket, captured=f.captured,
+                                   graph=f.graph) for f in s.forwards),
         written=tuple(TokenSlotsView(rid=t.rid, pos=t.pos, full_slot=t.full_slot, swa_slot=t.swa_slot)
                       for t in s.written),
         evicted=tuple((k.rid, k.pos) for k in s.evicted), finished=s.finished, aborted=s.aborted,
@@ -86,6 +87,25 @@ def reproduce(case: Case) -> tuple[str, str]:
     cli_cmd = shlex.join(["python", "-m", "harness", "run", path, "--design", case.design, "--mode", str(case.mode),
                           "--backend", case.backend, "--engine", str(case.engine)])
     return pytest_cmd, cli_cmd
+
+
+def _error(error: RunError) -> ErrorView:
+    return ErrorView(type=error.type, message=error.message, step=error.step,
+                     frames=tuple(FrameView(file=_frame_file(f.file), line=f.line, function=f.function)
+                                  for f in error.frames))
+
+
+_HARNESS_PARENT = Path(__file__).resolve().parents[2]
+
+
+def _frame_file(file: str) -> str:
+    """A frame's file as a user finds it: the harness's own as ``harness/...`` wherever it is installed (so a
+    record does not depend on where), any other relative to the working directory when inside it."""
+    path = Path(file)
+    try:
+        return f"harness/{path.resolve().relative_to(_HARNESS_PARENT / 'harness').as_posix()}"
+    except (ValueError, OSError):
+        return _display_path(path)
 
 
 def _mismatch(m: KVMismatch) -> MismatchView:

@@ -117,6 +117,7 @@ _RULES: dict[tuple[str, str], Callable[[Any], str | None]] = {
     ("MismatchView", "slot"): _between(0, POOL_SIZE_LIMIT - 1),
     ("MismatchView", "found_in"): _between(0, POOL_SIZE_LIMIT - 1),
     ("ErrorView", "step"): _STEP,
+    ("FrameView", "line"): _COUNT,
     ("FindingView", "kind"): _choice("unregistered", "stale", "moved"),
     ("FindingView", "shape"): _COUNT,
     ("FindingView", "replays"): _COUNT,
@@ -151,7 +152,8 @@ _RULES: dict[tuple[str, str], Callable[[Any], str | None]] = {
     ("HeatView", "layer"): _COUNT,
     ("HeatView", "count"): _COUNT,
 }
-_SEQUENCE_LIMIT = {("CaseView", "details"): 10_000, ("SetupView", "layers"): 4096, ("FindingView", "shape"): 16}
+_SEQUENCE_LIMIT = {("CaseView", "details"): 10_000, ("SetupView", "layers"): 4096, ("FindingView", "shape"): 16,
+                   ("ErrorView", "frames"): 64}
 """items a tuple field may hold, where more would only be a way to make a report slow"""
 
 

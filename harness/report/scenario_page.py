@@ -1,5 +1,6 @@
 """View model of a scenario's page: its designs side by side, its timeline, and one section per run that
-diverged or failed (first divergence, heatmaps, slot maps, bad slots, input audit, reproduce lines)."""
+diverged or failed (first divergence with the audit findings that bear on it, or the error with where it
+was raised; heatmaps, slot maps, bad slots, input audit, reproduce lines)."""
 
 from __future__ import annotations
 
@@ -19,8 +20,9 @@ from .pages import (
     status,
     unexpected_first,
 )
+from .cause import Cause, first_divergence_cause
 from .slots import pool_label, pools_of, slot_map
-from .text import finding_line
+from .text import FRAMES_TITLE, finding_line, frame_lines
 from .views import CaseView, FindingView, GraphView, StepView
 
 
@@ -54,6 +56,10 @@ class FindingRow:
     tensor: str
     replays: int
     text: str
+    anchor: str = ""
+    """the row's id on the page, which the first divergence links to"""
+    explains: bool = False
+    """a finding of a graph the first divergent step replayed (``cause.first_divergence_cause``)"""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -70,6 +76,9 @@ class RunSection:
     why: str
     faults: tuple[str, ...]
     error: str | None
+    frames: tuple[str, ...]
+    """where the error was raised, ``file:line in function``, outermost first"""
+    frames_title: str
     stats: tuple[tuple[str, str], ...]
     heatmaps: tuple[PoolPicture, ...]
     slotmaps: tuple[PoolPicture, ...]
@@ -77,6 +86,10 @@ class RunSection:
     bad_note: str | None
     """set when the table stops short of every mismatch"""
     findings: tuple[FindingRow, ...]
+    cause: tuple[FindingRow, ...]
+    """the findings shown beside the first divergence, each linking to its row of the input audit"""
+    cause_label: str
+    """which graphs' audit ``cause`` comes from: ``the graph step 1 replayed (decode bs=4)``"""
     graph: GraphView | None
     graph_stats: tuple[tuple[str, str], ...]
     failed_in: str | None
@@ -201,17 +214,20 @@ def _finding_text(f: FindingView, replays: int) -> str:
     return finding_line(f)
 
 
-def findings(graph: GraphView) -> tuple[FindingRow, ...]:
+def findings(graph: GraphView, *, anchor: str = "finding", cause: Cause | None = None) -> tuple[FindingRow, ...]:
     """The input audit's findings, one row per (kind, attribute, tensor) with the graphs that reported it;
-    stale inputs first."""
+    stale inputs first. Rows get ids ``{anchor}-finding-N``; those of ``cause``'s graphs are marked."""
     groups: dict[tuple[str, str | None, str], list[FindingView]] = {}
     for f in graph.findings:
         groups.setdefault((f.kind, f.path, f"{f.dtype}{list(f.shape)}"), []).append(f)
+    explaining = set(cause.findings) if cause is not None else set()
     rows = [FindingRow(kind=kind, graphs=tuple(dict.fromkeys(f.graph for f in group)), path=path, tensor=tensor,
                        replays=sum(f.replays for f in group),
-                       text=_finding_text(group[0], sum(f.replays for f in group)))
+                       text=_finding_text(group[0], sum(f.replays for f in group)),
+                       explains=any(f in explaining for f in group))
             for (kind, path, tensor), group in groups.items()]
-    return tuple(sorted(rows, key=lambda r: _FINDING_ORDER.get(r.kind, 3)))
+    rows.sort(key=lambda r: _FINDING_ORDER.get(r.kind, 3))
+    return tuple(dataclasses.replace(r, anchor=f"{anchor}-finding-{i}") for i, r in enumerate(rows))
 
 
 _STARTUP_GRAPHS = {"full": "decode graphs (batch-size buckets", "piecewise": "piecewise prefill graphs (token buckets"}
@@ -257,14 +273,23 @@ def _section(view: CaseView, row: RunRow) -> RunSection:
     if view.error is not None:
         at = f" at step {view.error.step}" if view.error.step is not None else ""
         error = f"{view.error.type}{at}: {view.error.message}"
+    cause = first_divergence_cause(view)
+    rows = findings(view.graph, anchor=row.anchor, cause=cause) if view.graph else ()
+    cause_label = ""
+    if cause is not None:
+        cause_label = (f"the graph{'s' if len(cause.graphs) > 1 else ''} step {cause.step} replayed "
+                       f"({', '.join(cause.graphs)})")
     return RunSection(
-        row=row, why=view.why, faults=view.faults, error=error, stats=tuple(stats), heatmaps=heatmaps,
+        row=row, why=view.why, faults=view.faults, error=error,
+        frames=tuple(frame_lines(view.error)) if view.error is not None else (), frames_title=FRAMES_TITLE,
+        stats=tuple(stats), heatmaps=heatmaps,
         slotmaps=slotmaps,
         bad=tuple(BadRow(step=m.step, pool=m.pool, layer=m.layer, slot=m.slot, owner=m.owner,
                          observed=f"the K/V of {m.holder}" if m.holder else m.detail,
                          classification=m.classification, what=m.what) for m in view.details),
-        bad_note=note, findings=findings(view.graph) if view.graph else (), graph=view.graph,
-        graph_stats=tuple(graph_stats), failed_in=failed_capture(view), open=row.status == "unexpected",
+        bad_note=note, findings=rows, cause=tuple(r for r in rows if r.explains), cause_label=cause_label,
+        graph=view.graph, graph_stats=tuple(graph_stats), failed_in=failed_capture(view),
+        open=row.status == "unexpected",
     )
 
 

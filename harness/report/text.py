@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .views import CaseView, FindingView, GraphView, MismatchView
+from .cause import first_divergence_cause
+from .views import CaseView, ErrorView, FindingView, GraphView, MismatchView
 
 
 def printable(text: object, *, keep_newlines: bool = False) -> str:
@@ -54,6 +55,15 @@ def first_divergence(view: CaseView, width: int = 90) -> str:
     return ""
 
 
+FRAMES_TITLE = "raised at, innermost last (the harness's own machinery left out)"
+"""the heading of an error's frames, in the terminal and on a scenario page"""
+
+
+def frame_lines(error: ErrorView) -> list[str]:
+    """Where the error was raised, one ``file:line in function`` per frame, outermost first."""
+    return [f"{printable(f.file)}:{f.line} in {printable(f.function)}" for f in error.frames]
+
+
 def graph_lines(graph: GraphView) -> list[str]:
     out = [f"{graph.captures} graphs captured, {graph.replays} replays ({graph.padded_replays} padded), "
            f"{graph.eager_fallbacks} eager fallbacks"]
@@ -87,6 +97,13 @@ def failure_block(view: CaseView) -> str:
     if view.faults:
         lines.append(f"  faults: {', '.join(view.faults)}")
     lines.append(f"  observed: {summary(view)}")
+    if (cause := first_divergence_cause(view)) is not None:
+        lines.append(f"  cause: the input audit of the graph{'s' if len(cause.graphs) > 1 else ''} "
+                     f"step {cause.step} replayed ({', '.join(map(printable, cause.graphs))}) found:")
+        lines.extend(f"    {finding_line(f)}" for f in cause.findings)
+    if view.error is not None and view.error.frames:
+        lines.append(f"  {FRAMES_TITLE}:")
+        lines.extend(f"    {line}" for line in frame_lines(view.error))
     if view.mismatches:
         classes = ", ".join(f"{name} {n}" for name, n in view.classes)
         lines.append(f"  {view.mismatches} mismatches over {view.mismatched_slots} slots ({classes}); "
@@ -97,6 +114,11 @@ def failure_block(view: CaseView) -> str:
         lines.extend(f"  graph: {line}" for line in graph_lines(view.graph))
     lines.append(f"  reproduce: {view.reproduce_pytest}   or   {view.reproduce_cli}")
     return "\n".join(lines)
+
+
+def failure_blocks(views: Sequence[CaseView]) -> str:
+    """The failure block of every unexpected run, as pytest shows each (the CLI prints them after its table)."""
+    return "\n\n".join(failure_block(v) for v in views if not v.ok)
 
 
 def table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:

@@ -3,9 +3,10 @@
 The terminal failure block, the run table, the verdict matrix, the JSON records and CSV (and the HTML
 pages) are renderers of these. A ``CaseView`` round-trips through its JSON record, which is how results
 cross from pytest-xdist workers to the controller without loss. Fields added after version 1 of the
-record (``setup``, ``steps``, ``heat``, a mismatch's ``holder`` and ``found_in``) have defaults, so a
-results file written before them still reads; ``clean_rerun``, which such a file only shows in the run's
-name, is derived from that name at reading, in ``CaseView.from_record`` only.
+record (``setup``, ``steps``, ``heat``, a mismatch's ``holder`` and ``found_in``, an error's ``frames``, a
+forward's ``graph``) have defaults, so a results file written before them still reads; ``clean_rerun``,
+which such a file only shows in the run's name, is derived from that name at reading, in
+``CaseView.from_record`` only.
 """
 
 from __future__ import annotations
@@ -37,10 +38,21 @@ class MismatchView:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class FrameView:
+    file: str
+    """relative to the working directory when inside it"""
+    line: int
+    function: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ErrorView:
     type: str
     message: str
     step: int | None
+    frames: tuple[FrameView, ...] = ()
+    """where it was raised in the design's, backend's or runner's code, outermost first, the innermost frame
+    always kept (records written before frames were kept have none)"""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -104,6 +116,8 @@ class ForwardView:
     bucket: int | None
     captured: bool
     """replayed right after an on-demand capture"""
+    graph: str | None = None
+    """the replayed graph's label (``decode bs=4``), as the input audit's findings name it"""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -223,7 +237,7 @@ class CaseView:
         data["classes"] = tuple((str(k), int(n)) for k, n in data["classes"])
         data["first"] = _mismatch(data["first"])
         data["details"] = tuple(_mismatch(m) for m in data["details"])
-        data["error"] = ErrorView(**data["error"]) if data["error"] else None
+        data["error"] = _error(data["error"]) if data["error"] else None
         if data["graph"]:
             g = dict(data["graph"])
             g["findings"] = tuple(FindingView(**{**f, "shape": tuple(f["shape"])}) for f in g["findings"])
@@ -250,6 +264,11 @@ def _step(record: dict[str, Any]) -> StepView:
         evicted=tuple((str(rid), int(pos)) for rid, pos in record["evicted"]),
         finished=tuple(record["finished"]), aborted=tuple(record["aborted"]),
     )
+
+
+def _error(record: dict[str, Any]) -> ErrorView:
+    frames = tuple(FrameView(**f) for f in record.get("frames") or ())
+    return ErrorView(**{**record, "frames": frames})
 
 
 def _mismatch(record: dict[str, Any] | None) -> MismatchView | None:

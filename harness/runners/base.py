@@ -85,7 +85,8 @@ class GraphLog:
                  captured: bool = False) -> None:
         self.replays += 1
         self.padded_replays += bucket > rows
-        self.forwards.append(ForwardRecord(path=ForwardPath.REPLAY, rows=rows, bucket=bucket, captured=captured))
+        self.forwards.append(ForwardRecord(path=ForwardPath.REPLAY, rows=rows, bucket=bucket, captured=captured,
+                                           graph=graph.label))
         if not stale:
             return
         inputs = {i.path: i for i in graph.audit.inputs if i.path}

@@ -60,6 +60,8 @@ class ForwardRecord:
     """the replayed graph's bucket, in the same unit as ``rows``; None when not replayed"""
     captured: bool = False
     """the graph was captured for this forward (on-demand capture) rather than at startup"""
+    graph: str | None = None
+    """the replayed graph's label, as ``AuditFinding.graph`` names it: which findings bear on this forward"""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -17,7 +17,8 @@ EVIL_RID = "r<b>\"'"
 
 def hostile(view: CaseView, *, design: str | None = None) -> CaseView:
     """``view`` with hostile strings in its scenario name, path, description, why, tags, design, owners and
-    holders, mismatch details, error message, audit findings and reproduce lines."""
+    holders, mismatch details, error message and frames, audit findings (and the graphs forwards replayed) and
+reproduce lines."""
     rec = json.loads(json.dumps(view.to_record()))
     design = design or rec["design"]
     rec["scenario"] = EVIL_NAME
@@ -36,6 +37,8 @@ def hostile(view: CaseView, *, design: str | None = None) -> CaseView:
         m["holder"] = f"{EVIL_RID}@0"
     if rec["error"]:
         rec["error"]["message"] = rec["error"]["type"] = EVIL
+        for frame in rec["error"]["frames"]:
+            frame["file"] = frame["function"] = EVIL
     if rec["graph"]:
         for f in rec["graph"]["findings"]:
             f["path"] = f["graph"] = f["captured"] = f["now"] = EVIL
@@ -44,6 +47,8 @@ def hostile(view: CaseView, *, design: str | None = None) -> CaseView:
         return EVIL_RID if r == rid else r
 
     for step in rec["steps"]:
+        for forward in step["forwards"]:
+            forward["graph"] = EVIL if forward["graph"] else None  # as the findings' graphs: the cause is shown too
         step["tokens"] = [[ren(r), n] for r, n in step["tokens"]]
         step["evicted"] = [[ren(r), p] for r, p in step["evicted"]]
         step["finished"] = [ren(r) for r in step["finished"]]

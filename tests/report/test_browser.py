@@ -3,8 +3,8 @@
 One browser for the module (``harness.report.browser``: a pipe, no port), pages from a real small run of
 the sample scenarios. Each page must load with no console error, no uncaught exception and no request
 but the file itself; the index's filter must hide what it filters out; a diverging scenario's page must
-show its heatmaps, slot maps and first-divergence sentence; and a report made of hostile strings must run
-none of them. Skipped, with the reason, where no Chromium is installed (``make chromium`` installs it).
+show its heatmaps, slot maps and first-divergence sentence, and link that divergence to the audit finding
+that explains it; and a report made of hostile strings must run none of them. Skipped, with the reason, where no Chromium is installed (``make chromium`` installs it).
 """
 
 from __future__ import annotations
@@ -13,12 +13,16 @@ from pathlib import Path
 
 import pytest
 
+from harness.check.case import cases
+from harness.check.matrix import run_case
 from harness.report.browser import Chromium, find_chromium
+from harness.report.build import case_view
 from harness.report.html import write_report
 from harness.report.slots import first_divergence_sentence
+from harness.scenario import load_scenario
 
 from ._hostile import hostile
-from ._samples import many_unexpected, pick
+from ._samples import SAMPLES, many_unexpected, pick
 
 pytestmark = pytest.mark.slow  # a headless Chromium per module: seconds
 
@@ -164,5 +168,23 @@ def test_a_report_of_many_unexpected_runs_keeps_the_matrix_in_view_and_pages_the
     page.evaluate("document.getElementById('all-unexpected').click()")
     assert len(visible_rows(page, "tr[data-run]")) == 40 and page.evaluate(
         "document.getElementById('f-design').value") == ""
+    assert page.problems() == []
+    page.close()
+
+
+def test_the_first_divergence_links_to_the_audit_finding_that_explains_it(browser, tmp_path, monkeypatch):
+    # one run of a planted design (a second): its decode graph replays SWA locations frozen at capture
+    monkeypatch.syspath_prepend(str(SAMPLES))
+    scenario = load_scenario(SAMPLES / "tiny_planted.toml")
+    case = next(c for c in cases(scenario) if c.design.endswith(":frozen_translation"))
+    write_report(tmp_path, [case_view(run_case(case))], environment=ENV)
+    page = browser.open(tmp_path / "scenarios" / "tiny_planted.html")
+    assert page.problems() == []
+    page.evaluate("document.querySelector('[data-first-divergence] a[data-cause-link]').click()")
+    target = page.evaluate("""(() => { const t = document.querySelector(':target'); const r = t.getBoundingClientRect();
+        return [t.tagName, t.dataset.finding, 'explains' in t.dataset, r.top >= 0 && r.bottom <= innerHeight]; })()""")
+    assert target == ["TR", "stale", True, True]  # the finding's row of the input audit, scrolled into view
+    beside = page.evaluate("document.querySelector('[data-first-divergence] + [data-cause]').textContent")
+    assert "pool._frozen_swa_loc" in beside
     assert page.problems() == []
     page.close()

@@ -7,6 +7,7 @@ the files and the page view models, and need nothing but Python.
 from __future__ import annotations
 
 import dataclasses
+import html
 import json
 import os
 import re
@@ -188,12 +189,20 @@ def test_diverging_scenario_page_states_where_and_draws_the_pictures(report, sam
         assert f'<span class="label">{label}</span>' in page
 
 
-def test_error_page_states_the_error_at_its_step(report, sample_views):
+def test_error_page_states_the_error_at_its_step_and_where_the_backend_raised_it(report, sample_views):
     page = _text(report / "scenarios" / "tiny_stale_error.html")
     view = pick(sample_views, ERROR)
     assert view.verdict == "error" and view.error.step == 1
     assert f"step 1: {view.error.type}: " in page
     assert '<span class="label">error</span>' in page
+    # a built-in design's wrong SWA locations fail in the pool's write, reached through the backend: the
+    # runner's and backend's frames and the raising one, none of the driver's or the scheduler's
+    frames = [f"{f.file}:{f.line} in {f.function}" for f in view.error.frames]
+    assert frames[-1].startswith("harness/serving/pool.py:") and frames[-1].endswith(" in set_kv_buffer")
+    assert any(f.startswith("harness/backends/") and f.endswith(" in write_kv") for f in frames)
+    assert all(f.startswith(("harness/backends/", "harness/runners/")) for f in frames[:-1]), frames
+    listed = page.split("data-frames>", 1)[1].split("</div>", 1)[0]
+    assert [html.unescape(f) for f in re.findall(r"<code>([^<]*)</code>", listed)] == frames
 
 
 def test_first_divergence_sentence_names_owner_and_holder():

@@ -1,0 +1,105 @@
+"""Where an exception that ended a run was raised, in the code a user can act on.
+
+``KeyError: 4`` alone does not say which line of a design raised it. A run's traceback passes through the
+harness's own machinery (the driver, the scheduler, the graph engine, the serving stack) before it reaches
+the code under test; those frames are the same in every run and say nothing about the bug. Kept are:
+
+- when the traceback passes through code outside the harness (a third-party design, backend or runner):
+  those frames, the harness frame that called into them (where the harness handed over: which hook), and
+  the innermost frame, where the exception was raised, even when that is the harness's (a design that
+  passes the pool a bad index fails inside the pool);
+- otherwise (a built-in subject failed): the frames of the built-in designs, backends and runners
+  (``serving/designs.py``, ``backends/``, ``runners/``) and the innermost frame.
+
+Frames of the standard library and of torch never count as the user's (``nn.Module.__call__`` adds two
+frames to every module call); the innermost frame is kept wherever it is.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sysconfig
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+
+FRAMES_KEPT = 16
+"""the innermost frames kept of a deep traceback (a design recursing without end raises after ~1000)"""
+
+_HARNESS = Path(__file__).resolve().parents[1]
+_SUBJECT_HOMES = (_HARNESS / "backends", _HARNESS / "runners", _HARNESS / "serving" / "designs.py")
+"""where the built-in designs, backends and runners live: code under test inside the harness package"""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ErrorFrame:
+    """One frame of the traceback: the file, the line number in it, the function."""
+
+    file: str
+    line: int
+    function: str
+
+
+def subject_frames(tb: TracebackType | None) -> tuple[ErrorFrame, ...]:
+    """The frames of ``tb`` a user needs (the module's rules), outermost first."""
+    summary = traceback.extract_tb(tb)
+    if not summary:
+        return ()
+    places = [_place(f.filename) for f in summary]
+    innermost = len(summary) - 1
+    if "user" in places:
+        caller = places.index("user") - 1  # the harness frame that called the user's code
+        keep = {i for i, p in enumerate(places) if p == "user"} | {caller, innermost}
+    else:
+        keep = {i for i, p in enumerate(places) if p == "built-in subject"} | {innermost}
+    frames = [ErrorFrame(file=f.filename, line=f.lineno or 0, function=f.name)
+              for i, f in enumerate(summary) if i in keep]
+    return tuple(frames[-FRAMES_KEPT:])
+
+
+def _place(filename: str) -> str:
+    """"user" (code outside the harness and the libraries), "built-in subject", "harness" or "library\""""
+    path = _resolved(filename)
+    if path is None:
+        return "user"  # ``<string>``: code a design compiled itself
+    if _is_within(path, _HARNESS):
+        return "built-in subject" if any(_is_within(path, home) for home in _SUBJECT_HOMES) else "harness"
+    return "library" if _in_library(path) else "user"
+
+
+def _resolved(filename: str) -> Path | None:
+    if filename.startswith("<") and filename.endswith(">"):
+        return None
+    try:
+        return Path(filename).resolve()
+    except OSError:
+        return None
+
+
+def _is_within(path: Path, home: Path) -> bool:
+    return path == home or home in path.parents
+
+
+def _library_dirs() -> tuple[tuple[Path, ...], tuple[Path, ...]]:
+    """(the standard library's and torch's folders, the folders third-party packages install into)"""
+    paths = sysconfig.get_paths()
+    libraries = {Path(paths[k]).resolve() for k in ("stdlib", "platstdlib") if k in paths}
+    torch = importlib.util.find_spec("torch")  # found, not imported
+    if torch is not None and torch.origin:
+        libraries.add(Path(torch.origin).resolve().parent)
+    installed = {Path(paths[k]).resolve() for k in ("purelib", "platlib") if k in paths}
+    return tuple(libraries), tuple(installed)
+
+
+_LIBRARIES, _INSTALLED = _library_dirs()
+
+
+def _in_library(path: Path) -> bool:
+    if any(_is_within(path, d) for d in _LIBRARIES if d.name == "torch"):
+        return True
+    # site-packages can sit inside the standard library's folder (a venv, a system Python): what is installed
+    # there, a third-party design's package among it, is not the standard library
+    if any(_is_within(path, d) for d in _INSTALLED):
+        return False
+    return any(_is_within(path, d) for d in _LIBRARIES)
