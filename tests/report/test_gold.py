@@ -1,7 +1,8 @@
 """Gold tests: the terminal failure block and the JSON record of real runs, paths and timings scrubbed.
 
 A change to what a reviewer reads shows up here as a diff. Regenerate on purpose with
-``HARNESS_UPDATE_GOLD=1 pytest tests/report`` and review the diff of ``tests/report/gold/``.
+``HARNESS_UPDATE_GOLD=1 pytest tests/report`` and review the diff of ``tests/report/gold/`` (the README shows
+pad_tail_failure_block.txt as it is: copy it there too).
 """
 
 from __future__ import annotations
@@ -53,6 +54,15 @@ def test_failure_block_of_a_padded_decode_graph_overwriting_live_swa_kv():
     # pretend the scenario expected a match, as it would if PR 24743's bug came back in a "fixed" runner
     block = failure_block(CaseView.from_record({**view.to_record(), "expected": "match"}))
     _check("pad_tail_failure_block.txt", _scrub(block) + "\n")
+
+
+def test_the_readme_shows_the_failure_block_a_run_prints():
+    # "Reading a failure" is the gold block itself, so neither can drift from what a run prints
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme[readme.index("### Reading a failure"):]
+    shown = section[section.index("```\n") + 4:]
+    shown = shown[:shown.index("```\n")]
+    assert shown == (GOLD / "pad_tail_failure_block.txt").read_text()
 
 
 def test_json_record_of_a_window_fault_run():
