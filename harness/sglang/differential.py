@@ -47,6 +47,12 @@ DIFFERENCES: dict[str, str] = {
                                 "first. The miniature frees the row in one call, in position order, so its "
                                 "first page is reused first. Not on purpose: the miniature side frees in "
                                 "SGLang's two calls here (_TwoSegmentFree) until the miniature does",
+    "interval in chunked prefill": "SGLang's maybe_evict_swa frees an extend batch's requests (without prefix "
+                                   "sharing) at an interval of 1: SGLANG_SWA_EVICTION_INTERVAL gates decode "
+                                   "batches only. The miniature's sglang policy waits for the interval in "
+                                   "chunked prefill too, so it frees later there. Not on purpose; no library "
+                                   "timeline chunks a prompt past the window under an interval above 1, so the "
+                                   "traces agree, and the frontier test names the case",
 }
 
 
