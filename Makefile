@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 GPU_STAMP := $(VENV)/.installed-gpu
 PYTEST_WORKERS ?= auto
 
-.PHONY: venv test test-fast test-gpu report screenshots chromium bench clean
+.PHONY: venv test test-fast test-gpu sglang-venv test-sglang report screenshots chromium bench clean
 
 venv: $(STAMP)
 
@@ -33,6 +33,30 @@ $(GPU_STAMP): $(STAMP)
 
 test-gpu: $(GPU_STAMP)
 	$(PY) -m pytest -m gpu --harness-device=cuda
+
+# The SGLang target: the installed SGLang 0.5.23 under the harness (README, "Against real SGLang"), in its own
+# virtual environment. sglang goes in without its declared dependencies (they pin a CUDA torch and FlashInfer),
+# then the packages its import chain needs, pinned by constraints/sglang.txt.
+SGLANG_VENV ?= .venv-sglang
+SGLANG_PY := $(SGLANG_VENV)/bin/python
+SGLANG_STAMP := $(SGLANG_VENV)/.installed
+SGLANG_IMPORT_DEPS := numpy orjson psutil pybase64 requests triton packaging pillow starlette msgspec pydantic \
+	pyzmq tqdm ipython aiohttp transformers dill sentencepiece compressed-tensors gguf openai partial-json-parser \
+	einops uvicorn fastapi
+
+sglang-venv: $(SGLANG_STAMP)
+
+$(SGLANG_STAMP): pyproject.toml $(CONSTRAINTS) constraints/sglang.txt
+	test -x $(SGLANG_PY) || $(PYTHON) -m venv $(SGLANG_VENV)
+	$(SGLANG_PY) -m pip install --quiet --upgrade pip
+	$(SGLANG_PY) -m pip install --quiet $(if $(CONSTRAINTS),-c $(CONSTRAINTS)) -e .
+	$(SGLANG_PY) -m pip install --quiet --no-deps -c constraints/sglang.txt sglang
+	$(SGLANG_PY) -m pip install --quiet $(if $(CONSTRAINTS),-c $(CONSTRAINTS)) -c constraints/sglang.txt $(SGLANG_IMPORT_DEPS)
+	touch $(SGLANG_STAMP)
+
+# one process: importing SGLang costs seconds per interpreter, so no xdist workers
+test-sglang: $(SGLANG_STAMP)
+	$(SGLANG_PY) -m pytest -n 0 tests/sglang
 
 # the HTML report, results.json and results.csv in reports/ (exits 1 when a verdict is unexpected; the report is
 # written all the same)
@@ -60,4 +84,4 @@ bench: $(STAMP)
 	$(PY) -m harness.bench
 
 clean:
-	rm -rf $(VENV) .bench
+	rm -rf $(VENV) $(SGLANG_VENV) .bench

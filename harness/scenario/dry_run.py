@@ -4,8 +4,8 @@ count what the timeline makes a run keep (snapshots per step, the largest forwar
 Slot assignment depends on the timeline alone (tokens are teacher-forced), so no model or backend is
 needed, and the pool is built without layers: the dry run exercises slot bookkeeping only. It recognises
 what went wrong by exception type, never by message. Loading a file never imports code it names, so a
-serving stack or eviction policy named by import path is stood in for by the miniature and the tight policy
-(which frees soonest: a pool too small under it is too small under any policy).
+serving stack or eviction policy named by import path (or a stack of an optional install) is stood in for
+by the miniature and the tight policy (which frees soonest: a pool too small under it is too small under any policy).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 from ..runspec import Problem
 from ..serving.pool import PoolExhausted
 from ..serving.eviction import EvictionSpec
-from ..serving.registry import EVICTION_POLICIES, STACKS, eviction_policy, stack_class
+from ..serving.registry import EVICTION_POLICIES, OPTIONAL_STACKS, STACKS, eviction_policy, stack_class
 from ..serving.scheduler import Scheduler, TimelineTooLong
 from ..serving.stack import StackSpec
 from .memory import timeline_memory_problems
@@ -22,7 +22,7 @@ from .spec import ScenarioSpec
 
 def dry_run(spec: ScenarioSpec) -> list[Problem]:
     """The problem that stops the timeline, if any; run it only on a spec whose ``problems()`` are empty."""
-    serving = spec.serving if spec.serving in STACKS else "miniature"
+    serving = spec.serving if spec.serving in STACKS and spec.serving not in OPTIONAL_STACKS else "miniature"
     eviction = (spec.eviction if spec.eviction.policy in EVICTION_POLICIES
                 else EvictionSpec(prefix_cache=spec.eviction.prefix_cache))
     stack = stack_class(serving).build(

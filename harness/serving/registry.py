@@ -9,7 +9,11 @@ from .stack import ServingStack
 
 STACKS: dict[str, str] = {
     "miniature": "harness.serving.miniature:MiniatureStack",
+    "sglang": "harness.sglang.stack:SGLangStack",
 }
+# stacks whose module imports an optional install (the installed SGLang): loading a scenario never imports
+# them, so the load-time dry run stands the miniature in for them
+OPTIONAL_STACKS = frozenset({"sglang"})
 
 EVICTION_POLICIES: dict[str, str] = {
     "tight": "harness.serving.eviction:TightEviction",

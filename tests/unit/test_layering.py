@@ -63,4 +63,6 @@ def test_the_miniatures_memory_layer_is_built_only_by_its_serving_stack(cls):
     for path in ROOT.rglob("*.py"):
         if path.parent.name == "serving" and path.name in ("miniature.py", "pool.py", "allocator.py"):
             continue
+        if path.parent.name == "sglang":
+            continue  # SGLang's own classes of these names (and the SGLang stack's view of their buffers)
         assert f"{cls}(" not in path.read_text(), f"{path.relative_to(ROOT.parent)} builds a {cls}"
