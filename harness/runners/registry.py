@@ -32,3 +32,16 @@ def _is_runner_class(obj: object) -> str | None:
         return "is not a class"
     missing = [m for m in ("for_run", "forward", "forward_log", "observations") if not callable(getattr(obj, m, None))]
     return f"lacks the runner contract's {', '.join(missing)}" if missing else None
+
+
+def runner_option(text: str) -> tuple[str, str]:
+    """``MODE=package.module:Class`` (``--runner``, ``--harness-runner``) as (mode, runner); ValueError saying
+    what is wrong, a runner that does not import or lacks the contract included, before anything runs."""
+    mode, sep, name = text.partition("=")
+    if not sep or mode not in tuple(Mode):
+        raise ValueError(f"expected MODE=package.module:Class, MODE one of {', '.join(map(str, Mode))}, got {text!r}")
+    try:
+        runner_class(name)
+    except KeyError as exc:
+        raise ValueError(str(exc.args[0])) from None
+    return mode, name
