@@ -180,8 +180,7 @@ def cases(
                 clean = missing or _unsupported(declared, scenario, mode, run_device, with_faults=False)
                 if design in extras:
                     if like is not None and like not in scenario.designs:
-                        why = (f"expected like {like}, which the scenario does not list: it states nothing "
-                               f"{design} should give here")
+                        why = f"the scenario lists no {like}, whose expectations an added design takes here"
                         out.append(Case(**common, unsupported=why, like=like))
                         continue
                     out.append(Case(**common, unsupported=unsupported, expected_override=fixed, like=like))

@@ -54,8 +54,7 @@ def test_like_a_design_the_scenario_does_not_list_skips_its_runs_saying_why():
     assert "forward_batch" not in scenario.designs
     added = [c for c in cases(scenario, extra_designs=[REFERENCE_BY_PATH]) if c.design == REFERENCE_BY_PATH]
     assert added and {c.unsupported for c in added} == {
-        f"expected like forward_batch, which the scenario does not list: it states nothing {REFERENCE_BY_PATH} "
-        "should give here"}
+        "the scenario lists no forward_batch, whose expectations an added design takes here"}
     like_translate = [c for c in cases(scenario, extra_designs=[REFERENCE_BY_PATH], expect="like:translate")
                       if c.design == REFERENCE_BY_PATH]
     assert [c.unsupported for c in like_translate] == [None] * len(added)
