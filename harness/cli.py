@@ -207,7 +207,7 @@ def _add_matrix_options(p: argparse.ArgumentParser) -> None:
                         "not list is added to its runs, expected to give what the scenario expects of each design")
     p.add_argument("--runner", action="append", type=_runner, metavar="MODE=package.module:Class",
                    help="run this mode with this runner instead of the built-in one, expected to give what the "
-                        "scenarios expect in that mode (repeatable, one per mode; the contract: runners/registry.py)")
+                        "scenarios expect in that mode (repeatable, one per mode; the contract: docs/design.md)")
     p.add_argument("--fault", action="append", choices=sorted(FAULTS),
                    help="only scenarios that inject this fault (repeatable)")
     p.add_argument("--no-faults", action="store_true",

@@ -1,5 +1,6 @@
 """Runners by name: how batches reach the model in each mode. One of this package is one module plus one
-line here; a third-party runner is named by ``package.module:Class`` (``RunSpec.runner``).
+line here; a third-party runner is named by ``package.module:Class`` (``RunSpec.runner``; on the command
+line ``--runner MODE=package.module:Class``, under pytest ``--harness-runner``), replacing the mode's own.
 
 The contract a runner keeps (``base.Runner``): ``forward(batch)`` returns the final hidden states of one
 forward; ``forward_log()`` says how each completed forward ran; ``observations()`` gives graph statistics
