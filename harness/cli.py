@@ -13,7 +13,8 @@ from typing import Sequence
 
 import torch
 
-from .check.case import Case, cases
+from .check.case import EXPECT_DEFAULT, Case, cases, expect_problem
+from .check.keywords import KeywordError, Keywords
 from .check.matrix import limit_threads, run_cases
 from .check.workers import Terminated, output_block, terminate_like_ctrl_c
 from .report.build import case_view
@@ -22,7 +23,8 @@ from .report.files import destination_problems
 from .report.session import ReportSession
 from .report.text import failure_blocks, printable, progress_line, run_table, table
 from .report.views import CaseView
-from .runspec import TIMEOUT_MAX_S, Mode, Outcome
+from .runners.registry import runner_option
+from .runspec import TIMEOUT_MAX_S, Mode
 from .scenario.loader import SCENARIO_ROOT_DEFAULT, ScenarioError, load_all
 from .scenario.spec import ScenarioSpec, is_import_path
 from .serving.designs import DESIGNS
@@ -33,27 +35,43 @@ def _select(args: argparse.Namespace) -> tuple[list[ScenarioSpec], list[Scenario
     specs, errors = load_all(args.paths or [SCENARIO_ROOT_DEFAULT])
     if args.fault:
         specs = [s for s in specs if set(s.faults) & set(args.fault)]
+    if args.no_faults:  # by what a scenario does, not where it lives: faults act outside scenarios/faults/ too
+        specs = [s for s in specs if not s.faults]
     return specs, errors
 
 
-def _cases(args: argparse.Namespace, specs: list[ScenarioSpec]) -> list[Case]:
+def _cases(args: argparse.Namespace, specs: list[ScenarioSpec], *, keywords: bool = True) -> list[Case]:
     extra = [d for d in args.design or () if is_import_path(d)]
     extra_backends = [b for b in args.backend or () if is_import_path(b)]
     out = []
     for spec in specs:
         out.extend(cases(spec, designs=args.design, modes=args.mode, backends=args.backend, engine=args.engine,
                          device=args.device, extra_designs=extra, expect=args.expect, extra_backends=extra_backends,
-                         timeout_s=args.timeout))
+                         runners=dict(args.runner or ()), timeout_s=args.timeout))
+    if keywords and args.keywords is not None:
+        out = [c for c in out if args.keywords.matches(_names(c))]
     return out
+
+
+def _names(case: Case) -> tuple[str, ...]:
+    """What ``-k`` matches, as pytest matches an item: its name, its tags, its file's and folder's names."""
+    path = case.scenario.path
+    return (case.name, *case.scenario.tags, path.name, path.parent.name)
 
 
 def _why_nothing(args: argparse.Namespace, specs: list[ScenarioSpec]) -> str:
     """Which filter emptied the selection, in the words of the option that did it."""
     where = " ".join(map(str, args.paths)) if args.paths else f"{SCENARIO_ROOT_DEFAULT}/"
     if not specs:
+        if args.fault and args.no_faults:
+            return "--fault keeps scenarios that inject a fault, --no-faults leaves every one of them out"
         if args.fault:
             return f"no scenario under {where} injects {' or '.join(args.fault)}"
+        if args.no_faults:
+            return f"every scenario under {where} injects a fault (--no-faults leaves them out)"
         return f"no scenario files under {where}"
+    if args.keywords is not None and _cases(args, specs, keywords=False):
+        return f"-k {args.keywords.text}: no run of the selected scenarios matches it"
     for option, values, have in (
         ("--design", args.design, {d for s in specs for d in s.designs}),
         ("--mode", args.mode, {m for s in specs for m in s.modes}),
@@ -175,19 +193,29 @@ def _print_problems(errors: list[ScenarioError]) -> None:
 
 def _add_matrix_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("paths", nargs="*", help=f"scenario files or folders (default: {SCENARIO_ROOT_DEFAULT}/)")
+    p.add_argument("-k", dest="keywords", type=_keywords, metavar="EXPR",
+                   help="only runs whose name, tags, file or folder name hold these words, joined by and, or, not "
+                        "and parentheses (pytest's -k)")
     p.add_argument("--design", action="append",
                    help=f"only this design (repeatable): {', '.join(DESIGNS)}; an import path "
                         "'package.module:function' that a scenario does not list is added to its runs")
-    p.add_argument("--expect", choices=tuple(Outcome),
-                   help="the verdict expected of designs added by import path (default: no expectation)")
+    p.add_argument("--expect", type=_expect, metavar="VERDICT|like:DESIGN",
+                   help=f"what designs added by import path should give: one verdict for every run, or like:DESIGN, "
+                        f"what each scenario expects of DESIGN in that run (default: {EXPECT_DEFAULT}); a fault "
+                        "scenario also runs them with the faults off")
     p.add_argument("--timeout", type=_positive_float, metavar="SECONDS",
                    help="each run's time limit (default: the scenario's run.timeout_s)")
     p.add_argument("--mode", action="append", choices=tuple(Mode), help="only this mode (repeatable)")
     p.add_argument("--backend", action="append",
                    help="only this backend (repeatable); an import path 'package.module:Class' that a scenario does "
                         "not list is added to its runs, expected to give what the scenario expects of each design")
+    p.add_argument("--runner", action="append", type=_runner, metavar="MODE=package.module:Class",
+                   help="run this mode with this runner instead of the built-in one, expected to give what the "
+                        "scenarios expect in that mode (repeatable, one per mode; the contract: docs/design.md)")
     p.add_argument("--fault", action="append", choices=sorted(FAULTS),
                    help="only scenarios that inject this fault (repeatable)")
+    p.add_argument("--no-faults", action="store_true",
+                   help="leave out every scenario that injects a fault (its run.faults, wherever the file is)")
     p.add_argument("--engine", choices=("tape", "cuda"), help="graph engine (default: tape on cpu, cuda on cuda)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--jobs", type=_positive_int, default=os.cpu_count() or 1,
@@ -195,6 +223,26 @@ def _add_matrix_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", metavar="FILE", help="write one JSON record per run")
     p.add_argument("--report-dir", metavar="DIR",
                    help="write the HTML report there: index.html, a page per scenario, results.json and .csv")
+
+
+def _keywords(text: str) -> Keywords:
+    try:
+        return Keywords(text)
+    except KeywordError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _expect(text: str) -> str:
+    if (problem := expect_problem(text)) is not None:
+        raise argparse.ArgumentTypeError(problem)
+    return text
+
+
+def _runner(text: str) -> tuple[str, str]:
+    try:
+        return runner_option(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _positive_int(text: str) -> int:

@@ -19,6 +19,7 @@ from .check.case import Case, cases
 from .check.oracle import certify, dense_oracle
 from .check.matrix import run_case_isolated, scenario_reference
 from .report.build import case_view
+from .runners.registry import runner_option
 from .report.session import RECORD_PROPERTY
 from .report.text import failure_block, printable
 from .report.views import CaseView
@@ -47,6 +48,16 @@ def harness_options(config: pytest.Config) -> tuple[str, str | None, float | Non
             getattr(options, "harness_timeout", None))
 
 
+def added_options(config: pytest.Config) -> dict:
+    """The ``cases`` arguments of ``--harness-design``, ``--harness-expect``, ``--harness-backend`` and
+    ``--harness-runner``: what the command line adds to every scenario, and how it is judged."""
+    options = config.option
+    return dict(extra_designs=getattr(options, "harness_design", None) or (),
+                expect=getattr(options, "harness_expect", None),
+                extra_backends=getattr(options, "harness_backend", None) or (),
+                runners=dict(runner_option(t) for t in getattr(options, "harness_runner", None) or ()))
+
+
 class ScenarioFile(pytest.File):
     def collect(self) -> Iterator[pytest.Item]:
         try:
@@ -56,7 +67,7 @@ class ScenarioFile(pytest.File):
             return
         device, engine, timeout_s = harness_options(self.config)
         seen_backends: set[str] = set()
-        for case in cases(scenario, engine=engine, device=device, timeout_s=timeout_s):
+        for case in cases(scenario, engine=engine, device=device, timeout_s=timeout_s, **added_options(self.config)):
             if case.backend not in seen_backends:
                 seen_backends.add(case.backend)
                 oracle = OracleItem.from_parent(self, name=f"{scenario.name}[oracle-{case.backend}]",

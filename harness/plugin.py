@@ -10,12 +10,14 @@ from pathlib import Path
 import pytest
 import torch
 
+from .check.case import EXPECT_DEFAULT, expect_problem
 from .check.matrix import limit_threads
 from .check.workers import terminate_like_ctrl_c
 from .collect import is_scenario_file, scenario_file
 from .report.files import destination_problems
 from .report.session import RECORD_PROPERTY, ReportSession
 from .report.text import printable
+from .runners.registry import runner_option
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -26,6 +28,17 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="graph engine for scenario runs (default: tape on cpu, cuda on cuda)")
     group.addoption("--harness-timeout", type=float, metavar="SECONDS", default=None,
                     help="each scenario run's time limit (default: the scenario's run.timeout_s)")
+    group.addoption("--harness-design", action="append", default=[], metavar="package.module:function",
+                    help="add this design to every scenario that does not list it (repeatable)")
+    group.addoption("--harness-expect", default=None, metavar="VERDICT|like:DESIGN",
+                    help="what added designs should give: one verdict for every item, or like:DESIGN, what each "
+                         f"scenario expects of DESIGN there (default: {EXPECT_DEFAULT}); a fault scenario also runs "
+                         "them with the faults off")
+    group.addoption("--harness-backend", action="append", default=[], metavar="package.module:Class",
+                    help="add this backend to every scenario that does not list it, each item expected to give what "
+                         "the scenario expects of its design (repeatable)")
+    group.addoption("--harness-runner", action="append", default=[], metavar="MODE=package.module:Class",
+                    help="run this mode with this runner instead of the built-in one (repeatable, one per mode)")
     group.addoption("--harness-json", metavar="FILE", default=None,
                     help="write one JSON record per scenario run (every xdist worker's) to FILE")
     group.addoption("--harness-report", metavar="DIR", default=None,
@@ -34,6 +47,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     limit_threads()
+    if (expect := config.getoption("harness_expect", None)) is not None and (problem := expect_problem(expect)):
+        raise pytest.UsageError(f"--harness-expect: {problem}")
+    for text in config.getoption("harness_runner", None) or ():
+        try:
+            runner_option(text)
+        except ValueError as exc:
+            raise pytest.UsageError(f"--harness-runner: {exc}") from None
     config.addinivalue_line("markers", "gpu: needs CUDA (skipped with a reason when no GPU is present)")
     config.addinivalue_line("markers", "slow: takes more than a few seconds")
     if not hasattr(config, "workerinput"):  # the xdist controller, or a plain run: where results gather

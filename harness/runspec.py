@@ -213,9 +213,10 @@ class RunSpec:
     """a runner by registered name or ``package.module:Class``; None: the mode's built-in runner"""
 
     def reference(self) -> RunSpec:
-        """The run every subject is compared against: eager, the forward_batch design, no faults."""
+        """The run every subject is compared against: eager (the built-in runner), the forward_batch design, no
+        faults."""
         return dataclasses.replace(
-            self, design=REFERENCE_DESIGN, mode=Mode.EAGER, engine=Engine.TAPE, faults=frozenset()
+            self, design=REFERENCE_DESIGN, mode=Mode.EAGER, engine=Engine.TAPE, faults=frozenset(), runner=None
         )
 
     def problems(self) -> list[Problem]:

@@ -8,17 +8,37 @@ becomes a case with every reason, skipped rather than run.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from ..backends.base import AttentionBackend
 from ..backends.registry import backend_class
-from ..runspec import TIMEOUT_DEFAULT_S, Device, Engine, RunSpec
+from ..imports import is_import_path
+from ..runspec import REFERENCE_DESIGN, TIMEOUT_DEFAULT_S, Device, Engine, Outcome, RunSpec
+from ..scenario.spec import ScenarioSpec
+from ..serving.designs import DESIGNS
+from .verdict import Verdict
 
 NO_EXPECTATION = "no expectation"
 """the expected verdict of a run nobody stated one for: whatever it gives is unexpected"""
-from ..scenario.spec import ScenarioSpec
-from .verdict import Verdict
+LIKE = "like:"
+"""``like:DESIGN``: an added design is expected to give, run by run, what the scenario expects of DESIGN"""
+EXPECT_DEFAULT = f"{LIKE}{REFERENCE_DESIGN}"
+"""what an added design is expected to give when nobody says: what the reference design gets, run by run
+(so the reference design added by import path is as expected everywhere, fault scenarios included)"""
+
+
+def expect_problem(expect: str) -> str | None:
+    """Why ``expect`` is not an expectation of added designs (an outcome or ``like:DESIGN``); None when it is."""
+    if expect in tuple(Outcome):
+        return None
+    design = expect[len(LIKE):] if expect.startswith(LIKE) else None
+    if design is not None and (design in DESIGNS or is_import_path(design)):
+        return None
+    if design is not None:
+        return f"like:{design}: unknown design; known: {', '.join(DESIGNS)}, or an import path 'package.module:function'"
+    return (f"expected one of {', '.join(map(str, Outcome))}, or {LIKE}DESIGN (what the scenario expects of "
+            f"DESIGN there), got {expect!r}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -37,12 +57,17 @@ class Case:
     """the run's time limit (the scenario's ``run.timeout_s`` unless overridden)"""
     expected_override: str | None = None
     """the expected verdict of a design the scenario does not list (``harness run --design ... --expect``)"""
+    like: str | None = None
+    """a listed design whose expectations this added design takes (``--expect like:DESIGN``)"""
+    runner: str | None = None
+    """the runner of this mode named by import path (``--runner MODE=package.module:Class``); None: built-in"""
 
     @property
     def name(self) -> str:
         """``scenario[design-mode-backend]``, the pytest item name; ``-nofault`` marks a clean rerun."""
         suffix = "" if self.with_faults or not self.scenario.faults else "-nofault"
-        return f"{self.scenario.name}[{self.design}-{self.mode}-{self.backend}{suffix}]"
+        mode = self.mode if self.runner is None else f"{self.mode}={self.runner}"
+        return f"{self.scenario.name}[{self.design}-{mode}-{self.backend}{suffix}]"
 
     @property
     def listed(self) -> bool:
@@ -51,18 +76,28 @@ class Case:
 
     @property
     def expected(self) -> str:
-        if not self.listed:
+        judged_as = self._judged_as
+        if judged_as is None:
             return self.expected_override or NO_EXPECTATION
-        exp = self.scenario.expectation(self.design).expected(mode=self.mode, backend=self.backend,
-                                                               with_faults=self.with_faults)
+        exp = self.scenario.expectation(judged_as).expected(mode=self.mode, backend=self.backend,
+                                                            with_faults=self.with_faults)
         assert exp is not None, "cases() makes clean reruns only where a without_faults expectation exists"
         return exp
 
     @property
     def why(self) -> str:
-        if not self.listed:
+        judged_as = self._judged_as
+        if judged_as is None:
             return "a design the scenario does not list, added on the command line"
-        return self.scenario.expectation(self.design).why_for(self.backend)
+        why = self.scenario.expectation(judged_as).why_for(self.backend)
+        return why if self.listed else f"expected like {judged_as}, which the scenario lists: {why}"
+
+    @property
+    def _judged_as(self) -> str | None:
+        """The listed design whose expectation this case takes (its own, or ``like``'s); None: a fixed one."""
+        if self.listed:
+            return self.design
+        return self.like if self.like in self.scenario.designs else None
 
     @property
     def faults(self) -> frozenset[str]:
@@ -71,7 +106,7 @@ class Case:
     def run_spec(self) -> RunSpec:
         return self.scenario.run_spec(
             design=self.design, mode=self.mode, backend=self.backend, engine=self.engine, device=self.device,
-            with_faults=self.with_faults,
+            with_faults=self.with_faults, runner=self.runner,
         )
 
 
@@ -96,19 +131,28 @@ def cases(
     extra_designs: Iterable[str] = (),
     expect: str | None = None,
     extra_backends: Iterable[str] = (),
+    runners: Mapping[str, str] | None = None,
     timeout_s: float | None = None,
 ) -> list[Case]:
     """Every case of one scenario that the filters keep, clean reruns of fault scenarios included.
 
     ``engine`` None picks each case's default: ``cuda`` for a case on a CUDA device, else ``tape``.
-    ``extra_designs`` the scenario does not list run too, expected to give ``expect`` (no expectation when
-    None). ``extra_backends`` it does not list run every design too, each expected to give what the
-    scenario expects of the design (its ``by_backend`` entry for that name, if any). ``timeout_s`` overrides
-    the scenario's time limit.
+    ``extra_designs`` the scenario does not list run too, judged by ``expect`` (``EXPECT_DEFAULT`` when
+    None): ``like:DESIGN`` expects of each run what the scenario expects of DESIGN in that mode, backend and
+    fault setting (a scenario that does not list DESIGN skips them, saying so), an outcome expects it of
+    every run; either way a fault scenario also runs them with the faults off, as it runs DESIGN (or, for an
+    outcome, always). ``extra_backends`` it does not list run every design too, each expected to give what
+    the scenario expects of the design (its ``by_backend`` entry for that name, if any). ``runners`` maps a
+    mode to the runner (by import path) that replaces the built-in one in that mode. ``timeout_s``
+    overrides the scenario's time limit.
     """
+    expect = EXPECT_DEFAULT if expect is None else expect
+    like = expect[len(LIKE):] if expect.startswith(LIKE) else None
+    fixed = None if like is not None else expect
     keep_designs = set(designs) if designs else None
     keep_modes = set(modes) if modes else None
     keep_backends = set(backends) if backends else None
+    runners = dict(runners or {})
     added = [b for b in dict.fromkeys(extra_backends) if b not in scenario.backends]
     out = []
     for backend in (*scenario.backends, *added):
@@ -122,7 +166,7 @@ def cases(
             # a backend that cannot run on the requested device runs on one it declares (marked gpu if CUDA)
             missing, run_device = None, device if device in declared.devices else sorted(declared.devices)[0]
         run_engine = engine or (Engine.CUDA if run_device == Device.CUDA else Engine.TAPE)
-        extras = [d for d in extra_designs if d not in scenario.designs]
+        extras = [d for d in dict.fromkeys(extra_designs) if d not in scenario.designs]
         for design in (*scenario.designs, *extras):
             if keep_designs is not None and design not in keep_designs and design not in extras:
                 continue
@@ -130,15 +174,25 @@ def cases(
                 if keep_modes is not None and mode not in keep_modes:
                     continue
                 common = dict(scenario=scenario, design=design, mode=mode, backend=backend, engine=run_engine,
-                              device=run_device, timeout_s=timeout_s if timeout_s is not None else scenario.timeout_s)
+                              device=run_device, timeout_s=timeout_s if timeout_s is not None else scenario.timeout_s,
+                              runner=runners.get(mode))
                 unsupported = missing or _unsupported(declared, scenario, mode, run_device, with_faults=True)
+                clean = missing or _unsupported(declared, scenario, mode, run_device, with_faults=False)
                 if design in extras:
-                    out.append(Case(**common, unsupported=unsupported, expected_override=expect))
+                    if like is not None and like not in scenario.designs:
+                        why = f"the scenario lists no {like}, whose expectations an added design takes here"
+                        out.append(Case(**common, unsupported=why, like=like))
+                        continue
+                    out.append(Case(**common, unsupported=unsupported, expected_override=fixed, like=like))
+                    rerun = like is None or scenario.expectation(like).expected(
+                        mode=mode, backend=backend, with_faults=False) is not None
+                    if scenario.faults and rerun:
+                        out.append(Case(**common, unsupported=clean, expected_override=fixed, like=like,
+                                        with_faults=False))
                     continue
                 out.append(Case(**common, unsupported=unsupported))
                 exp = scenario.expectation(design)
                 if scenario.faults and exp.expected(mode=mode, backend=backend, with_faults=False) is not None:
-                    clean = missing or _unsupported(declared, scenario, mode, run_device, with_faults=False)
                     out.append(Case(**common, unsupported=clean, with_faults=False))
     return out
 

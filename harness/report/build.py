@@ -2,14 +2,20 @@
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import shlex
+import site
+import sysconfig
 from pathlib import Path
 
-from ..check.case import Case, CaseResult
+from ..check.case import LIKE, Case, CaseResult
 from ..check.diff import KVMismatch
 from ..check.result import RunError, StepRecord
 from ..check.verdict import MismatchCount
+from ..imports import is_import_path
 from ..runners.observations import GraphObservations
+from ..runspec import Device, Engine
 from ..scenario.spec import ScenarioSpec
 from .views import (
     CaseView,
@@ -81,12 +87,74 @@ def _heat(c: MismatchCount) -> HeatView:
 
 
 def reproduce(case: Case) -> tuple[str, str]:
-    """Shell command lines that rerun one case, quoted so that any scenario path pastes safely."""
+    """Shell command lines that rerun one case, quoted so that any scenario path pastes safely.
+
+    They carry what the case was made with: a design or backend the scenario does not list and the
+    expectation it was judged by, a runner named by import path, a CUDA device, and (before the command) the
+    ``PYTHONPATH`` folders the modules it names by import path were found in.
+    """
     path = _display_path(case.scenario.path)
-    pytest_cmd = shlex.join(["pytest", f"{path}::{case.name}"])
-    cli_cmd = shlex.join(["python", "-m", "harness", "run", path, "--design", case.design, "--mode", str(case.mode),
-                          "--backend", case.backend, "--engine", str(case.engine)])
-    return pytest_cmd, cli_cmd
+    added_design = not case.listed
+    expect = f"{LIKE}{case.like}" if case.like is not None else case.expected_override
+    pytest_args = ["pytest", f"{path}::{case.name}"]
+    cli_args = ["python", "-m", "harness", "run", path, "--design", case.design, "--mode", str(case.mode),
+                "--backend", case.backend, "--engine", str(case.engine)]
+    if added_design:
+        pytest_args += ["--harness-design", case.design]
+        if expect is not None:
+            pytest_args += ["--harness-expect", expect]
+            cli_args += ["--expect", expect]
+    if case.backend not in case.scenario.backends:
+        pytest_args += ["--harness-backend", case.backend]
+    if case.runner is not None:
+        pytest_args += ["--harness-runner", f"{case.mode}={case.runner}"]
+        cli_args += ["--runner", f"{case.mode}={case.runner}"]
+    if case.device == Device.CUDA:
+        pytest_args += ["--harness-device", str(case.device)]
+        cli_args += ["--device", str(case.device)]
+    if case.engine != (Engine.CUDA if case.device == Device.CUDA else Engine.TAPE):
+        pytest_args += ["--harness-engine", str(case.engine)]
+    folders = dict.fromkeys(f for name in (case.design, case.backend, case.runner or "")
+                            if (f := _import_folder(name)) is not None)
+    prefix = ""
+    if folders:
+        prefix = "PYTHONPATH=" + ":".join(map(shlex.quote, folders)) + '"${PYTHONPATH:+:$PYTHONPATH}" '
+    return prefix + shlex.join(pytest_args), prefix + shlex.join(cli_args)
+
+
+@functools.lru_cache(maxsize=256)
+def _import_folder(name: str) -> str | None:
+    """The folder to put on ``PYTHONPATH`` for the module an import path names (shown like a scenario path);
+    None for a registered name, a module Python finds anyway (the harness's, installed ones) or none found."""
+    if not is_import_path(name):
+        return None
+    top = name.partition(":")[0].split(".")[0]
+    try:
+        spec = importlib.util.find_spec(top)  # a top-level name: found on sys.path, nothing imported
+    except (ImportError, ValueError):
+        return None
+    if spec is None:
+        return None
+    if spec.origin and spec.origin not in ("built-in", "frozen", "namespace"):
+        origin = Path(spec.origin)
+        folder = origin.parent.parent if origin.name == "__init__.py" else origin.parent
+    elif spec.submodule_search_locations:
+        folder = Path(next(iter(spec.submodule_search_locations))).parent
+    else:
+        return None
+    if folder.resolve() in _found_anyway():
+        return None
+    return _display_path(folder)
+
+
+@functools.lru_cache(maxsize=1)
+def _found_anyway() -> frozenset[Path]:
+    """Folders every Python of this environment searches: site-packages, the standard library, and the one
+    holding the harness (which a reproduce line needs importable in any case)."""
+    folders = [*site.getsitepackages(), site.getusersitepackages(),
+               *(sysconfig.get_paths()[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")),
+               Path(__file__).resolve().parents[2]]
+    return frozenset(Path(f).resolve() for f in folders)
 
 
 def _error(error: RunError) -> ErrorView:

@@ -1,12 +1,14 @@
 """``results.json``: one record per case (``CaseView.to_record``) inside a versioned document.
 
 Document fields: ``version`` (of this schema), ``complete`` (false when the run was interrupted),
-``environment`` (harness, torch and flashinfer versions, Python), ``duration_s`` and ``records``. Records
+``environment`` (harness, torch and flashinfer versions, Python), ``duration_s``, ``totals`` (as expected,
+unexpected and skipped, apart for ``clean`` runs and runs under ``injected_faults``) and ``records``. Records
 hold no timestamps and no memory addresses, so two runs of the same inputs give equal records.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import platform
 from collections.abc import Sequence
@@ -16,7 +18,7 @@ from typing import Any
 
 from .files import write_atomic
 from .results_schema import ResultsFileError, read_document
-from .views import RECORD_VERSION, CaseView
+from .views import RECORD_VERSION, CaseView, fault_split
 
 
 def environment() -> dict[str, str]:
@@ -36,6 +38,8 @@ def results_document(views: Sequence[CaseView], *, complete: bool = True, durati
         "complete": complete,
         "environment": environment(),
         "duration_s": None if duration_s is None else round(duration_s, 1),
+        # a design's own bugs show in "clean"; under "injected_faults" the library breaks the run on purpose
+        "totals": {key: dataclasses.asdict(t) for key, t in fault_split(views).items()},
         "records": [v.to_record() for v in views],
     }
 

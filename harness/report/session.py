@@ -17,7 +17,7 @@ from pathlib import Path
 from .html import now_label, write_report
 from .matrix import matrix_text
 from .records import write_results
-from .text import totals_line
+from .text import fault_split_line, totals_line
 from .views import CaseView
 
 RECORD_PROPERTY = "harness_case"
@@ -83,7 +83,9 @@ class ReportSession:
         if not self._asked_for_runs:
             return []
         matrix = matrix_text(self.ordered())
-        return [*([matrix, ""] if matrix else []), totals_line(self.views, len(self.load_errors))]
+        split = fault_split_line(self.views)
+        return [*([matrix, ""] if matrix else []), totals_line(self.views, len(self.load_errors)),
+                *([split] if split is not None else [])]
 
     def ordered(self) -> list[CaseView]:
         """The views in the plan's order; without a plan (pytest-xdist workers finish in any order), by

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from .cause import first_divergence_cause
-from .views import CaseView, ErrorView, FindingView, GraphView, MismatchView
+from .views import CaseView, ErrorView, FindingView, GraphView, MismatchView, Tally, fault_split
 
 
 def printable(text: object, *, keep_newlines: bool = False) -> str:
@@ -139,8 +139,21 @@ def totals_line(views: Sequence[CaseView], load_errors: int = 0) -> str:
     ran = len(views) - skipped
     line = f"{ran - bad} as expected, {bad} unexpected"
     if skipped:
-        line += f", {skipped} skipped (backend cannot run them)"
+        line += f", {skipped} skipped (the table says why)"
     return line + f", {load_errors} scenario files failed to load"
+
+
+def fault_split_line(views: Sequence[CaseView]) -> str | None:
+    """The totals apart: runs with no fault injected (a design's own bugs show here) and runs under the
+    library's injected faults; None when no run injects one."""
+    if not any(v.faults for v in views):
+        return None
+    split = fault_split(views)
+    clean, faulted = split["clean"], split["injected_faults"]
+
+    def part(t: Tally) -> str:
+        return f"{t.as_expected} as expected, {t.unexpected} unexpected" + (f", {t.skipped} skipped" if t.skipped else "")
+    return f"clean runs (no fault injected): {part(clean)}; under the library's injected faults: {part(faulted)}"
 
 
 def progress_line(done: int, total: int, view: CaseView) -> str:

@@ -12,6 +12,7 @@ which such a file only shows in the run's name, is derived from that name at rea
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -273,3 +274,24 @@ def _error(record: dict[str, Any]) -> ErrorView:
 
 def _mismatch(record: dict[str, Any] | None) -> MismatchView | None:
     return MismatchView(**record) if record else None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Tally:
+    """How a set of runs went against their expectations."""
+
+    as_expected: int
+    unexpected: int
+    skipped: int
+
+
+def fault_split(views: Sequence[CaseView]) -> dict[str, Tally]:
+    """The runs apart by whether the library injected a fault into them: ``clean`` (scenarios without faults,
+    and fault scenarios rerun with the faults off) and ``injected_faults``. A design's own bug shows in
+    ``clean``; under an injected fault every design may diverge, as the scenario's expectations say."""
+    out = {}
+    for key, part in (("clean", [v for v in views if not v.faults]), ("injected_faults", [v for v in views if v.faults])):
+        skipped = sum(v.skip_reason is not None for v in part)
+        unexpected = sum(not v.ok for v in part)
+        out[key] = Tally(as_expected=len(part) - skipped - unexpected, unexpected=unexpected, skipped=skipped)
+    return out

@@ -1,5 +1,6 @@
 """Runners by name: how batches reach the model in each mode. One of this package is one module plus one
-line here; a third-party runner is named by ``package.module:Class`` (``RunSpec.runner``).
+line here; a third-party runner is named by ``package.module:Class`` (``RunSpec.runner``; on the command
+line ``--runner MODE=package.module:Class``, under pytest ``--harness-runner``), replacing the mode's own.
 
 The contract a runner keeps (``base.Runner``): ``forward(batch)`` returns the final hidden states of one
 forward; ``forward_log()`` says how each completed forward ran; ``observations()`` gives graph statistics
@@ -32,3 +33,16 @@ def _is_runner_class(obj: object) -> str | None:
         return "is not a class"
     missing = [m for m in ("for_run", "forward", "forward_log", "observations") if not callable(getattr(obj, m, None))]
     return f"lacks the runner contract's {', '.join(missing)}" if missing else None
+
+
+def runner_option(text: str) -> tuple[str, str]:
+    """``MODE=package.module:Class`` (``--runner``, ``--harness-runner``) as (mode, runner); ValueError saying
+    what is wrong, a runner that does not import or lacks the contract included, before anything runs."""
+    mode, sep, name = text.partition("=")
+    if not sep or mode not in tuple(Mode):
+        raise ValueError(f"expected MODE=package.module:Class, MODE one of {', '.join(map(str, Mode))}, got {text!r}")
+    try:
+        runner_class(name)
+    except KeyError as exc:
+        raise ValueError(str(exc.args[0])) from None
+    return mode, name

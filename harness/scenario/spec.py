@@ -150,8 +150,10 @@ class ScenarioSpec:
         engine: str = Engine.TAPE,
         device: str = Device.CPU,
         with_faults: bool = True,
+        runner: str | None = None,
     ) -> RunSpec:
-        """The subject run of one (design, mode, backend) cell; ``with_faults=False`` gives its fault-free twin.
+        """The subject run of one (design, mode, backend) cell; ``with_faults=False`` gives its fault-free twin;
+        ``runner`` names one that replaces the mode's built-in runner.
 
         The mode must be among the scenario's (its buckets and faults are chosen for those). The design and
         backend are not restricted: trying another design or backend over a scenario is a valid cross-check,
@@ -163,7 +165,7 @@ class ScenarioSpec:
             model=self.model, pool=self.pool, timeline=self.timeline, design=design, mode=Mode(mode),
             backend=backend, engine=Engine(engine), faults=frozenset(self.faults) if with_faults else frozenset(),
             kv_write=self.kv_write, graphs=self.graphs, device=Device(device), serving=self.serving,
-            eviction=self.eviction,
+            eviction=self.eviction, runner=runner,
         )
 
     def problems(self) -> list[Problem]:

@@ -56,13 +56,20 @@ def test_json_destination_is_checked_before_anything_runs(cli_dir, capsys, write
 
 
 def test_a_design_named_by_import_path_is_added_to_every_scenario(cli_dir, capsys, write_scenario):
-    write_scenario(cli_dir, "tiny_match")
+    write_scenario(cli_dir, "tiny_match", replace={'[expect.stale_state]\nverdict = "match"':
+                                                   '[expect.stale_state]\nverdict = "diverge"'})
     code, out, _ = run_cli(capsys, "run", "--jobs", "1", "--mode", "eager", "--design", "harness.serving.designs:translate",
                            "--json", "r.json")
     records = json.loads(Path("r.json").read_text())["records"]
+    # without --expect: what the scenario expects of the reference design in the same run
     assert [(r["design"], r["expected"], r["verdict"]) for r in records] == [
-        ("harness.serving.designs:translate", "no expectation", "match")]
-    assert code == 1  # nobody stated what it should give: shown, and not counted as expected
+        ("harness.serving.designs:translate", "match", "match")]
+    assert records[0]["why"] == ("expected like forward_batch, which the scenario lists: reads the batch's own "
+                                 "out_cache_loc_swa")
+    assert code == 0
+    code, _, _ = run_cli(capsys, "run", "--jobs", "1", "--mode", "eager", "--design", "harness.serving.designs:translate",
+                         "--expect", "like:stale_state")
+    assert code == 1  # the (edited) scenario expects stale_state to diverge; translate matches
     code, _, _ = run_cli(capsys, "run", "--jobs", "1", "--mode", "eager", "--design", "harness.serving.designs:translate",
                          "--expect", "match")
     assert code == 0
