@@ -4,11 +4,16 @@ import pytest
 import torch
 
 from harness.check import hashjoin
-from harness.check.diff import diff_runs
+from harness.check.diff import diff_runs as diff_snapshots
 from harness.check.rules import RULES, Finding, Rule, fixed
-from harness.check.snapshot import KVSnapshot
+from harness.check.snapshot import WholeStep, snapshots_of
 from harness.serving.pool import poison_
 from harness.serving.timeline import LiveToken, TokenKey
+
+
+def diff_runs(subject, reference, **kw):
+    """The diff of two runs given step by step with their pools whole."""
+    return diff_snapshots(snapshots_of(subject), snapshots_of(reference), **kw)
 
 SLOTS, H, D = 8, 1, 2
 SWA = (True,)  # one SWA layer: pool "swa"
@@ -26,7 +31,7 @@ def snap(step, rows: dict[int, float], live, written=(), poisoned=()):
         poison_(k[0, slot])
     v = k.clone()
     empty = torch.zeros(0, SLOTS, H, D)
-    return KVSnapshot(step=step, kind="decode", live=tuple(live), full_k=empty, full_v=empty,
+    return WholeStep(step=step, kind="decode", live=tuple(live), full_k=empty, full_v=empty,
                       swa_k=k, swa_v=v, hidden=torch.zeros(len(written), 4),
                       hidden_owners=tuple(TokenKey(r, p) for r, p in written))
 
@@ -158,7 +163,7 @@ def test_rules_that_leave_a_bad_row_unclaimed_are_refused():
 def big_snap(step, k, v, live, written=()):
     """One SWA layer pool ``k``, ``v`` [1, slots, H, D]; no full layer."""
     empty = k.new_zeros((0, *k.shape[1:]))
-    return KVSnapshot(step=step, kind="decode", live=tuple(live), full_k=empty, full_v=empty, swa_k=k, swa_v=v,
+    return WholeStep(step=step, kind="decode", live=tuple(live), full_k=empty, full_v=empty, swa_k=k, swa_v=v,
                       hidden=torch.zeros(len(written), 4), hidden_owners=tuple(TokenKey(r, p) for r, p in written))
 
 
