@@ -6,8 +6,9 @@ import torch
 from harness.check import hashjoin
 from harness.check.diff import diff_runs as diff_snapshots
 from harness.check.rules import RULES, Finding, Rule, fixed
-from harness.check.snapshot import WholeStep, snapshots_of
-from harness.serving.pool import poison_
+from harness.check.snapshot import SnapshotRecorder, WholeStep, snapshots_of
+from harness.serving.pool import HybridSWAKVPool, PoolSpec, is_poison, poison_
+from harness.serving.stack import PoolBuffers
 from harness.serving.timeline import LiveToken, TokenKey
 
 
@@ -111,6 +112,35 @@ def test_slot_written_in_an_earlier_step_with_poisons_bits_stays_written():
     sub = [snap(0, {}, live, [("a", 0)], poisoned=[1], log={1: 0}), snap(1, {}, live, [], poisoned=[1], log={1: 0})]
     found, _ = classes(sub, ref)
     assert found == [(0, 1, "drift"), (1, 1, "drift")]
+
+
+class _Step:
+    index, kind, forwards = 0, "extend", ((TokenKey("a", 0), TokenKey("b", 0)),)
+
+
+def test_a_write_computed_from_a_poisoned_read_is_logged_by_the_pool_and_classified_written():
+    live = [LiveToken(rid=r, pos=0, full_slot=s, swa_slot=0, in_window=False) for r, s in (("a", 1), ("b", 2))]
+    runs = []
+    for value in (None, 1.0):
+        pool = HybridSWAKVPool(spec=PoolSpec(full_size=8, swa_size=8), layer_is_swa=(False,), num_kv_heads=1,
+                               head_dim=2)
+        pool.poison()
+        pool.begin_step(0)
+        if value is None:
+            # slot 5 was never written: reading it is the bug, and what it computes keeps the poison's bits
+            read, _ = pool.read_kv(0, torch.tensor([5]), torch.float32)
+            row = (read.view(1, 2) @ torch.randn(2, 2)) * 2 + 1
+            assert is_poison(row)
+        else:
+            row = torch.full((1, 2), value)
+            pool.set_kv_buffer(0, torch.tensor([2]), row.view(1, 1, 2), row.view(1, 1, 2))
+        pool.set_kv_buffer(0, torch.tensor([1]), row.view(1, 1, 2), row.view(1, 1, 2))  # b@0's write is skipped
+        buffers = PoolBuffers(full_k=pool.full_k_buffer, full_v=pool.full_v_buffer, swa_k=[], swa_v=[],
+                              full_log=pool.full_last_write, swa_log=pool.swa_last_write)
+        runs.append((SnapshotRecorder().take(buffers, _Step(), live, [torch.zeros(2, 4)]),))
+    d = diff_snapshots(*runs, layer_is_swa=(False,))
+    assert [(m.slot, m.classification, m.detail) for m in d.mismatches] == [
+        (1, "drift", "computed NaN"), (2, "unwritten", "slot still holds poison")]
 
 
 def test_without_a_write_log_poison_is_read_as_never_written():
