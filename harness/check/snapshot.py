@@ -175,8 +175,8 @@ class SnapshotRecorder:
             step=step.index,
             kind=step.kind,
             live=tuple(live),
-            full=self._delta("full", buffers.full_k, buffers.full_v, getattr(buffers, "full_log", None), step.index, like),
-            swa=self._delta("swa", buffers.swa_k, buffers.swa_v, getattr(buffers, "swa_log", None), step.index, like),
+            full=self._delta("full", buffers.full_k, buffers.full_v, buffers.full_log, step.index, like),
+            swa=self._delta("swa", buffers.swa_k, buffers.swa_v, buffers.swa_log, step.index, like),
             hidden=_concat(list(hidden)),
             hidden_owners=tuple(key for forward in step.forwards for key in forward),
         )

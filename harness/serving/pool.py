@@ -177,7 +177,7 @@ class HybridSWAKVPool:
         # since). It is written by a tensor op beside every K/V write, so graph replays keep it too (Python
         # does not run at replay), and it tells "written with bits equal to poison" (NaN payloads survive
         # arithmetic) from "never written".
-        self.write_step = torch.full((), NEVER_WRITTEN, dtype=torch.int32, device=self.device)
+        self.write_step = torch.full((1,), NEVER_WRITTEN, dtype=torch.int32, device=self.device)
         """the step the next writes are logged as (``begin_step``)"""
         self.full_last_write = [self._log(self.full_size) for _ in range(n_full)]
         self.swa_last_write = [self._log(self.swa_size) for _ in range(n_swa)]
