@@ -275,6 +275,7 @@ class AttentionImpl(ABC):
         k_buf, v_buf = self.pool.get_kv_buffer(layer_id)
         k_buf[loc] = quantize_fp8(k, k_scale)
         v_buf[loc] = quantize_fp8(v, v_scale)
+        self.pool.log_write(layer_id, loc)
 
 
 DECLARATIONS = ("name", "graph_support", "devices", "page_sizes", "kv_layouts", "known_faults", "builder_cls",

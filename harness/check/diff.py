@@ -1,9 +1,16 @@
 """Slot-by-slot comparison of a subject run's KV snapshots with the reference run's, and its records.
 
-Both runs see the same schedule and the same slot assignments (the scheduler depends on the timeline
-alone), so step s of one lines up with step s of the other. Comparison is over live slots only: every
-token of a running request in the full pool, and in the SWA pool the tokens its next query reads. The
-dummy slot 0 is never compared, but the steps in which a run changed it are counted.
+The scheduler depends on the timeline alone, so both runs normally see the same schedule and the same
+slot assignments, and step s of one lines up with step s of the other. Where they do not (a fault or a
+design that changes what the scheduler does: a pool run dry, another eviction), the steps are compared
+as far as the schedules agree, and the step where they part is one mismatch of its own (classification
+``schedule``: which live token they disagree on, and how), the last. Comparison is over live slots only:
+every token of a running request in the full pool, and in the SWA pool the tokens its next query reads;
+live tokens that share a slot through the prefix cache are one owner of it. The dummy slot 0 is never
+compared, but the steps in which a run changed it are counted.
+
+The snapshots hold what each step changed (``snapshot.py``); the diff rebuilds the pools of each step
+whole as it goes (three ``Cursor``: the subject's at this step and the previous one, the reference's).
 
 A bad slot is classified by where its content came from, by the first of the rules of ``rules.py`` that
 claims it (poison, another live token's row, a stale write, a misplaced row, old bytes kept, drift).
@@ -29,7 +36,7 @@ import torch
 
 from . import hashjoin as hj
 from .rules import RULES, BadRows, Finding, Reported, Rule, classify
-from .snapshot import FULL_SLOT, IN_WINDOW, SWA_SLOT, KVSnapshot
+from .snapshot import FULL_SLOT, IN_WINDOW, SHARED, SWA_SLOT, Cursor, KVSnapshot
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -82,6 +89,9 @@ class DiffResult:
 
 _WHAT = ("k", "v", "kv")
 
+SCHEDULE = "schedule"
+"""the classification of the record that says where the two runs' schedules part"""
+
 
 def _stacked(pool: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     """[L, S, H, D] -> [L * S, H, D]: a pool's layers one after another (a view of a snapshot's tensors)."""
@@ -125,6 +135,15 @@ class _Differ:
         """pool -> the subject's salted line hashes of every row at the last step compared, when streamed"""
         self.counts = torch.zeros(len(self.rules), dtype=torch.int64)
         self.hidden_classes: dict[str, int] = {}
+        self.parted = False
+
+    def part(self, m: KVMismatch) -> None:
+        """The schedules part at ``m.step``: one mismatch, the last; nothing after it is compared."""
+        self.parted = True
+        self.total += 1
+        self.hidden_classes[m.classification] = self.hidden_classes.get(m.classification, 0) + 1
+        if len(self.found) < self.limit:
+            self.found.append(m)
 
     def bytes_only(self, dtype: torch.dtype) -> bool:
         return self.exact or dtype == torch.uint8
@@ -155,6 +174,8 @@ class _Differ:
         sub: tuple[torch.Tensor, torch.Tensor],
         ref: tuple[torch.Tensor, torch.Tensor],
         prev: tuple[torch.Tensor, torch.Tensor] | None,
+        log: torch.Tensor,
+        step: int,
         tokens: torch.Tensor,
         slots: torch.Tensor,
         written: torch.Tensor,
@@ -193,7 +214,7 @@ class _Differ:
             live=bad.nonzero().flatten(), live_rows=rows, n=n, slots=size, tokens=tokens, written=written,
             sub=mine, ref=(hj.words(ref[0]), hj.words(ref[1])),
             prev=(hj.words(prev[0]), hj.words(prev[1])) if prev is not None else None, table=table, before=before,
-            dtype=sub[0].dtype, row_shape=sub[0].shape[1:], bytes_only=self.bytes_only(sub[0].dtype),
+            last_write=log.flatten(), step=step, dtype=sub[0].dtype, row_shape=sub[0].shape[1:], bytes_only=self.bytes_only(sub[0].dtype),
             scratch=self.scratch,
         )
         code, arg = classify(found, self.rules)
@@ -204,7 +225,7 @@ class _Differ:
         layer = hj.take(torch.tensor(self.layer_ids[pool], dtype=torch.int64), index)
         return _Bad(index, layer, hj.take(slots, position), hj.take(tokens, position), what, code, arg)
 
-    def end_step(self, step: int, snap: KVSnapshot, ref: KVSnapshot, pools: dict[str, _Bad], hidden: list[KVMismatch]) -> None:
+    def end_step(self, step: int, snap: Cursor, ref: Cursor, pools: dict[str, _Bad], hidden: list[KVMismatch]) -> None:
         """Count the step's mismatches and keep the first ones, lowest layer first (later layers read what
         it wrote, so it is the cause), then by slot; hidden states last."""
         bad = {pool: b for pool, b in pools.items() if b is not None}
@@ -246,7 +267,7 @@ class _Differ:
         self.found.extend(hidden[: self.limit - len(self.found)])
 
     def _describe(
-        self, picked: list[tuple[int, ...]], names: list[str], snap: KVSnapshot, ref: KVSnapshot
+        self, picked: list[tuple[int, ...]], names: list[str], snap: Cursor, ref: Cursor
     ) -> list[Finding]:
         """Each picked row's finding, asked of its rule once for all the rows it claimed."""
         by_rule: dict[int, list[int]] = {}
@@ -288,37 +309,106 @@ def diff_runs(
     d = _Differ(layer_ids=layer_ids, exact=exact, atol=atol, rtol=rtol, limit=limit,
                 rules=RULES if rules is None else rules)
     dummy_writes = 0
-    prev: KVSnapshot | None = None
-    steps = min(len(subject), len(reference))
-    for sub, ref in zip(subject, reference):
+    steps = 0
+    if subject and reference:
+        # the previous step's pools lag one snapshot behind the subject's own
+        sub_now, sub_before, ref_now = Cursor(subject[0]), Cursor(subject[0]), Cursor(reference[0])
+    for i, (sub, ref) in enumerate(zip(subject, reference)):
         if not sub.same_schedule(ref):
-            raise RuntimeError(f"step {sub.step}: subject and reference schedules differ; the scheduler is not deterministic")
+            d.part(_parting(sub, ref))
+            break
+        if i:
+            sub_before.apply(subject[i - 1])
+        sub_now.apply(sub)
+        ref_now.apply(ref)
+        prev = sub_before if i else None
         table = sub.live_table
         everyone = torch.arange(table.shape[0])
         in_window = table[:, IN_WINDOW].bool()
+        full = _one_owner(everyone, table[:, FULL_SLOT], sub.live_written, table[:, SHARED].bool())
+        swa = _one_owner(everyone[in_window], table[in_window, SWA_SLOT], sub.live_written[in_window],
+                         table[in_window, SHARED].bool())
         pools = {
             "full": d.compare_pool(
-                "full", (sub.full_k, sub.full_v), (ref.full_k, ref.full_v),
-                (prev.full_k, prev.full_v) if prev else None, everyone, table[:, FULL_SLOT], sub.live_written,
+                "full", (sub_now.full_k, sub_now.full_v), (ref_now.full_k, ref_now.full_v),
+                (prev.full_k, prev.full_v) if prev else None, sub_now.full_log, sub.step, *full,
             ),
             "swa": d.compare_pool(
-                "swa", (sub.swa_k, sub.swa_v), (ref.swa_k, ref.swa_v),
-                (prev.swa_k, prev.swa_v) if prev else None, everyone[in_window], table[in_window, SWA_SLOT],
-                sub.live_written[in_window],
+                "swa", (sub_now.swa_k, sub_now.swa_v), (ref_now.swa_k, ref_now.swa_v),
+                (prev.swa_k, prev.swa_v) if prev else None, sub_now.swa_log, sub.step, *swa,
             ),
         }
-        dummy_writes += _dummy_changes(sub, prev, d.scratch)
-        d.end_step(sub.step, sub, ref, pools, _hidden_mismatches(d, sub, ref))
-        prev = sub
+        dummy_writes += _dummy_changes(sub_now, prev, d.scratch)
+        d.end_step(sub.step, sub_now, ref_now, pools, _hidden_mismatches(d, sub, ref))
+        steps += 1
     return DiffResult(
         mismatches=tuple(d.found),
         total=d.total,
         mismatched_slots=sum(int(s.sum()) for s in d.seen.values()),
         classes=d.classes(),
         dummy_writes=dummy_writes,
-        steps_compared=steps,
+        steps_compared=steps if d.parted else min(len(subject), len(reference)),
         counts=tuple(d.cells),
     )
+
+
+def _one_owner(
+    tokens: torch.Tensor, slots: torch.Tensor, written: torch.Tensor, shared: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``tokens``, ``slots``, ``written`` with one owner per slot the prefix cache shares: live tokens that
+    matched a cached prefix read the slots its first owner wrote, so they are one owner (the first in live
+    order, written when any of them was), not a conflict. Slots two tokens hold without the cache stay as
+    they are: that is an accounting error, and each holder's row is compared."""
+    if not bool(shared.any()):
+        return tokens, slots, written
+    at = shared.nonzero().flatten()
+    uniq, group = torch.unique(hj.take(slots, at), return_inverse=True)
+    first = torch.full((uniq.numel(),), tokens.numel(), dtype=torch.int64).scatter_reduce_(0, group, at, "amin")
+    any_written = torch.zeros(uniq.numel(), dtype=torch.int64).scatter_reduce_(
+        0, group, hj.take(written, at).long(), "amax")
+    keep = ~shared
+    keep[first] = True
+    written = written.clone()
+    written[first] = any_written.bool()
+    return tokens[keep], slots[keep], written[keep]
+
+
+def _parting(sub: KVSnapshot, ref: KVSnapshot) -> KVMismatch:
+    """Where the two runs' schedules part at a step: the first live token they disagree on, and how."""
+    def record(pool: str, slot: int | None, rid: str, pos: int, detail: str) -> KVMismatch:
+        return KVMismatch(step=sub.step, pool=pool, layer=None, slot=slot, rid=rid, pos=pos, what="schedule",
+                          classification=SCHEDULE, detail=f"the schedules part: {detail}")
+
+    if sub.step != ref.step:
+        first = (sub.live or ref.live or (None,))[0]
+        rid, pos, slot = (first.rid, first.pos, first.full_slot) if first is not None else ("-", 0, None)
+        return record("full", slot, rid, pos, f"the subject's step {sub.step} meets the reference's step {ref.step}")
+    theirs = {(t.rid, t.pos): t for t in ref.live}
+    mine = {(t.rid, t.pos): t for t in sub.live}
+    for t in sub.live:
+        other = theirs.get((t.rid, t.pos))
+        if other is None:
+            return record("full", t.full_slot, t.rid, t.pos,
+                          f"{t.rid}@{t.pos} is live in the subject (full slot {t.full_slot}), not in the reference")
+        if other.full_slot != t.full_slot:
+            return record("full", t.full_slot, t.rid, t.pos,
+                          f"the subject keeps {t.rid}@{t.pos} in full slot {t.full_slot}, the reference in "
+                          f"{other.full_slot}")
+        if (other.swa_slot, other.in_window) != (t.swa_slot, t.in_window):
+            def where(x):
+                return f"SWA slot {x.swa_slot}{'' if x.in_window else ' (out of the window)'}"
+            return record("swa", t.swa_slot, t.rid, t.pos,
+                          f"the subject keeps {t.rid}@{t.pos} in {where(t)}, the reference in {where(other)}")
+        if other.shared != t.shared:
+            return record("full", t.full_slot, t.rid, t.pos,
+                          f"{t.rid}@{t.pos} is {'' if t.shared else 'not '}the prefix cache's in the subject, "
+                          f"{'' if other.shared else 'not '}in the reference")
+    for t in ref.live:
+        if (t.rid, t.pos) not in mine:
+            return record("full", t.full_slot, t.rid, t.pos,
+                          f"{t.rid}@{t.pos} is live in the reference (full slot {t.full_slot}), not in the subject")
+    first = sub.live[0]
+    return record("full", first.full_slot, first.rid, first.pos, "the same live tokens in another order")
 
 
 def _hidden_mismatches(d: _Differ, sub: KVSnapshot, ref: KVSnapshot) -> list[KVMismatch]:
@@ -339,7 +429,7 @@ def _hidden_mismatches(d: _Differ, sub: KVSnapshot, ref: KVSnapshot) -> list[KVM
     return out
 
 
-def _dummy_changes(snap: KVSnapshot, prev: KVSnapshot | None, scratch: hj.Scratch) -> int:
+def _dummy_changes(snap: Cursor, prev: Cursor | None, scratch: hj.Scratch) -> int:
     count = 0
     for now, before in ((snap.full_k, prev.full_k if prev else None), (snap.swa_k, prev.swa_k if prev else None)):
         if now.shape[0] == 0:

@@ -7,7 +7,8 @@ one process, it times
 * ``copy``: ``Tensor.copy_`` of one snapshot's four pool tensors into warm, preallocated buffers (memory
   bandwidth: the strict baseline);
 * ``clone``: ``Tensor.clone`` of the same tensors, fresh memory each time, as a snapshot is taken;
-* ``identical``: ``diff_runs`` over ``steps`` steps whose subject is a byte-equal copy of the reference;
+* ``identical``: ``diff_runs`` over ``steps`` steps whose subject is a byte-equal copy of the reference
+  (the snapshots hold what each step changed, so the diff rebuilds the pools from them as it goes);
 * ``P% of slots mismatched`` and ``N mismatched slots``: the same with that share of the live (pool, slot)
   pairs, or N of them, corrupted in every layer of their pool and every step, cycling through poison,
   another live token's row, the expected row moved to a free slot, and a small numeric change, so that
@@ -49,7 +50,7 @@ from ..serving.pool import PoolSpec, poison_
 from ..serving.timeline import LiveToken, TimelineSpec, TokenKey
 from .diff import DiffResult, diff_runs
 from .result import RunResult
-from .snapshot import KVSnapshot
+from .snapshot import WholeStep, snapshots_of
 from .verdict import judge
 
 __all__ = ["DiffBenchRow", "measure_diff"]
@@ -86,7 +87,7 @@ class DiffBenchRow:
 
 @dataclass(frozen=True, slots=True)
 class _Cache:
-    ref: KVSnapshot
+    ref: WholeStep
     live_slots: dict[str, torch.Tensor]
     """pool -> slots compared there"""
     free_slots: dict[str, torch.Tensor]
@@ -115,7 +116,7 @@ def measure_diff(
     layer_is_swa = tuple(kind == "swa" for kind in _PATTERN)
     size = _snapshot_bytes(cache.ref)
     live = sum(s.numel() for s in cache.live_slots.values())
-    reference = (cache.ref,) * steps
+    reference = snapshots_of((cache.ref,) * steps)
     targets = [cache.ref.full_k, cache.ref.full_v, cache.ref.swa_k, cache.ref.swa_v]
     copies = [torch.empty_like(t) for t in targets]
 
@@ -141,7 +142,7 @@ def measure_diff(
         def diff(
             name: str = name, n: int = n, case_seed: int = seed * 1_000 + index
         ) -> dict[str, Callable[[], object]]:
-            subject = (_corrupted(cache, n, torch.Generator().manual_seed(case_seed)),) * steps
+            subject = snapshots_of((_corrupted(cache, n, torch.Generator().manual_seed(case_seed)),) * steps)
             return {
                 name: lambda: diff_runs(subject, reference, layer_is_swa=layer_is_swa),
                 _JUDGE + name: lambda: judge(RunResult(spec=spec, snapshots=subject), judged).diff,
@@ -182,7 +183,7 @@ def measure_diff(
 _JUDGE = "judge: "
 
 
-def _spec(snap: KVSnapshot, dtype: torch.dtype) -> RunSpec:
+def _spec(snap: WholeStep, dtype: torch.dtype) -> RunSpec:
     """A run spec of the cache's shape, as ``judge`` reads one: layers, dtype, a CPU run of one backend (exact)."""
     name = str(dtype).removeprefix("torch.")
     model = ModelSpec(name="diffbench", layer_pattern=_PATTERN, window=128, num_kv_heads=snap.full_k.shape[2],
@@ -225,7 +226,7 @@ def _build(cache_bytes: int, *, num_kv_heads: int, head_dim: int, dtype: torch.d
         return t
 
     used_full, used_swa = full_slots.flatten(), swa_slots.flatten()
-    ref = KVSnapshot(
+    ref = WholeStep(
         step=0, kind="decode", live=tuple(live),
         full_k=pool(full_size, n_full, used_full), full_v=pool(full_size, n_full, used_full),
         swa_k=pool(swa_size, n_swa, used_swa), swa_v=pool(swa_size, n_swa, used_swa),
@@ -244,7 +245,7 @@ def _build(cache_bytes: int, *, num_kv_heads: int, head_dim: int, dtype: torch.d
     )
 
 
-def _corrupted(cache: _Cache, n: int, gen: torch.Generator) -> KVSnapshot:
+def _corrupted(cache: _Cache, n: int, gen: torch.Generator) -> WholeStep:
     """A byte-equal copy of the reference snapshot with ``n`` live (pool, slot) pairs made to differ."""
     ref = cache.ref
     tensors = {"full": (ref.full_k.clone(), ref.full_v.clone()), "swa": (ref.swa_k.clone(), ref.swa_v.clone())}
@@ -277,14 +278,14 @@ def _corrupted(cache: _Cache, n: int, gen: torch.Generator) -> KVSnapshot:
         # a small numeric change in one element
         drifted = live[torch.cat([drifted, stayed])]
         k[:, drifted, 0, 0] = (k[:, drifted, 0, 0].float() + 1e-3).to(k.dtype)
-    return KVSnapshot(
+    return WholeStep(
         step=ref.step, kind=ref.kind, live=ref.live,
         full_k=tensors["full"][0], full_v=tensors["full"][1], swa_k=tensors["swa"][0], swa_v=tensors["swa"][1],
         hidden=ref.hidden.clone(), hidden_owners=ref.hidden_owners,
     )
 
 
-def _snapshot_bytes(s: KVSnapshot) -> int:
+def _snapshot_bytes(s: WholeStep) -> int:
     return sum(t.numel() * t.element_size() for t in (s.full_k, s.full_v, s.swa_k, s.swa_v))
 
 

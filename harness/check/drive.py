@@ -1,5 +1,7 @@
 """The run driver: a built run's timeline stepped through its runner, every step snapshotted and recorded.
 
+Each step's writes are logged as that step's (``begin_step``) and its snapshot keeps what it changed.
+
 An exception ends the run and becomes part of its result (the verdict ``error``), never a raise: a design
 that calls ``sys.exit()`` is a finding about the design.
 """
@@ -15,7 +17,7 @@ from ..serving.timeline import LiveToken, TokenKey
 from .assemble import RunParts, assemble
 from .frames import subject_frames
 from .result import InvariantBreach, RunError, RunResult, StepRecord
-from .snapshot import KVSnapshot, take_snapshot
+from .snapshot import KVSnapshot, SnapshotRecorder
 
 
 def execute(spec: RunSpec) -> RunResult:
@@ -25,14 +27,16 @@ def execute(spec: RunSpec) -> RunResult:
     step_index: int | None = None
     parts: RunParts | None = None
     running: tuple[ScheduledStep, int] | None = None
+    recorder = SnapshotRecorder()
     try:
         parts = assemble(spec)
         while (step := parts.scheduler.next_step()) is not None:
             step_index = step.index
             running = (step, len(parts.runner.forward_log()))
+            parts.stack.begin_step(step.index)
             hidden = parts.run_batch(step.batch)
             live = parts.scheduler.live_tokens()
-            snapshots.append(take_snapshot(parts.stack.kv_buffers(), step, live, hidden))
+            snapshots.append(recorder.take(parts.stack.kv_buffers(), step, live, hidden))
             end = parts.scheduler.finish_step()
             steps.append(_step_record(step, live, _forwards(parts, running[1]), end))
             running = None

@@ -13,7 +13,7 @@ import torch
 from ..serving.model import SyntheticModel
 from ..serving.pool import dequantize_fp8
 from ..serving.timeline import TimelineSpec, request_tokens
-from .snapshot import FULL_SLOT, IN_WINDOW, POS, RID, SWA_SLOT, KVSnapshot
+from .snapshot import FULL_SLOT, IN_WINDOW, POS, RID, SWA_SLOT, KVSnapshot, replay
 
 # (atol, rtol) per (model dtype, kv dtype): the paged run rounds to these, the oracle does not.
 _TOLERANCE = {
@@ -123,13 +123,13 @@ def certify(
         bad = ~(err <= atol + rtol * want.abs())
         return bad.flatten(1).any(1), err.flatten(1).amax(1)
 
-    for snap in snapshots:
+    for snap, pools in replay(snapshots):
         table = snap.live_table
         row = torch.tensor([start[rid] for rid in snap.live_rids], dtype=torch.int64)[table[:, RID]] + table[:, POS]
         # [tokens, entries]: entry 2i + which is layer i of the full pool, then of the SWA pool.
         bad_parts, err_parts, where = [], [], []
         for pool, layers, slots in (("full", full_layers, table[:, FULL_SLOT]), ("SWA", swa_layers, table[:, SWA_SLOT])):
-            bufs = (snap.full_k, snap.full_v) if pool == "full" else (snap.swa_k, snap.swa_v)
+            bufs = (pools.full_k, pools.full_v) if pool == "full" else (pools.swa_k, pools.swa_v)
             for pool_index, layer in enumerate(layers):
                 for which, (buf, want) in enumerate(zip(bufs, (all_k, all_v))):
                     bad, err = errors(decode(buf[pool_index, slots], layer, which), want[row, layer])

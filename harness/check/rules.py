@@ -4,12 +4,15 @@ The diff (``diff.py``) finds the bad rows of a pool at a step: (layer, live toke
 other bytes than the reference run's. Each bad row then goes to the rules in ``RULES`` order, and the first
 rule that claims it names its classification:
 
-1. ``poisoned`` (unwritten): the slot still holds poison, K and V;
+1. ``poisoned`` (unwritten): the slot still holds poison, K and V, and the write log says nothing wrote it
+   since it was poisoned (a slot written with a value computed from poisoned reads holds poison's bits
+   too, since NaN payloads survive arithmetic: that is written garbage, left to the rules below);
 2. ``holds_live_row`` (overwritten): it holds another live token's reference row (the last such token in
    live order), named by request and position;
 3. ``changed_unwritten`` (overwritten): it changed in a step that did not write its owner;
 4. ``misplaced``: the expected row is not here but in another slot of the same layer (the lowest);
-5. ``kept_old`` (unwritten): the token was written this step and the slot kept its old bytes;
+5. ``kept_old`` (unwritten): the step was to write the token, nothing wrote the slot (by the write log) and
+   it kept its old bytes;
 6. ``quantized`` (drift): fp8 bytes differ;
 7. ``drift``: none of the above, a numeric difference (its size is reported).
 
@@ -41,7 +44,7 @@ from typing import Protocol
 
 import torch
 
-from ..serving.pool import poison_
+from ..serving.pool import NEVER_WRITTEN, poison_
 from ..serving.timeline import LiveToken
 from . import hashjoin as hj
 
@@ -65,8 +68,8 @@ class BadRows:
     def __init__(
         self, *, live: torch.Tensor, live_rows: torch.Tensor, n: int, slots: int, tokens: torch.Tensor,
         written: torch.Tensor, sub: Pair, ref: Pair, prev: Pair | None, table: hj.Rows | None,
-        before: torch.Tensor | None, dtype: torch.dtype, row_shape: torch.Size, bytes_only: bool,
-        scratch: hj.Scratch,
+        before: torch.Tensor | None, last_write: torch.Tensor, step: int, dtype: torch.dtype,
+        row_shape: torch.Size, bytes_only: bool, scratch: hj.Scratch,
     ):
         self.row, order = torch.sort(hj.take(live_rows, live), stable=True)
         self.live = hj.take(live, order)
@@ -79,7 +82,11 @@ class BadRows:
         self.tokens = tokens
         """[n] index of each live token in the snapshot's ``live``"""
         self.written = written
-        """[n] bool: the live token was written this step"""
+        """[n] bool: the step was to write the live token (its K/V were computed in this step's batch)"""
+        self.last_write = last_write
+        """[layers * slots] int32: the write log of the subject's pool, the step that last wrote each row since
+        it was poisoned (``NEVER_WRITTEN``: none)"""
+        self.step = step
         self.sub, self.ref, self.prev = sub, ref, prev
         self.table = hj.Rows(sub, None, slots) if table is None else table
         """every row of the subject's pool, with salted line hashes"""
@@ -105,8 +112,12 @@ class BadRows:
         return self._want
 
     def was_written(self, at: torch.Tensor) -> torch.Tensor:
-        """[len(at)] bool: the owners of positions ``at`` were written this step."""
+        """[len(at)] bool: the step was to write the owners of positions ``at``."""
         return hj.take(self.written, hj.take(self.live, at) % self.n)
+
+    def logged(self, at: torch.Tensor) -> torch.Tensor:
+        """[len(at)] int32: the write log's entry for the rows of positions ``at``."""
+        return hj.take(self.last_write, hj.take(self.row, at))
 
     def changed(self, at: torch.Tensor) -> torch.Tensor:
         """[len(at)] bool: the subject's rows at ``at`` changed since the previous step (which must exist)."""
@@ -215,17 +226,18 @@ def classify(bad: BadRows, rules: Sequence[Rule]) -> tuple[torch.Tensor, torch.T
 # ---- the rules, in order --------------------------------------------------------------------------------
 
 def poisoned(bad: BadRows, todo: torch.Tensor) -> Claim:
-    """K and V are the pool's poison: nothing wrote the slot."""
+    """K and V are the pool's poison and the write log says nothing wrote the slot since it was poisoned."""
     claimed = torch.zeros(todo.numel(), dtype=torch.bool)
-    row = hj.take(bad.row, todo)
+    unlogged = (bad.logged(todo) == NEVER_WRITTEN).nonzero().flatten()
+    row = hj.take(bad.row, hj.take(todo, unlogged))
     poison = _poison_words(bad.dtype, bad.row_shape)
     maybe = (hj.take(bad.table.hash, row) == hj.salted(hj.line_hash(poison).expand(row.numel()), row, bad.slots))
     maybe = maybe.nonzero().flatten()
     if maybe.numel():
         pattern = poison.expand(maybe.numel(), -1)
         r = row[maybe]
-        claimed[maybe] = ~(hj.rows_differ(bad.sub[0], pattern, r, scratch=bad.scratch)
-                           | hj.rows_differ(bad.sub[1], pattern, r, scratch=bad.scratch))
+        claimed[unlogged[maybe]] = ~(hj.rows_differ(bad.sub[0], pattern, r, scratch=bad.scratch)
+                                     | hj.rows_differ(bad.sub[1], pattern, r, scratch=bad.scratch))
     return claimed, None
 
 
@@ -265,10 +277,11 @@ def misplaced(bad: BadRows, todo: torch.Tensor) -> Claim:
 
 
 def kept_old(bad: BadRows, todo: torch.Tensor) -> Claim:
-    """The owner was written this step, and the slot still holds the previous step's bytes."""
+    """The step was to write the owner, nothing wrote the slot (by the write log), and it still holds the
+    previous step's bytes."""
     if bad.prev is None:
         return torch.zeros(todo.numel(), dtype=torch.bool), None
-    return bad.was_written(todo) & ~bad.changed(todo), None
+    return bad.was_written(todo) & (bad.logged(todo) != bad.step) & ~bad.changed(todo), None
 
 
 def quantized(bad: BadRows, todo: torch.Tensor) -> Claim:

@@ -1,8 +1,18 @@
-"""Per-step copies of both KV pools, the live-token map and the step's hidden states.
+"""Per-step records of both KV pools, the live-token map and the step's hidden states, kept as deltas.
 
-A snapshot holds whole pools, not only live slots: classifying a bad slot needs the rows of every slot
-of the layer (a misplaced row can sit in a free or stale slot) and the previous step's contents of the
-slot. Each pool buffer is copied exactly once per step, straight into its place in the stacked tensor.
+Classifying a bad slot needs the rows of every slot of its layer at that step (a misplaced row can sit in
+a free or stale slot) and the previous step's contents of the slot, so the diff needs each step's pools
+whole. Copying them whole at every step made memory grow with pool size times steps (pools of 2^18 slots
+took a reference run to 11.5 GiB). A snapshot keeps instead what the step changed: the slots whose rows
+(in any layer) or write-log entries differ from the previous step's, with their rows in every layer, found
+by comparing the pools with a shadow copy of the previous step. ``Cursor`` rebuilds any step's pools
+whole by applying the deltas in order to a blank pool (every row poison, nothing written), so a run holds
+one shadow while it runs and the diff three working pools, whatever the number of steps.
+
+The write log (``stack.PoolBuffers.full_log``) is the step that last wrote each slot since it was
+poisoned; the rules read it to tell a slot written with poison's bits (NaN payloads survive arithmetic)
+from one never written. A stack without one gets it inferred from the changes: a changed row was written
+in that step, unless it changed to poison (a re-poisoned free slot).
 
 The live map is also kept as tensors (``live_table``, ``live_written``), built once here, so that the
 diff selects and checks live slots without a Python loop over tokens.
@@ -10,13 +20,15 @@ diff selects and checks live slots without a Python loop over tokens.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
 
+from ..serving.pool import NEVER_WRITTEN, poison_
 from ..serving.timeline import LiveToken, TokenKey
+from . import hashjoin as hj
 
 
 class ScheduledStepLike(Protocol):
@@ -29,17 +41,40 @@ class ScheduledStepLike(Protocol):
     def kind(self) -> str: ...
 
 class PoolBuffersLike(Protocol):
-    """What a snapshot copies: a serving stack's ``kv_buffers()``, one [slots, Hkv, D] tensor per layer of
-    each pool (``serving.stack.PoolBuffers``; no import of the stack)."""
+    """What a snapshot reads: a serving stack's ``kv_buffers()``, one [slots, Hkv, D] tensor per layer of
+    each pool, and the write log, one [slots] int32 tensor per layer, or None (``serving.stack.PoolBuffers``;
+    no import of the stack)."""
 
     full_k: Sequence[torch.Tensor]
     full_v: Sequence[torch.Tensor]
     swa_k: Sequence[torch.Tensor]
     swa_v: Sequence[torch.Tensor]
+    full_log: Sequence[torch.Tensor] | None
+    swa_log: Sequence[torch.Tensor] | None
 
 
 # Columns of ``KVSnapshot.live_table``.
-RID, POS, FULL_SLOT, SWA_SLOT, IN_WINDOW = range(5)
+RID, POS, FULL_SLOT, SWA_SLOT, IN_WINDOW, SHARED = range(6)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PoolDelta:
+    """What one step changed in one pool: the slots whose row (in some layer) or write-log entry differs from
+    the previous step's (the blank pool's before the first step), with their rows in every layer."""
+
+    size: int
+    """slots of the pool"""
+    slots: torch.Tensor
+    """[n] int64, ascending"""
+    k: torch.Tensor
+    """[layers, n, Hkv, D] in the pool's storage dtype"""
+    v: torch.Tensor
+    last_write: torch.Tensor
+    """[layers, n] int32: the step that last wrote the slot since it was poisoned, ``NEVER_WRITTEN`` for none"""
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.slots, self.k, self.v, self.last_write))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -48,31 +83,33 @@ class KVSnapshot:
     kind: str
     """forward mode of the step's batch"""
     live: tuple[LiveToken, ...]
-    full_k: torch.Tensor
-    """[full layers, full_size, Hkv, D] in the pool's storage dtype"""
-    full_v: torch.Tensor
-    swa_k: torch.Tensor
-    """[SWA layers, swa_size, Hkv, D] in the pool's storage dtype"""
-    swa_v: torch.Tensor
+    full: PoolDelta
+    swa: PoolDelta
     hidden: torch.Tensor
     """[tokens of the step, hidden] final hidden states, every forward of the step concatenated"""
     hidden_owners: tuple[TokenKey, ...]
     live_rids: tuple[str, ...] = field(init=False, repr=False, compare=False)
     """distinct request ids of ``live`` in order of first appearance"""
     live_table: torch.Tensor = field(init=False, repr=False, compare=False)
-    """[live, 5] int64 per live token: index into ``live_rids``, pos, full_slot, swa_slot, in_window"""
+    """[live, 6] int64 per live token: index into ``live_rids``, pos, full_slot, swa_slot, in_window, shared"""
     live_written: torch.Tensor = field(init=False, repr=False, compare=False)
-    """[live] bool: the token is among ``hidden_owners`` (this step wrote its K/V)"""
+    """[live] bool: the token is among ``hidden_owners`` (the step was to write its K/V)"""
 
     def __post_init__(self) -> None:
         rids: dict[str, int] = {}
-        rows = [(rids.setdefault(t.rid, len(rids)), t.pos, t.full_slot, t.swa_slot, t.in_window) for t in self.live]
+        rows = [(rids.setdefault(t.rid, len(rids)), t.pos, t.full_slot, t.swa_slot, t.in_window, t.shared)
+                for t in self.live]
         written = {(key.rid, key.pos) for key in self.hidden_owners}
         object.__setattr__(self, "live_rids", tuple(rids))
-        object.__setattr__(self, "live_table", torch.tensor(rows, dtype=torch.int64).reshape(len(rows), 5))
+        object.__setattr__(self, "live_table", torch.tensor(rows, dtype=torch.int64).reshape(len(rows), 6))
         object.__setattr__(
             self, "live_written", torch.tensor([(t.rid, t.pos) in written for t in self.live], dtype=torch.bool)
         )
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the snapshot holds in tensors."""
+        return self.full.nbytes + self.swa.nbytes + self.hidden.numel() * self.hidden.element_size()
 
     def same_schedule(self, other: KVSnapshot) -> bool:
         """Same step and the same live tokens in the same slots (``live == other.live``, compared as tensors)."""
@@ -83,31 +120,149 @@ class KVSnapshot:
         )
 
 
-def _stack(buffers: Sequence[torch.Tensor], like: torch.Tensor) -> torch.Tensor:
-    if not buffers:
-        return torch.empty((0, *like.shape[1:]), dtype=like.dtype)
-    out = torch.empty((len(buffers), *buffers[0].shape), dtype=buffers[0].dtype)
-    for i, buf in enumerate(buffers):
-        out[i].copy_(buf.detach())
+# ---- taking snapshots -----------------------------------------------------------------------------------
+
+class _Shadow:
+    """One pool as the previous snapshot left it, on the buffers' device: [layers, slots, ...] K, V and log."""
+
+    def __init__(self, k: Sequence[torch.Tensor], log: Sequence[torch.Tensor] | None) -> None:
+        like = k[0]
+        layers = len(k)
+        self.k = blank_rows((layers, *like.shape), like.dtype, like.device)
+        self.v = self.k.clone()
+        self.log = torch.full((layers, like.shape[0]), NEVER_WRITTEN, dtype=torch.int32, device=like.device)
+        self.inferred = log is None
+        self.poison = _poison_words(like.dtype, like.shape[1:], like.device) if self.inferred else None
+
+
+def blank_rows(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str = "cpu") -> torch.Tensor:
+    """A [..., Hkv, D] tensor of poison: the rows of a pool before anything wrote it."""
+    out = torch.empty(shape, dtype=dtype, device=device)
+    poison_(out)
     return out
 
 
-def take_snapshot(
-    buffers: PoolBuffersLike, step: ScheduledStepLike, live: list[LiveToken], hidden: list[torch.Tensor]
-) -> KVSnapshot:
-    """Copy both pools (each buffer once) and the step's hidden states to host memory."""
-    like = (buffers.full_k or buffers.swa_k)[0]
-    return KVSnapshot(
-        step=step.index,
-        kind=step.kind,
-        live=tuple(live),
-        full_k=_stack(buffers.full_k, like),
-        full_v=_stack(buffers.full_v, like),
-        swa_k=_stack(buffers.swa_k, like),
-        swa_v=_stack(buffers.swa_v, like),
-        hidden=_concat(hidden),
-        hidden_owners=tuple(key for forward in step.forwards for key in forward),
-    )
+def _poison_words(dtype: torch.dtype, row_shape: torch.Size, device: torch.device) -> torch.Tensor:
+    """[1, w] the words of a poisoned row."""
+    return hj.words(blank_rows((1, *row_shape), dtype, device))
+
+
+def _rows_changed(a: torch.Tensor, b: torch.Tensor, scratch: hj.Scratch) -> torch.Tensor:
+    """[slots] bool on ``a``'s device: the rows of ``a`` and ``b`` [slots, Hkv, D] differ bitwise."""
+    wa, wb = hj.words(a), hj.words(b)
+    if wa.device.type == "cpu":
+        return hj.rows_differ(wa, wb, scratch=scratch)
+    return (wa != wb).any(1)
+
+
+def _all_poison(rows: torch.Tensor, poison: torch.Tensor) -> torch.Tensor:
+    """[n] bool: each of ``rows`` [n, Hkv, D] is poison, bit for bit."""
+    return ~(hj.words(rows) != poison).any(1)
+
+
+class SnapshotRecorder:
+    """Takes a run's snapshots: each step's delta against a shadow of the previous step's pools."""
+
+    def __init__(self) -> None:
+        self._shadows: dict[str, _Shadow] = {}
+        self._scratch = hj.Scratch()
+
+    def take(self, buffers: PoolBuffersLike, step: ScheduledStepLike, live: Sequence[LiveToken],
+             hidden: Sequence[torch.Tensor]) -> KVSnapshot:
+        """What the step changed in both pools, its live tokens and its hidden states (on the host)."""
+        like = (buffers.full_k or buffers.swa_k)[0]
+        return KVSnapshot(
+            step=step.index,
+            kind=step.kind,
+            live=tuple(live),
+            full=self._delta("full", buffers.full_k, buffers.full_v, buffers.full_log, step.index, like),
+            swa=self._delta("swa", buffers.swa_k, buffers.swa_v, buffers.swa_log, step.index, like),
+            hidden=_concat(list(hidden)),
+            hidden_owners=tuple(key for forward in step.forwards for key in forward),
+        )
+
+    def _delta(self, pool: str, k: Sequence[torch.Tensor], v: Sequence[torch.Tensor],
+               log: Sequence[torch.Tensor] | None, step: int, like: torch.Tensor) -> PoolDelta:
+        if not k:
+            empty = torch.empty((0, 0, *like.shape[1:]), dtype=like.dtype)
+            return PoolDelta(size=0, slots=torch.empty(0, dtype=torch.int64), k=empty, v=empty.clone(),
+                             last_write=torch.empty((0, 0), dtype=torch.int32))
+        shadow = self._shadows.get(pool)
+        if shadow is None:
+            shadow = self._shadows[pool] = _Shadow(k, log)
+        rows_changed = [_rows_changed(k[i].detach(), shadow.k[i], self._scratch)
+                        | _rows_changed(v[i].detach(), shadow.v[i], self._scratch) for i in range(len(k))]
+        if shadow.inferred:
+            now = []
+            for i, changed in enumerate(rows_changed):
+                entry = shadow.log[i].clone()
+                at = changed.nonzero().flatten()
+                if at.numel():
+                    poisoned = _all_poison(k[i].detach()[at], shadow.poison) & _all_poison(v[i].detach()[at], shadow.poison)
+                    entry[at] = torch.where(poisoned, NEVER_WRITTEN, step).to(torch.int32)
+                now.append(entry)
+        else:
+            now = [entry.detach() for entry in log]
+        changed = torch.stack(rows_changed).any(0)
+        for i, entry in enumerate(now):
+            changed |= entry != shadow.log[i]
+        slots = changed.nonzero().flatten()
+        new_k = torch.stack([buf.detach().index_select(0, slots) for buf in k])
+        new_v = torch.stack([buf.detach().index_select(0, slots) for buf in v])
+        new_log = torch.stack([entry.index_select(0, slots) for entry in now])
+        shadow.k[:, slots] = new_k
+        shadow.v[:, slots] = new_v
+        shadow.log[:, slots] = new_log
+        return PoolDelta(size=k[0].shape[0], slots=slots.cpu(), k=new_k.cpu(), v=new_v.cpu(), last_write=new_log.cpu())
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WholeStep:
+    """One step of a run with its pools given whole, as tests and benchmarks build them."""
+
+    step: int
+    kind: str = "decode"
+    live: tuple[LiveToken, ...]
+    full_k: torch.Tensor
+    """[full layers, full_size, Hkv, D] in the pool's storage dtype"""
+    full_v: torch.Tensor
+    swa_k: torch.Tensor
+    """[SWA layers, swa_size, Hkv, D]"""
+    swa_v: torch.Tensor
+    hidden: torch.Tensor
+    hidden_owners: tuple[TokenKey, ...]
+    full_log: torch.Tensor | None = None
+    """[full layers, full_size] int32 write log, None to infer it from the changes"""
+    swa_log: torch.Tensor | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _WholeBuffers:
+    full_k: Sequence[torch.Tensor]
+    full_v: Sequence[torch.Tensor]
+    swa_k: Sequence[torch.Tensor]
+    swa_v: Sequence[torch.Tensor]
+    full_log: Sequence[torch.Tensor] | None
+    swa_log: Sequence[torch.Tensor] | None
+
+
+@dataclass(frozen=True, slots=True)
+class _Step:
+    index: int
+    kind: str
+    forwards: tuple[tuple[TokenKey, ...], ...]
+
+
+def snapshots_of(steps: Sequence[WholeStep]) -> tuple[KVSnapshot, ...]:
+    """The snapshots a run whose pools are ``steps`` would have taken."""
+    recorder = SnapshotRecorder()
+    out = []
+    for w in steps:
+        buffers = _WholeBuffers(list(w.full_k), list(w.full_v), list(w.swa_k), list(w.swa_v),
+                                None if w.full_log is None else list(w.full_log),
+                                None if w.swa_log is None else list(w.swa_log))
+        out.append(recorder.take(buffers, _Step(w.step, w.kind, (w.hidden_owners,)), w.live, [w.hidden]))
+    return tuple(out)
 
 
 def _concat(parts: list[torch.Tensor]) -> torch.Tensor:
@@ -119,3 +274,43 @@ def _concat(parts: list[torch.Tensor]) -> torch.Tensor:
         out[row : row + p.shape[0]].copy_(p.detach())
         row += p.shape[0]
     return out
+
+
+# ---- reading them back ----------------------------------------------------------------------------------
+
+class Cursor:
+    """Both pools of a run whole, at the step of the last snapshot applied: working tensors updated in place,
+    so what is read from them holds until the next ``apply``."""
+
+    def __init__(self, first: KVSnapshot) -> None:
+        self.full_k, self.full_v, self.full_log = _blank(first.full)
+        self.swa_k, self.swa_v, self.swa_log = _blank(first.swa)
+        self.live: tuple[LiveToken, ...] = ()
+        self.step: int | None = None
+
+    def apply(self, snap: KVSnapshot) -> Cursor:
+        """Move to the step of ``snap``, the snapshot after the last one applied (the run's first, at first)."""
+        for delta, k, v, log in ((snap.full, self.full_k, self.full_v, self.full_log),
+                                 (snap.swa, self.swa_k, self.swa_v, self.swa_log)):
+            if delta.slots.numel():
+                k[:, delta.slots] = delta.k
+                v[:, delta.slots] = delta.v
+                log[:, delta.slots] = delta.last_write
+        self.live = snap.live
+        self.step = snap.step
+        return self
+
+
+def _blank(delta: PoolDelta) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    layers, row_shape = delta.k.shape[0], delta.k.shape[2:]
+    k = blank_rows((layers, delta.size, *row_shape), delta.k.dtype)
+    return k, k.clone(), torch.full((layers, delta.size), NEVER_WRITTEN, dtype=torch.int32)
+
+
+def replay(snapshots: Sequence[KVSnapshot]) -> Iterator[tuple[KVSnapshot, Cursor]]:
+    """Each snapshot with a ``Cursor`` at its step (the same cursor, moved on at each step)."""
+    if not snapshots:
+        return
+    cursor = Cursor(snapshots[0])
+    for snap in snapshots:
+        yield snap, cursor.apply(snap)

@@ -191,6 +191,8 @@ def first_divergence_sentence(view: CaseView) -> str:
         return f"every live slot and hidden state matched the reference over {view.steps_compared} steps"
     if m.pool == "hidden":
         return f"step {m.step}: the hidden state of {m.owner} differs from the reference ({m.detail})"
+    if m.classification == "schedule":
+        return f"step {m.step}: {m.detail} (schedule)"
     where = f"step {m.step}: {pool_label(m.pool)} layer {m.layer} slot {m.slot}, which belongs to {m.owner},"
     cls = m.classification
     if cls == "overwritten" and m.holder:

@@ -27,7 +27,8 @@ def printable(text: object, *, keep_newlines: bool = False) -> str:
 def where(m: MismatchView) -> str:
     if m.pool == "hidden":
         return f"step {m.step}, hidden state of {printable(m.owner)}"
-    return f"step {m.step}, {m.pool} pool, layer {m.layer}, slot {m.slot} (owner {printable(m.owner)})"
+    layer = f", layer {m.layer}" if m.layer is not None else ""  # a schedule record names no layer
+    return f"step {m.step}, {m.pool} pool{layer}, slot {m.slot} (owner {printable(m.owner)})"
 
 
 def summary(view: CaseView) -> str:

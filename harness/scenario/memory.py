@@ -2,9 +2,10 @@
 
 Each field of a scenario can be within its own bounds while a combination of them exhausts the machine
 at run time, in every run, as an allocator error: a decode bucket of 2^20 rows with ``max_context_len =
-4096`` needs 64 GiB of page tables, and pools of 2^18 slots snapshotted at every step took the reference
-run to 11.5 GiB. The estimates here follow what the harness allocates, so that such a file is refused
-when it is loaded, with one line per bound, as the other bounds are:
+4096`` needs 64 GiB of page tables, and pools of 2^18 slots snapshotted whole at every step took the
+reference run to 11.5 GiB (snapshots now keep only what a step changed). The estimates here follow what
+the harness allocates, so that such a file is refused when it is loaded, with one line per bound, as the
+other bounds are:
 
 - **decode graphs** (``full`` mode): the backend's two static page tables, ``max(decode_buckets) x
   max_context_len`` int64 each, and each captured bucket's forward, whose attention intermediates per
@@ -13,8 +14,9 @@ when it is loaded, with one line per bound, as the other bounds are:
   attention included, once;
 - **the largest forward** of the timeline (the dry run counts it): its attention over ``max_context_len``
   page-table columns, one layer at a time;
-- **snapshots**: every step copies both pools, every layer, to host memory, plus the step's hidden
-  states, and a run keeps all of its steps (the reference run's too).
+- **snapshots and the diff**: a step's snapshot keeps the rows it changed (the slots it wrote and
+  freed, every layer) and its hidden states, a run keeps all of its steps (the reference run's too), and
+  the diff rebuilds the pools whole three times (``check.snapshot.Cursor``).
 
 The bound for each is ``RUN_MEMORY_LIMIT``, the one the weights and KV buffers already obey.
 """
@@ -29,6 +31,8 @@ from ..serving.pool import PoolSpec
 
 _BYTES = {"float32": 4, "bfloat16": 2, "fp8_e4m3": 1}
 _INDEX_BYTES = 8  # int64 page-table entries and slot indices
+_LOG_BYTES = 4  # an int32 write-log entry per slot and layer
+_DIFF_POOLS = 3
 
 
 def _limit() -> str:
@@ -78,12 +82,22 @@ def graph_memory_problems(model: ModelSpec, pool: PoolSpec, graphs: GraphSpec, m
     return out
 
 
-def snapshot_bytes(model: ModelSpec, pool: PoolSpec, tokens: int) -> int:
-    """Bytes one step's snapshot copies: both pools, every layer, K and V, and ``tokens`` hidden states."""
+def pool_bytes(model: ModelSpec, pool: PoolSpec) -> int:
+    """Bytes of both pools whole: every layer, K and V, and the write log."""
     n_swa = sum(model.layer_is_swa)
-    slots = pool.full_size * (model.num_layers - n_swa) + pool.swa_size * n_swa
-    kv = model.num_kv_heads * model.head_dim
-    return slots * kv * 2 * _BYTES.get(pool.kv_dtype, 4) + tokens * model.hidden_size * _BYTES.get(model.dtype, 4)
+    return pool.full_size * _slot_bytes(model, pool, model.num_layers - n_swa) + pool.swa_size * _slot_bytes(model, pool, n_swa)
+
+
+def _slot_bytes(model: ModelSpec, pool: PoolSpec, layers: int) -> int:
+    return layers * (model.num_kv_heads * model.head_dim * 2 * _BYTES.get(pool.kv_dtype, 4) + _LOG_BYTES)
+
+
+def snapshot_bytes(model: ModelSpec, pool: PoolSpec, slots: int, tokens: int) -> int:
+    """Bytes of one step's snapshot that changed ``slots`` slots of each pool and computed ``tokens`` hidden
+    states: their rows in every layer, K and V, their write-log entries and their indices."""
+    n_swa = sum(model.layer_is_swa)
+    per_slot = _slot_bytes(model, pool, model.num_layers - n_swa) + _slot_bytes(model, pool, n_swa) + 2 * _INDEX_BYTES
+    return slots * per_slot + tokens * model.hidden_size * _BYTES.get(model.dtype, 4)
 
 
 def timeline_memory_problems(model: ModelSpec, pool: PoolSpec, *, step_tokens: list[int],
@@ -91,12 +105,18 @@ def timeline_memory_problems(model: ModelSpec, pool: PoolSpec, *, step_tokens: l
     """The bounds that need the dry run: ``step_tokens`` (tokens written per step) and ``largest_forward``
     (tokens, step) of the largest forward."""
     out = []
-    snapshots = sum(snapshot_bytes(model, pool, tokens) for tokens in step_tokens)
-    if snapshots > RUN_MEMORY_LIMIT:
-        per_step = snapshot_bytes(model, pool, 0)
-        out.append(Problem("pool", (
-            f"every step snapshots both pools whole: {len(step_tokens)} steps x {_mib(per_step)} MiB and the "
-            f"hidden states need {_mib(snapshots)} MiB, {_limit()}; shrink full_size or swa_size, or the timeline")))
+    # A step changes the slots it writes, the slots it frees (re-poisoned; a slot is freed at most once per
+    # write, so the frees of a run are bounded by its writes) and the dummy page its padded rows write.
+    changed = sum(snapshot_bytes(model, pool, 2 * tokens + pool.page_size, tokens) for tokens in step_tokens)
+    whole = pool_bytes(model, pool)
+    # the diff, after both runs: both runs' snapshots and three working copies of the pools
+    need = _DIFF_POOLS * whole + 2 * changed
+    if need > RUN_MEMORY_LIMIT:
+        out.append(Problem("pool" if _DIFF_POOLS * whole >= 2 * changed else "timeline", (
+            f"the diff rebuilds each step's pools {_DIFF_POOLS} times (the subject's at the step and the step "
+            f"before, the reference's), {_DIFF_POOLS} x {_mib(whole)} MiB, and keeps both runs' snapshots of "
+            f"what their {len(step_tokens)} steps change, {_mib(2 * changed)} MiB: {_mib(need)} MiB, {_limit()}; "
+            "shrink full_size or swa_size, or the timeline")))
     tokens, step = largest_forward
     attention = tokens * pool.max_context_len * attention_bytes_per_column(model, pool)
     if attention > RUN_MEMORY_LIMIT:

@@ -64,4 +64,5 @@ class MiniatureStack(ServingStack):
 
     def kv_buffers(self) -> PoolBuffers:
         p = self.pool
-        return PoolBuffers(full_k=p.full_k_buffer, full_v=p.full_v_buffer, swa_k=p.swa_k_buffer, swa_v=p.swa_v_buffer)
+        return PoolBuffers(full_k=p.full_k_buffer, full_v=p.full_v_buffer, swa_k=p.swa_k_buffer, swa_v=p.swa_v_buffer,
+                           full_log=p.full_last_write, swa_log=p.swa_last_write)

@@ -31,6 +31,10 @@ KV_DTYPES = ("float32", "bfloat16", "fp8_e4m3")
 POISON_BITS = {torch.float32: (torch.int32, 0x7FC0BEEF), torch.bfloat16: (torch.int16, 0x7FCB), torch.uint8: (torch.uint8, 0xFF)}
 
 
+NEVER_WRITTEN = -1
+"""a write-log entry (``HybridSWAKVPool.full_last_write``): nothing wrote the slot since it was poisoned"""
+
+
 def poison_(buf: torch.Tensor) -> None:
     int_dtype, bits = POISON_BITS[buf.dtype]
     buf.view(int_dtype).fill_(bits)
@@ -169,6 +173,14 @@ class HybridSWAKVPool:
         self.full_v_buffer = [self._alloc(self.full_size, shape) for _ in range(n_full)]
         self.swa_k_buffer = [self._alloc(self.swa_size, shape) for _ in range(n_swa)]
         self.swa_v_buffer = [self._alloc(self.swa_size, shape) for _ in range(n_swa)]
+        # The write log: per layer, the step that last wrote each slot since it was last poisoned (-1: not
+        # since). It is written by a tensor op beside every K/V write, so graph replays keep it too (Python
+        # does not run at replay), and it tells "written with bits equal to poison" (NaN payloads survive
+        # arithmetic) from "never written".
+        self.write_step = torch.full((1,), NEVER_WRITTEN, dtype=torch.int32, device=self.device)
+        """the step the next writes are logged as (``begin_step``)"""
+        self.full_last_write = [self._log(self.full_size) for _ in range(n_full)]
+        self.swa_last_write = [self._log(self.swa_size) for _ in range(n_swa)]
         num_layers = len(layer_is_swa)
         self.kv_scales: list[tuple[float, float]] = (
             list(kv_scales) if kv_scales is not None else [(1.0, 1.0)] * num_layers
@@ -181,6 +193,19 @@ class HybridSWAKVPool:
 
     def _alloc(self, size: int, shape: tuple[int, int]) -> torch.Tensor:
         return torch.zeros((size, *shape), dtype=self.store_dtype, device=self.device)
+
+    def _log(self, size: int) -> torch.Tensor:
+        return torch.full((size,), NEVER_WRITTEN, dtype=torch.int32, device=self.device)
+
+    # ---- write log --------------------------------------------------------------------------------
+    def begin_step(self, step: int) -> None:
+        """Log the writes from now on as step ``step`` (in place: captured graphs read this tensor)."""
+        self.write_step.fill_(step)
+
+    def log_write(self, layer_id: int, loc: torch.Tensor) -> None:
+        """Record that the layer's K/V rows at ``loc`` (its own pool's slots) were written in this step."""
+        index, is_swa = self.layers_mapping[layer_id]
+        (self.swa_last_write if is_swa else self.full_last_write)[index][loc] = self.write_step
 
     # ---- location mapping -------------------------------------------------------------------------
     def translate_loc_from_full_to_swa(self, locs: torch.Tensor) -> torch.Tensor:
@@ -231,6 +256,7 @@ class HybridSWAKVPool:
         # index_put_ with a Python-style negative index wraps to the last slot: vLLM issue 43810.
         k_buf[loc] = k
         v_buf[loc] = v
+        self.log_write(layer_id, loc)
 
     def read_kv(self, layer_id: int, slots: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """Gather K/V rows at ``slots`` (any shape) in the compute dtype, dequantizing FP8."""
@@ -249,19 +275,24 @@ class HybridSWAKVPool:
             *self.full_v_buffer,
             *self.swa_k_buffer,
             *self.swa_v_buffer,
+            *self.full_last_write,
+            *self.swa_last_write,
+            self.write_step,
             self.full_to_swa_index_mapping,
         ]
 
     def poison_slots(self, full_slots: list[int], swa_slots: list[int]) -> None:
         """Re-poison freed slots: a correct run never reads them again, so stale reads show as poison."""
-        for slots, buffers in ((full_slots, (*self.full_k_buffer, *self.full_v_buffer)),
-                               (swa_slots, (*self.swa_k_buffer, *self.swa_v_buffer))):
+        for slots, buffers, logs in ((full_slots, (*self.full_k_buffer, *self.full_v_buffer), self.full_last_write),
+                                     (swa_slots, (*self.swa_k_buffer, *self.swa_v_buffer), self.swa_last_write)):
             if slots:
                 index = torch.tensor(slots, dtype=torch.int64, device=self.device)
                 for buf in buffers:
                     rows = buf.new_empty((len(slots), *buf.shape[1:]))
                     poison_(rows)
                     buf[index] = rows
+                for log in logs:
+                    log[index] = NEVER_WRITTEN
 
     def poison(self) -> None:
         """Fill every slot but the dummy page with NaN so that slots a run never wrote show up as unwritten.
@@ -274,6 +305,8 @@ class HybridSWAKVPool:
         for buf in (*self.full_k_buffer, *self.full_v_buffer, *self.swa_k_buffer, *self.swa_v_buffer):
             poison_(buf[p:])
             buf[:p] = 0
+        for log in (*self.full_last_write, *self.swa_last_write):
+            log.fill_(NEVER_WRITTEN)
 
 
 class PoolExhausted(RuntimeError):

@@ -48,6 +48,10 @@ class PoolBuffers:
     full_v: Sequence[torch.Tensor]
     swa_k: Sequence[torch.Tensor]
     swa_v: Sequence[torch.Tensor]
+    full_log: Sequence[torch.Tensor] | None = None
+    """per full layer, [slots] int32: the step that last wrote each slot since it was poisoned, -1 for none
+    (the pool's write log); None where the stack keeps no log (snapshots then infer writes from changes)"""
+    swa_log: Sequence[torch.Tensor] | None = None
 
 
 class ServingStack(ABC):
@@ -112,6 +116,10 @@ class ServingStack(ABC):
     # ---- what snapshots and checks read -----------------------------------------------------------------
     @abstractmethod
     def kv_buffers(self) -> PoolBuffers: ...
+
+    def begin_step(self, step: int) -> None:
+        """The writes from now on belong to step ``step`` (the write log ``kv_buffers`` hands out)."""
+        self.pool.begin_step(step)
 
     @abstractmethod
     def free_slots(self) -> tuple[frozenset[int], frozenset[int]]:

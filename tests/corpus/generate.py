@@ -77,8 +77,8 @@ CASES = {
     "kv_cache_too_big": ("pool: the KV buffers need 2048 MiB", sub("full_size = 64\nswa_size = 32\n", "full_size = 1048576\nswa_size = 1048576\n").replace('preset = "gpt-oss-mini"\n', 'preset = "gpt-oss-mini"\nnum_kv_heads = 4\n')),
     "swa_pool_too_small": ("pool.swa_size: too small for the timeline", sub("swa_size = 32", "swa_size = 4")),
     # what a scenario makes a run allocate, each field within its own bounds
-    "snapshots_too_big": ("pool: every step snapshots both pools whole: 21 steps x 256 MiB",
-                          sub("full_size = 64\nswa_size = 32\n", "full_size = 262144\nswa_size = 262144\n")
+    "snapshots_too_big": ("pool: the diff rebuilds each step's pools 3 times (the subject's at the step and the step before, the reference's), 3 x 520 MiB",
+                          sub("full_size = 64\nswa_size = 32\n", "full_size = 524288\nswa_size = 524288\n")
                           .replace("output_len = 3", "output_len = 20")),
     "forward_too_big": ("timeline: the forward of 4000 tokens at step 0 attends over 4096 page-table columns",
                         sub("full_size = 64\nswa_size = 32\n", "full_size = 8192\nswa_size = 8192\nmax_context_len = 4096\n")

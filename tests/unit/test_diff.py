@@ -4,11 +4,17 @@ import pytest
 import torch
 
 from harness.check import hashjoin
-from harness.check.diff import diff_runs
+from harness.check.diff import diff_runs as diff_snapshots
 from harness.check.rules import RULES, Finding, Rule, fixed
-from harness.check.snapshot import KVSnapshot
-from harness.serving.pool import poison_
+from harness.check.snapshot import SnapshotRecorder, WholeStep, snapshots_of
+from harness.serving.pool import HybridSWAKVPool, PoolSpec, is_poison, poison_
+from harness.serving.stack import PoolBuffers
 from harness.serving.timeline import LiveToken, TokenKey
+
+
+def diff_runs(subject, reference, **kw):
+    """The diff of two runs given step by step with their pools whole."""
+    return diff_snapshots(snapshots_of(subject), snapshots_of(reference), **kw)
 
 SLOTS, H, D = 8, 1, 2
 SWA = (True,)  # one SWA layer: pool "swa"
@@ -18,7 +24,9 @@ def tok(rid, pos, slot):
     return LiveToken(rid=rid, pos=pos, full_slot=slot, swa_slot=slot, in_window=True)
 
 
-def snap(step, rows: dict[int, float], live, written=(), poisoned=()):
+def snap(step, rows: dict[int, float], live, written=(), poisoned=(), log: dict[int, int] | None = None):
+    """One step of a one-layer SWA pool; ``log`` (slot -> step that last wrote it) is its write log, inferred
+    from the changes when None."""
     k = torch.zeros(1, SLOTS, H, D)
     for slot, value in rows.items():
         k[0, slot] = value
@@ -26,9 +34,14 @@ def snap(step, rows: dict[int, float], live, written=(), poisoned=()):
         poison_(k[0, slot])
     v = k.clone()
     empty = torch.zeros(0, SLOTS, H, D)
-    return KVSnapshot(step=step, kind="decode", live=tuple(live), full_k=empty, full_v=empty,
+    swa_log = None
+    if log is not None:
+        swa_log = torch.full((1, SLOTS), -1, dtype=torch.int32)
+        for slot, at in log.items():
+            swa_log[0, slot] = at
+    return WholeStep(step=step, kind="decode", live=tuple(live), full_k=empty, full_v=empty,
                       swa_k=k, swa_v=v, hidden=torch.zeros(len(written), 4),
-                      hidden_owners=tuple(TokenKey(r, p) for r, p in written))
+                      hidden_owners=tuple(TokenKey(r, p) for r, p in written), swa_log=swa_log)
 
 
 def classes(sub, ref):
@@ -80,6 +93,113 @@ def test_token_written_this_step_whose_slot_kept_old_bytes_is_unwritten():
     sub = [snap(0, {1: 1.0, 2: 7.0}, before, [("a", 0)]), snap(1, {1: 1.0, 2: 7.0}, after, [("a", 1)])]
     found, _ = classes(sub, ref)
     assert found == [(1, 2, "unwritten")]
+
+
+def test_slot_written_with_poisons_bits_is_written_garbage_not_unwritten():
+    # a@0's K/V computed from poisoned reads keep the poison's exact bits (NaN payloads survive arithmetic);
+    # the write log says the step wrote slot 1 and nothing wrote slot 2
+    live = [tok("a", 0, 1), tok("b", 0, 2)]
+    ref = [snap(0, {1: 1.0, 2: 2.0}, live, [("a", 0), ("b", 0)], log={1: 0, 2: 0})]
+    sub = [snap(0, {}, live, [("a", 0), ("b", 0)], poisoned=[1, 2], log={1: 0})]
+    found, d = classes(sub, ref)
+    assert found == [(0, 1, "drift"), (0, 2, "unwritten")]
+    assert [m.detail for m in d.mismatches] == ["computed NaN", "slot still holds poison"]
+
+
+def test_slot_written_in_an_earlier_step_with_poisons_bits_stays_written():
+    live = [tok("a", 0, 1)]
+    ref = [snap(0, {1: 1.0}, live, [("a", 0)], log={1: 0}), snap(1, {1: 1.0}, live, [], log={1: 0})]
+    sub = [snap(0, {}, live, [("a", 0)], poisoned=[1], log={1: 0}), snap(1, {}, live, [], poisoned=[1], log={1: 0})]
+    found, _ = classes(sub, ref)
+    assert found == [(0, 1, "drift"), (1, 1, "drift")]
+
+
+class _Step:
+    index, kind, forwards = 0, "extend", ((TokenKey("a", 0), TokenKey("b", 0)),)
+
+
+def test_a_write_computed_from_a_poisoned_read_is_logged_by_the_pool_and_classified_written():
+    live = [LiveToken(rid=r, pos=0, full_slot=s, swa_slot=0, in_window=False) for r, s in (("a", 1), ("b", 2))]
+    runs = []
+    for value in (None, 1.0):
+        pool = HybridSWAKVPool(spec=PoolSpec(full_size=8, swa_size=8), layer_is_swa=(False,), num_kv_heads=1,
+                               head_dim=2)
+        pool.poison()
+        pool.begin_step(0)
+        if value is None:
+            # slot 5 was never written: reading it is the bug, and what it computes keeps the poison's bits
+            read, _ = pool.read_kv(0, torch.tensor([5]), torch.float32)
+            row = (read.view(1, 2) @ torch.randn(2, 2)) * 2 + 1
+            assert is_poison(row)
+        else:
+            row = torch.full((1, 2), value)
+            pool.set_kv_buffer(0, torch.tensor([2]), row.view(1, 1, 2), row.view(1, 1, 2))
+        pool.set_kv_buffer(0, torch.tensor([1]), row.view(1, 1, 2), row.view(1, 1, 2))  # b@0's write is skipped
+        buffers = PoolBuffers(full_k=pool.full_k_buffer, full_v=pool.full_v_buffer, swa_k=[], swa_v=[],
+                              full_log=pool.full_last_write, swa_log=pool.swa_last_write)
+        runs.append((SnapshotRecorder().take(buffers, _Step(), live, [torch.zeros(2, 4)]),))
+    d = diff_snapshots(*runs, layer_is_swa=(False,))
+    assert [(m.slot, m.classification, m.detail) for m in d.mismatches] == [
+        (1, "drift", "computed NaN"), (2, "unwritten", "slot still holds poison")]
+
+
+def test_without_a_write_log_poison_is_read_as_never_written():
+    live = [tok("a", 0, 1)]
+    found, _ = classes([snap(0, {}, live, [("a", 0)], poisoned=[1])], [snap(0, {1: 1.0}, live, [("a", 0)])])
+    assert found == [(0, 1, "unwritten")]
+
+
+def test_slot_the_log_says_was_written_is_not_kept_old_though_its_bytes_did_not_change():
+    before = [tok("a", 0, 1)]
+    after = [tok("a", 0, 1), tok("a", 1, 2)]
+    ref = [snap(0, {1: 1.0, 2: 7.0}, before, [("a", 0)]), snap(1, {1: 1.0, 2: 3.0}, after, [("a", 1)])]
+    wrote = [snap(0, {1: 1.0, 2: 7.0}, before, [("a", 0)], log={1: 0, 2: 0}),
+             snap(1, {1: 1.0, 2: 7.0}, after, [("a", 1)], log={1: 0, 2: 1})]
+    skipped = [wrote[0], snap(1, {1: 1.0, 2: 7.0}, after, [("a", 1)], log={1: 0, 2: 0})]
+    assert classes(wrote, ref)[0] == [(1, 2, "drift")]
+    assert classes(skipped, ref)[0] == [(1, 2, "unwritten")]
+
+
+def test_live_tokens_sharing_a_slot_through_the_prefix_cache_are_one_owner():
+    cached = [LiveToken(rid=r, pos=0, full_slot=1, swa_slot=1, in_window=True, shared=True) for r in ("a", "b")]
+    ref = [snap(0, {1: 1.0}, cached, [("a", 0)])]
+    sub = [snap(0, {1: 5.0}, cached, [("a", 0)])]
+    _, d = classes(sub, ref)
+    assert [(m.slot, m.rid, m.classification) for m in d.mismatches] == [(1, "a", "drift")] and d.total == 1
+    # without the cache, two tokens in one slot are two owners, each compared
+    twice = [tok("a", 0, 1), tok("b", 0, 1)]
+    _, d = classes([snap(0, {1: 5.0}, twice, [("a", 0)])], [snap(0, {1: 1.0}, twice, [("a", 0)])])
+    assert d.total == 2
+
+
+def test_a_shared_slot_is_written_when_any_of_its_owners_was():
+    # b matched a's cached prefix: the step wrote a@1 (slot 2), and b@1 reads the same slot
+    before = [tok("a", 0, 1)]
+    shared = [LiveToken(rid=r, pos=p, full_slot=s, swa_slot=s, in_window=True, shared=True)
+              for r in ("a", "b") for p, s in ((0, 1), (1, 2))]
+    ref = [snap(0, {1: 1.0, 2: 7.0}, before, [("a", 0)]), snap(1, {1: 1.0, 2: 3.0}, shared, [("a", 1)])]
+    sub = [snap(0, {1: 1.0, 2: 7.0}, before, [("a", 0)]), snap(1, {1: 1.0, 2: 7.0}, shared, [("a", 1)])]
+    found, d = classes(sub, ref)
+    assert found == [(1, 2, "unwritten")] and d.mismatches[0].rid == "a"
+
+
+def test_schedules_that_part_are_one_mismatch_where_they_part_after_the_steps_that_agree():
+    a0, a1 = tok("a", 0, 1), tok("a", 1, 2)
+    ref = [snap(0, {1: 1.0}, [a0], [("a", 0)]), snap(1, {1: 1.0, 2: 2.0}, [a0, a1], [("a", 1)]),
+           snap(2, {1: 1.0, 2: 2.0}, [a0, a1], [])]
+    sub = [snap(0, {1: 1.5}, [a0], [("a", 0)]), snap(1, {1: 1.5, 3: 2.0}, [a0, tok("a", 1, 3)], [("a", 1)]),
+           snap(2, {1: 1.5, 3: 2.0}, [a0, tok("a", 1, 3)], [])]
+    found, d = classes(sub, ref)
+    assert found == [(0, 1, "drift"), (1, 3, "schedule")]
+    assert d.mismatches[1].detail == "the schedules part: the subject keeps a@1 in full slot 3, the reference in 2"
+    assert (d.steps_compared, d.total, d.classes) == (1, 2, (("drift", 1), ("schedule", 1)))
+
+
+def test_a_token_live_in_one_run_only_is_where_the_schedules_part():
+    a0, b0 = tok("a", 0, 1), tok("b", 0, 2)
+    _, d = classes([snap(0, {1: 1.0}, [a0], [("a", 0)])], [snap(0, {1: 1.0, 2: 2.0}, [a0, b0], [("a", 0), ("b", 0)])])
+    assert [(m.step, m.rid, m.pos, m.classification) for m in d.mismatches] == [(0, "b", 0, "schedule")]
+    assert "b@0 is live in the reference (full slot 2), not in the subject" in d.mismatches[0].detail
 
 
 def test_small_numeric_difference_is_drift_with_its_size():
@@ -158,7 +278,7 @@ def test_rules_that_leave_a_bad_row_unclaimed_are_refused():
 def big_snap(step, k, v, live, written=()):
     """One SWA layer pool ``k``, ``v`` [1, slots, H, D]; no full layer."""
     empty = k.new_zeros((0, *k.shape[1:]))
-    return KVSnapshot(step=step, kind="decode", live=tuple(live), full_k=empty, full_v=empty, swa_k=k, swa_v=v,
+    return WholeStep(step=step, kind="decode", live=tuple(live), full_k=empty, full_v=empty, swa_k=k, swa_v=v,
                       hidden=torch.zeros(len(written), 4), hidden_owners=tuple(TokenKey(r, p) for r, p in written))
 
 

@@ -18,11 +18,16 @@ import pytest
 import torch
 
 import harness.check.hashjoin as hashjoin
-from harness.check.diff import diff_runs
+from harness.check.diff import diff_runs as diff_snapshots
 from harness.check.rules import RULES
-from harness.check.snapshot import KVSnapshot
+from harness.check.snapshot import WholeStep, snapshots_of
 from harness.serving.pool import is_poison, poison_
 from harness.serving.timeline import LiveToken, TokenKey
+
+
+def diff_runs(subject, reference, **kw):
+    """The diff of two runs given step by step with their pools whole."""
+    return diff_snapshots(snapshots_of(subject), snapshots_of(reference), **kw)
 
 
 def _bytes(t: torch.Tensor) -> bytes:
@@ -182,7 +187,7 @@ def random_runs(seed: int):
                         sk[l, s], sv[l, s] = sk[other, j].clone(), sv[other, j].clone()
         hidden = torch.randn(len(written), 4)
         for snaps, pools in ((ref_snaps, ref_pools), (sub_snaps, sub_pools)):
-            snaps.append(KVSnapshot(
+            snaps.append(WholeStep(
                 step=step, kind="decode", live=tuple(live),
                 full_k=pools["full"][0].clone(), full_v=pools["full"][1].clone(),
                 swa_k=pools["swa"][0].clone(), swa_v=pools["swa"][1].clone(),

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import random
 
 import pytest
@@ -10,6 +9,7 @@ import torch
 
 from harness.check.oracle import Certification, certify, dense_oracle, tolerance
 from harness.check.drive import execute
+from harness.check.snapshot import WholeStep, replay, snapshots_of
 from harness.runspec import RunSpec
 from harness.serving.model import SyntheticModel, model_spec
 from harness.serving.pool import PoolSpec, dequantize_fp8
@@ -32,12 +32,12 @@ def literal_certify(snapshots, oracle, *, model, kv_dtype, kv_scales, max_proble
             problems.append(f"{where}: max |diff| {float(err.max()):.3g} (atol {atol}, rtol {rtol})")
         return float(err.nan_to_num(float("inf")).max())
 
-    for snap in snapshots:
+    for snap, whole in replay(snapshots):
         for tok in snap.live:
             ref = oracle[tok.rid]
-            pools = [("full", full_layers, tok.full_slot, snap.full_k, snap.full_v)]
+            pools = [("full", full_layers, tok.full_slot, whole.full_k, whole.full_v)]
             if tok.in_window:
-                pools.append(("SWA", swa_layers, tok.swa_slot, snap.swa_k, snap.swa_v))
+                pools.append(("SWA", swa_layers, tok.swa_slot, whole.swa_k, whole.swa_v))
             for name, layers, slot, kb, vb in pools:
                 for i, layer in enumerate(layers):
                     for which, (buf, want) in enumerate(((kb, ref.k), (vb, ref.v))):
@@ -53,8 +53,9 @@ def planted(snapshots, seed: int):
     """Copies of the snapshots with a few live rows and hidden states pushed off, one NaN among them."""
     rng = random.Random(seed)
     out = []
-    for snap in snapshots:
-        tensors = {f: getattr(snap, f).clone() for f in ("full_k", "full_v", "swa_k", "swa_v", "hidden")}
+    for snap, whole in replay(snapshots):
+        tensors = {f: getattr(whole, f).clone() for f in ("full_k", "full_v", "swa_k", "swa_v")}
+        tensors["hidden"] = snap.hidden.clone()
         for _ in range(rng.randint(0, 2)):
             if not snap.live:
                 break
@@ -70,8 +71,9 @@ def planted(snapshots, seed: int):
                     row[0, 0] = float("nan") if rng.random() < 0.2 else row[0, 0] + 0.5
         if tensors["hidden"].numel() and rng.random() < 0.3:
             tensors["hidden"][rng.randrange(tensors["hidden"].shape[0]), 0] += 1.0
-        out.append(dataclasses.replace(snap, **tensors))
-    return tuple(out)
+        out.append(WholeStep(step=snap.step, kind=snap.kind, live=snap.live, hidden_owners=snap.hidden_owners,
+                             **tensors))
+    return snapshots_of(out)
 
 
 @pytest.mark.parametrize("kv_dtype", ["float32", "bfloat16", "fp8_e4m3"])

@@ -16,7 +16,7 @@ import pytest
 from harness.cli import main
 from harness.runspec import RUN_MEMORY_LIMIT, GraphSpec
 from harness.scenario import ScenarioError, load_all, load_scenario
-from harness.scenario.memory import attention_bytes_per_column, graph_memory_problems
+from harness.scenario.memory import attention_bytes_per_column, graph_memory_problems, timeline_memory_problems
 from harness.scenario.schema import FILE_LIMIT
 from harness.serving.model import model_spec
 from harness.serving.pool import PoolSpec
@@ -138,11 +138,23 @@ def test_the_estimate_follows_what_a_captured_bucket_keeps():
     assert graph_memory_problems(model, pool, GraphSpec(decode_buckets=(256,)), ["eager", "piecewise"]) == []
 
 
-def test_snapshots_of_every_step_past_the_bound_are_refused_at_load(tmp_path):
-    # the issue's example: pools of 2^18 slots pass the KV bound, and every step snapshots them whole
-    (line,) = _problems(_pools(tmp_path, 262144))
-    assert ": pool: every step snapshots both pools whole: 41 steps x 192 MiB and the hidden states need " in line
+def test_pools_the_diff_cannot_rebuild_within_the_bound_are_refused_at_load(tmp_path):
+    # pools of 2^19 slots pass the KV bound, but the diff keeps three working copies of them
+    (line,) = _problems(_pools(tmp_path, 1 << 19))
+    assert (": pool: the diff rebuilds each step's pools 3 times (the subject's at the step and the step before, "
+            "the reference's), 3 x 390 MiB, and keeps both runs' snapshots of what their 41 steps change, ") in line
     assert f"more than the {RUN_MEMORY_LIMIT >> 20} MiB a run may use" in line
+
+
+def test_pools_snapshotted_only_where_a_step_changes_them_load_where_whole_copies_did_not(tmp_path):
+    # 41 steps of pools of 2^18 slots: 7.7 GiB copied whole at every step, a few MiB of what each step changed
+    assert load_scenario(_pools(tmp_path, 1 << 18)).pool.full_size == 1 << 18
+
+
+def test_snapshots_of_a_long_timeline_past_the_bound_are_refused_naming_the_timeline():
+    model, pool = model_spec("gpt-oss-mini"), PoolSpec(full_size=4096, swa_size=4096)
+    (problem,) = timeline_memory_problems(model, pool, step_tokens=[4096] * 2000, largest_forward=(1, 0))
+    assert problem.key == "timeline" and "keeps both runs' snapshots of what their 2000 steps change" in problem.message
 
 
 def _pools(tmp_path: Path, slots: int, output_len: int = 40) -> Path:

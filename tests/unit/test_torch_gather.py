@@ -118,10 +118,11 @@ def _forward(backend_name: str, pool, r2t, row, locs):
 def test_a_nan_in_the_dummy_slot_leaks_through_dense_masking_but_not_through_the_gather():
     pool, r2t, row, locs = _request(1)
     gen = torch.Generator().manual_seed(5)
-    for buf in pool.buffers()[:-1]:
+    kv = [*pool.full_k_buffer, *pool.full_v_buffer, *pool.swa_k_buffer, *pool.swa_v_buffer]
+    for buf in kv:
         buf.copy_(torch.randn(buf.shape, generator=gen))
     clean = {name: _forward(name, pool, r2t, row, locs) for name in ("torch_native", "torch_gather")}
-    for buf in pool.buffers()[:-1]:
+    for buf in kv:
         buf[0] = float("nan")  # what vLLM PR 38436's padded rows wrote there
     dense, gathered = (_forward(name, pool, r2t, row, locs) for name in ("torch_native", "torch_gather"))
     assert dense.isnan().all(), "the dense kernel multiplies the dummy slot by a zero weight"
