@@ -331,7 +331,7 @@ class Recorder:
             check_op(func, info.rule, info.gen_pos, args, kwargs, self)
         written = None
         memory = None
-        if info.writes:
+        if info.writes and (self.undo or self.record):  # a warm-up or an observing capture needs no write list
             written = written_tensors(info, args, kwargs)
             if self.undo:
                 for t in written:
