@@ -171,11 +171,13 @@ class TorchNativeImpl(AttentionImpl):
         scores = torch.bmm(qh, k_t).view(t, self.num_kv_heads, g, w).float() * self.scale  # [T, Hkv, G, W]
         key_pos = md.key_pos[:width][None, :]
         kv_len = md.token_kv_lens[:, None]
-        valid = key_pos < kv_len
+        # the keys a query may not see: the complement of [kv_len - window, kv_len) written out (De Morgan),
+        # which saves negating the visible ones
+        masked = key_pos >= kv_len
         window = self._layer_windows[layer_id]
         if window is not None:
-            valid = valid & (key_pos >= kv_len - window)
-        scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
+            masked = masked | (key_pos < kv_len - window)
+        scores = scores.masked_fill(masked.view(masked.shape[0], 1, 1, masked.shape[1]), float("-inf"))
         probs = torch.softmax(scores, dim=-1)
         if probs.dtype != self.dtype:
             probs = probs.to(self.dtype)
