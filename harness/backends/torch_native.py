@@ -161,22 +161,27 @@ class TorchNativeImpl(AttentionImpl):
         table = md.swa_page_table if self.pool.is_swa_layer(layer_id) else md.page_table
         slots = table[:, :width][md.token_rows]
         k_all, v_all = self.pool.read_kv(layer_id, slots, self.dtype)  # [T, W, Hkv, D]
-        qh = q.view(t, self.num_kv_heads, self.group, self.head_dim)
+        heads, g, d, w = t * self.num_kv_heads, self.group, self.head_dim, k_all.shape[1]
+        qh = q.view(heads, g, d)
         # Contiguous operands: with one token, a permuted (strided) K sends matmul down another GEMM path
         # that rounds differently, and a batch of 1 would no longer match the same row in a padded bucket.
-        k_t = k_all.permute(0, 2, 3, 1).contiguous()
-        v_t = v_all.permute(0, 2, 1, 3).contiguous()
-        scores = torch.matmul(qh, k_t).float() * self.scale  # [T, Hkv, G, W]
+        # bmm on them is the call matmul makes for these 4-D operands, without the expands and views around it.
+        k_t = k_all.permute(0, 2, 3, 1).contiguous().view(heads, d, w)
+        v_t = v_all.permute(0, 2, 1, 3).contiguous().view(heads, w, d)
+        scores = torch.bmm(qh, k_t).view(t, self.num_kv_heads, g, w).float() * self.scale  # [T, Hkv, G, W]
         key_pos = md.key_pos[:width][None, :]
         kv_len = md.token_kv_lens[:, None]
-        valid = key_pos < kv_len
+        # the keys a query may not see: the complement of [kv_len - window, kv_len) written out (De Morgan),
+        # which saves negating the visible ones
+        masked = key_pos >= kv_len
         window = self._layer_windows[layer_id]
         if window is not None:
-            valid = valid & (key_pos >= kv_len - window)
-        scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
-        probs = torch.softmax(scores, dim=-1).to(self.dtype)
-        out = torch.matmul(probs, v_t)  # [T, Hkv, G, D]
-        return out.reshape(t, -1)
+            masked = masked | (key_pos < kv_len - window)
+        scores = scores.masked_fill(masked.view(masked.shape[0], 1, 1, masked.shape[1]), float("-inf"))
+        probs = torch.softmax(scores, dim=-1)
+        if probs.dtype != self.dtype:
+            probs = probs.to(self.dtype)
+        return torch.bmm(probs.view(heads, g, w), v_t).view(t, -1)  # [T, Hkv*G*D]
 
 
 class TorchNativeBackend(AttentionBackend):

@@ -160,8 +160,20 @@ def _host_sequence(obj: object) -> bool:
     return isinstance(obj, (list, tuple)) or type(obj).__name__ == "ndarray"
 
 
+# Index parts that hold no host data; tested first because nearly every index a capture meets is one of them
+# (or a tuple of them), and this predicate runs on every ``Tensor.__getitem__`` while a recorder is active.
+_PLAIN_INDEX = (slice, int, torch.Tensor, type(None), type(Ellipsis))
+
+
 def _host_index(index: object) -> bool:
     """Whether an index holds Python or numpy data that torch turns into a device tensor."""
+    if isinstance(index, _PLAIN_INDEX):
+        return False
+    if type(index) is tuple:
+        for i in index:
+            if not isinstance(i, _PLAIN_INDEX) and _host_sequence(i):
+                return True
+        return False
     if type(index).__name__ == "ndarray":
         return True
     if isinstance(index, list):
