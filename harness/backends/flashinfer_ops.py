@@ -13,7 +13,8 @@ The planned wrapper itself is host state no op argument can carry, so a call nam
 
 The CPU kernel registered for the op is a stand-in with FlashInfer's semantics, over the same lists: each
 query attends causally (aligned with the end of its request's run) to the keys of its run inside
-``window_left``, K and V dequantized with the layer's scales, and a query with no key gets zeros, as
+``window_left``, K dequantized with the layer's scale (V's is applied to the output, by the caller), and a
+query with no key gets zeros, as
 FlashInfer returns for an empty row. Its body is plain aten ops with static shapes, so the tape records
 and replays it like any other code; it never reads a masked key's value (a masked lane's value is zeroed,
 not multiplied by zero), as the kernel never loads it.
@@ -50,25 +51,25 @@ _LIB = torch.library.Library("harness_flashinfer", "DEF")
 _LIB.define(
     "paged_attention(Tensor(a!) out, Tensor q, Tensor k_cache, Tensor v_cache, Tensor qo_indptr, Tensor kv_indptr, "
     "Tensor kv_indices, Tensor kv_last_page_len, Tensor int_workspace, Tensor float_workspace, int wrapper, "
-    "int window_left, float sm_scale, float k_scale, float v_scale, int max_kv_len) -> ()")
+    "int window_left, float sm_scale, float k_scale, int max_kv_len) -> ()")
 
 
 def _stand_in_kernel(
     out: torch.Tensor, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, qo_indptr: torch.Tensor,
     kv_indptr: torch.Tensor, kv_indices: torch.Tensor, kv_last_page_len: torch.Tensor, int_workspace: torch.Tensor,
     float_workspace: torch.Tensor, wrapper: int, window_left: int, sm_scale: float, k_scale: float,
-    v_scale: float, max_kv_len: int,
+    max_kv_len: int,
 ) -> None:
     out.copy_(dense_paged_attention(
         q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, window_left=window_left,
-        sm_scale=sm_scale, k_scale=k_scale, v_scale=v_scale, max_kv_len=max_kv_len))
+        sm_scale=sm_scale, k_scale=k_scale, max_kv_len=max_kv_len))
 
 
 def _flashinfer_kernel(
     out: torch.Tensor, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, qo_indptr: torch.Tensor,
     kv_indptr: torch.Tensor, kv_indices: torch.Tensor, kv_last_page_len: torch.Tensor, int_workspace: torch.Tensor,
     float_workspace: torch.Tensor, wrapper: int, window_left: int, sm_scale: float, k_scale: float,
-    v_scale: float, max_kv_len: int,
+    max_kv_len: int,
 ) -> None:
     planned = _WRAPPERS.get(wrapper)
     if planned is None:
@@ -76,7 +77,9 @@ def _flashinfer_kernel(
     # the lists, the workspaces and qo_indptr are the planned wrapper's own (plan() copied them); they are
     # arguments so that both graph engines and the audit see what the kernel reads. window_left is checked
     # against the planned one by FlashInfer itself.
-    planned.run(q, (k_cache, v_cache), k_scale=k_scale, v_scale=v_scale, out=out, window_left=window_left)
+    # no v_scale: FlashInfer applies it with an in-place aten multiply of ``out`` after its kernel, which
+    # would make the tape take that multiply for the whole op's work and never re-run the kernel at replay
+    planned.run(q, (k_cache, v_cache), k_scale=k_scale, out=out, window_left=window_left)
 
 
 def _meta_kernel(*args: Any) -> None:
@@ -88,15 +91,16 @@ _LIB.impl("paged_attention", _flashinfer_kernel, "CUDA")
 _LIB.impl("paged_attention", _meta_kernel, "Meta")
 paged_attention = torch.ops.harness_flashinfer.paged_attention.default
 """``paged_attention(out, q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, kv_last_page_len,
-int_workspace, float_workspace, wrapper, window_left, sm_scale, k_scale, v_scale, max_kv_len)``: write into
-``out`` [T, Hq, D] the attention of ``q`` [T, Hq, D] over the paged K/V caches [pages, page_size, Hkv, D]
-that the CSR lists name, per request of ``qo_indptr``."""
+int_workspace, float_workspace, wrapper, window_left, sm_scale, k_scale, max_kv_len)``: write into ``out``
+[T, Hq, D] the attention of ``q`` [T, Hq, D] over the paged K/V caches [pages, page_size, Hkv, D] that the
+CSR lists name, per request of ``qo_indptr``; K is dequantized by ``k_scale``, V is not (the caller scales
+the output by the layer's ``v_scale``, as FlashInfer itself does after its kernel)."""
 
 
 def dense_paged_attention(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, qo_indptr: torch.Tensor,
     kv_indptr: torch.Tensor, kv_indices: torch.Tensor, kv_last_page_len: torch.Tensor, *, window_left: int,
-    sm_scale: float, k_scale: float, v_scale: float, max_kv_len: int,
+    sm_scale: float, k_scale: float, max_kv_len: int,
 ) -> torch.Tensor:
     """[T, Hq, D] FlashInfer's paged attention in dense torch ops over ``max_kv_len`` lanes per query."""
     t, num_qo_heads, head_dim = q.shape
@@ -115,7 +119,7 @@ def dense_paged_attention(
         valid = valid & (lane >= q_pos[:, None] - window_left)
     token_slots = slots[row]  # [T, lanes]
     k = k_cache.reshape(-1, num_kv_heads, head_dim)[token_slots].float() * k_scale  # [T, lanes, Hkv, D]
-    v = v_cache.reshape(-1, num_kv_heads, head_dim)[token_slots].float() * v_scale
+    v = v_cache.reshape(-1, num_kv_heads, head_dim)[token_slots].float()
     v = torch.where(valid[:, :, None, None], v, torch.zeros((), dtype=v.dtype, device=v.device))
     qh = q.float().view(t, num_kv_heads, num_qo_heads // num_kv_heads, head_dim)
     scores = torch.einsum("thgd,tlhd->thgl", qh, k) * sm_scale

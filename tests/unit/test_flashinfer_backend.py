@@ -334,13 +334,12 @@ def _stand_in(impl, layer, q, md):
     paged = md.groups[impl._group_of[layer]]
     k_buf, v_buf = impl.pool.get_kv_buffer(layer)
     k_scale, v_scale = impl.pool.kv_scales[layer] if impl._fp8 else (1.0, 1.0)
-    cpu = lambda t: t.cpu()  # noqa: E731
     t = q.shape[0]
-    return dense_paged_attention(
-        cpu(q).view(t, impl.num_heads, impl.head_dim), cpu(impl._pages(k_buf)), cpu(impl._pages(v_buf)),
-        cpu(md.qo_indptr), cpu(paged.indptr), cpu(paged.indices), cpu(paged.last_page_len),
-        window_left=paged.window_left, sm_scale=impl.scale, k_scale=k_scale, v_scale=v_scale,
-        max_kv_len=md.max_kv_len).reshape(t, -1)
+    out = dense_paged_attention(
+        q.cpu().view(t, impl.num_heads, impl.head_dim), impl._pages(k_buf).cpu(), impl._pages(v_buf).cpu(),
+        md.qo_indptr.cpu(), paged.indptr.cpu(), paged.indices.cpu(), paged.last_page_len.cpu(),
+        window_left=paged.window_left, sm_scale=impl.scale, k_scale=k_scale, max_kv_len=md.max_kv_len)
+    return out.reshape(t, -1) * v_scale
 
 
 @pytest.mark.gpu
