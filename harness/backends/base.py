@@ -297,6 +297,9 @@ class AttentionBackend(ABC):
     """the pool layouts its kernel reads"""
     known_faults: ClassVar[frozenset[str]]
     """catalog faults whose switches this backend implements; no default, so none is claimed by accident"""
+    pad_seq_len: ClassVar[int] = 1
+    """seq_len of a graph batch's padding rows: one token (the dummy slot) reads no garbage and plans as a
+    one-token request where a planner needs a last page of at least one token, as FlashInfer's does"""
     component: ClassVar[Component] = Component.ATTENTION_BACKEND
     builder_cls: ClassVar[type[AttentionMetadataBuilder]]
     impl_cls: ClassVar[type[AttentionImpl]]

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import torch
 
+from ..serving.pool import in_bounds
+
 
 def build_page_table(
     req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor, width: int, *,
@@ -24,6 +26,20 @@ def build_page_table(
     cols = torch.arange(pages.shape[1], device=pages.device)
     used = -(-seq_lens // page_size)
     return torch.where(cols[None, :] < used[:, None], pages, torch.zeros_like(pages))
+
+
+def swa_page_translation(full_to_swa_index_mapping: torch.Tensor, full_size: int, *, page_size: int) -> torch.Tensor:
+    """[full pages] the SWA page id of each full-pool page (0 where evicted), read at the page's first slot.
+
+    The slot is translated, not the page id (SGLang PR 16267): the mapping is per token slot.
+    """
+    return full_to_swa_index_mapping[:full_size:page_size] // page_size
+
+
+def translate_pages(table: torch.Tensor, pages: torch.Tensor, *, per: str = "full") -> torch.Tensor:
+    """``table[pages]``, once every page id addresses an entry of ``table`` (one entry ``per`` pool page)."""
+    n = table.shape[0]
+    return table[in_bounds(pages, n, f"the SWA page translation table ({n} entries, one per {per} page)")]
 
 
 def page_table_slots(page_table: torch.Tensor, seq_lens: torch.Tensor, width: int, *, page_size: int) -> torch.Tensor:

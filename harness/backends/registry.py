@@ -11,6 +11,7 @@ from .base import DECLARATIONS, AttentionBackend
 BACKENDS: dict[str, str] = {
     "torch_native": "harness.backends.torch_native:TorchNativeBackend",
     "torch_gather": "harness.backends.torch_gather:TorchGatherBackend",
+    "flashinfer": "harness.backends.flashinfer:FlashInferBackend",
 }
 
 

@@ -40,7 +40,14 @@ from .base import (
     GraphSupport,
     KVLayout,
 )
-from .page_table import build_page_table, extend_token_kv_lens, extend_token_rows, page_table_slots
+from .page_table import (
+    build_page_table,
+    extend_token_kv_lens,
+    extend_token_rows,
+    page_table_slots,
+    swa_page_translation,
+    translate_pages,
+)
 
 
 @dataclass(slots=True, kw_only=True)
@@ -107,15 +114,12 @@ class TorchGatherMetadataBuilder(AttentionMetadataBuilder):
             # SGLang PR 38187: the graph refill translates page ids as if they were token slots and never
             # divides by the page size, so SWA token slots come back as page ids (pages of one token hide it)
             return mapping[pages]
-        # a page-level table: the SWA page of each full page, read at the page's first slot (translate the
-        # slot, not the page id: SGLang PR 16267)
-        table = mapping[: self.pool.full_size : p] // p
+        table = swa_page_translation(mapping, self.pool.full_size, page_size=p)
         per = "full"
         if "swa_table_sized_by_swa_pages" in self.faults:
             # SGLang PR 37560: sized by the SWA side's own page count, indexed by the full side's ids
             table, per = table[: self.pool.swa_size // p], "SWA"
-        n = table.shape[0]
-        return table[in_bounds(pages, n, f"the SWA page translation table ({n} entries, one per {per} page)")]
+        return translate_pages(table, pages, per=per)
 
     def _gather(self, slot_table: torch.Tensor, token_rows: torch.Tensor | None, kv_lens: torch.Tensor, *,
                 swa: bool) -> tuple[torch.Tensor, torch.Tensor]:

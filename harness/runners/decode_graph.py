@@ -102,11 +102,11 @@ class DecodeGraphRunner(GraphRunner):
         )
 
     def _capture(self, bs: int) -> None:
-        # the capture batch: every row is padding (dummy request row 0, dummy slot 0, seq_len 1)
+        # the capture batch: every row is padding (dummy request row 0, dummy slot 0, the backend's pad seq_len)
         self.input_ids[:bs].zero_()
         self.positions[:bs].zero_()
         self.req_pool_indices[:bs].zero_()
-        self.seq_lens[:bs].fill_(1)
+        self.seq_lens[:bs].fill_(self.backend.pad_seq_len)
         self.out_cache_loc[:bs].zero_()
         self.out_cache_loc_swa[:bs].zero_()
         self.plan_swa_ids[:bs].zero_()
@@ -165,7 +165,7 @@ class DecodeGraphRunner(GraphRunner):
         return self._replay(bucket, bs, captured=captured)
 
     def _fill(self, batch: ForwardBatch, bucket: int) -> None:
-        pad_seq_len = 0 if "pad_seq_len_zero" in self.faults else 1
+        pad_seq_len = 0 if "pad_seq_len_zero" in self.faults else self.backend.pad_seq_len
         pad_slot = -1 if "pad_slot_minus_one" in self.faults else 0
         fill_static(self.input_ids, batch.input_ids, bucket, 0)
         fill_static(self.positions, batch.positions, bucket, 0)
