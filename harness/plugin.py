@@ -8,13 +8,12 @@ from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
-import torch
 
-from .check.matrix import limit_threads
+# light imports only: every pytest session loads this plugin (the repository's root conftest does), and its
+# options, refusals and an xdist controller need no torch, pandas or scenario machinery; those come with
+# the first scenario file collected or the first result gathered
 from .check.workers import terminate_like_ctrl_c
-from .collect import is_scenario_file, scenario_file
 from .report.files import destination_problems
-from .report.session import RECORD_PROPERTY, ReportSession
 from .report.text import printable
 
 
@@ -33,7 +32,6 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    limit_threads()
     config.addinivalue_line("markers", "gpu: needs CUDA (skipped with a reason when no GPU is present)")
     config.addinivalue_line("markers", "slow: takes more than a few seconds")
     if not hasattr(config, "workerinput"):  # the xdist controller, or a plain run: where results gather
@@ -43,6 +41,13 @@ def pytest_configure(config: pytest.Config) -> None:
         if problems := destination_problems(results=("--harness-json", Path(json_path) if json_path else None),
                                             folder=("--harness-report", Path(report_dir) if report_dir else None)):
             raise pytest.UsageError("; ".join(printable(p) for p in problems))
+    if hasattr(config, "workerinput") or getattr(config.option, "dist", "no") == "no":
+        from .check.matrix import limit_threads
+
+        limit_threads()  # where tests run: an xdist controller runs none, and needs no torch
+    if not hasattr(config, "workerinput"):
+        from .report.session import ReportSession
+
         signals = ExitStack()
         signals.enter_context(terminate_like_ctrl_c())  # SIGTERM ends the session as Ctrl-C does
         config.add_cleanup(signals.close)
@@ -53,12 +58,20 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
+    if file_path.suffix != ".toml":  # the common case, answered before the scenario machinery is imported
+        return None
+    from .collect import is_scenario_file, scenario_file
+
     if is_scenario_file(file_path, parent.config.rootpath):
         return scenario_file(parent, file_path)
     return None
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not any("gpu" in item.keywords for item in items):
+        return
+    import torch
+
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs CUDA: no GPU on this machine")
@@ -77,6 +90,8 @@ class _ReportHooks:
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if report.when != "call":
             return
+        from .report.session import RECORD_PROPERTY
+
         for name, value in report.user_properties:
             if name == RECORD_PROPERTY:
                 self.session.add_record(json.loads(value))
