@@ -328,11 +328,14 @@ def test_sigterm_ends_a_run_as_ctrl_c_does_and_leaves_no_process_behind(escaping
             os.kill(pid, signal.SIGKILL)
 
     thread = threading.Thread(target=terminate_once_hanging, daemon=True)
+    # as in a fresh process, whatever this session installed: the handler must be the CLI's own
+    before = signal.signal(signal.SIGTERM, signal.SIG_DFL)
     thread.start()
     try:
         code, out, err = run_cli(capsys, "run", "--jobs", "1", "--mode", "eager", "--timeout", "600", "--design",
                                  "escaping_designs:spawns_and_hangs", "--design", "translate", "--json", "r.json")
     finally:
+        signal.signal(signal.SIGTERM, before)
         thread.join(30)
         _kill_marked(marker)
         sys.modules.pop("escaping_designs", None)
@@ -359,9 +362,10 @@ def test_a_harness_killed_outright_takes_its_runs_with_it(escaping_dir, monkeypa
     harness = multiprocessing.get_context("fork").Process(target=_cli_exit, args=(
         ["run", "--jobs", "1", "--mode", "eager", "--timeout", "600", "--design", "escaping_designs:spawns_and_hangs"],))
     harness.start()
+    runs: list[int] = []
     try:
         assert _wait_for(lambda: _with_arg(marker) or not harness.is_alive(), 120)
-        runs = [pid for pid in _children(harness.pid) if pid not in _with_arg(marker)]
+        runs += [pid for pid in _children(harness.pid) if pid not in _with_arg(marker)]
         assert runs
         harness.kill()  # SIGKILL: no handler runs; the kernel ends the run (PR_SET_PDEATHSIG)
         harness.join(30)
@@ -369,6 +373,9 @@ def test_a_harness_killed_outright_takes_its_runs_with_it(escaping_dir, monkeypa
     finally:
         _kill_marked(marker)
         harness.kill()
+        for pid in runs:  # when the kernel did not: an orphan would hold this session's output open
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
         sys.modules.pop("escaping_designs", None)
 
 
