@@ -252,6 +252,7 @@ def _sigint_as_in_a_terminal():
         signal.signal(signal.SIGINT, before)
 
 
+@pytest.mark.slow
 @linux_only
 def test_ctrl_c_prints_what_finished_writes_incomplete_json_and_exits_130(escaping_dir):
     # the interrupt front door, as a user meets it: a real SIGINT to `python -m harness run`, sent once the
@@ -379,6 +380,7 @@ def test_a_harness_killed_outright_takes_its_runs_with_it(escaping_dir, monkeypa
         sys.modules.pop("escaping_designs", None)
 
 
+@pytest.mark.slow
 @linux_only
 def test_what_a_run_prints_or_starts_stays_in_its_run(escaping_dir):
     # one `python -m harness run` for two claims that do not meet: what a design prints (through Python and
