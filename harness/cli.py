@@ -9,26 +9,26 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
-import torch
-
-from .check.case import EXPECT_DEFAULT, Case, cases, expect_problem
+# what the parser, option errors and refusals need; the run machinery (the matrix, the report writers,
+# pandas) is imported by the commands that use it, so --help and a refused destination do not wait for it
+from .check.case import EXPECT_DEFAULT, cases, expect_problem
 from .check.keywords import KeywordError, Keywords
-from .check.matrix import limit_threads, run_cases
 from .check.workers import Terminated, output_block, terminate_like_ctrl_c
-from .report.build import case_view
-from .report.compare import run_compare
 from .report.files import destination_problems
-from .report.session import ReportSession
 from .report.text import failure_blocks, printable, progress_line, run_table, table
-from .report.views import CaseView
 from .runners.registry import runner_option
-from .runspec import TIMEOUT_MAX_S, Mode
+from .runspec import TIMEOUT_MAX_S, Mode, Outcome
 from .scenario.loader import SCENARIO_ROOT_DEFAULT, ScenarioError, load_all
 from .scenario.spec import ScenarioSpec, is_import_path
 from .serving.designs import DESIGNS
 from .serving.faults import FAULTS
+
+if TYPE_CHECKING:
+    from .check.case import Case
+    from .report.session import ReportSession
+    from .report.views import CaseView
 
 
 def _select(args: argparse.Namespace) -> tuple[list[ScenarioSpec], list[ScenarioError]]:
@@ -85,6 +85,9 @@ def _why_nothing(args: argparse.Namespace, specs: list[ScenarioSpec]) -> str:
 
 def _run_all(all_cases: list[Case], jobs: int, session: ReportSession) -> None:
     """Run every case, adding views to the session as they finish (so an interrupt keeps what finished)."""
+    from .check.matrix import run_cases
+    from .report.build import case_view
+
     done_count, total, start = 0, len(all_cases), time.perf_counter()
     tty = sys.stderr.isatty()
 
@@ -123,6 +126,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
         return 2
     specs, load_errors = _select(args)
     _print_problems(load_errors)
+    import torch
+    from .report.session import ReportSession
+
     needs_cuda = args.device == "cuda" or args.engine == "cuda"
     if needs_cuda and not torch.cuda.is_available():
         print("--engine cuda and --device cuda need a CUDA device; this machine has none "
@@ -169,6 +175,8 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     if problems := destination_problems(results=("", None), folder=("--report-dir", report_dir)):
         print("\n".join(printable(p) for p in problems), file=sys.stderr)
         return 2
+    from .report.compare import run_compare
+
     return run_compare(Path(args.base), Path(args.head), report_dir=report_dir, out=sys.stdout, err=sys.stderr)
 
 
@@ -293,6 +301,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from .check.matrix import limit_threads
+
     limit_threads()
     if getattr(args, "report_dir_default", None) and not args.report_dir:
         args.report_dir = args.report_dir_default

@@ -8,16 +8,13 @@ from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
-import torch
 
-from .check.case import EXPECT_DEFAULT, expect_problem
-from .check.matrix import limit_threads
+# light imports only: every pytest session loads this plugin (the repository's root conftest does), and its
+# options, refusals and an xdist controller need no torch, pandas or scenario machinery; those come with
+# the first scenario file collected or the first result gathered
 from .check.workers import terminate_like_ctrl_c
-from .collect import is_scenario_file, scenario_file
 from .report.files import destination_problems
-from .report.session import RECORD_PROPERTY, ReportSession
 from .report.text import printable
-from .runners.registry import runner_option
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -32,7 +29,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="add this design to every scenario that does not list it (repeatable)")
     group.addoption("--harness-expect", default=None, metavar="VERDICT|like:DESIGN",
                     help="what added designs should give: one verdict for every item, or like:DESIGN, what each "
-                         f"scenario expects of DESIGN there (default: {EXPECT_DEFAULT}); a fault scenario also runs "
+                         "scenario expects of DESIGN there (default: like:forward_batch); a fault "
+                         "scenario also runs "
                          "them with the faults off")
     group.addoption("--harness-backend", action="append", default=[], metavar="package.module:Class",
                     help="add this backend to every scenario that does not list it, each item expected to give what "
@@ -46,14 +44,19 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    limit_threads()
-    if (expect := config.getoption("harness_expect", None)) is not None and (problem := expect_problem(expect)):
-        raise pytest.UsageError(f"--harness-expect: {problem}")
-    for text in config.getoption("harness_runner", None) or ():
-        try:
-            runner_option(text)
-        except ValueError as exc:
-            raise pytest.UsageError(f"--harness-runner: {exc}") from None
+    if (expect := config.getoption("harness_expect", None)) is not None:
+        from .check.case import expect_problem
+
+        if problem := expect_problem(expect):
+            raise pytest.UsageError(f"--harness-expect: {problem}")
+    if runners := config.getoption("harness_runner", None) or ():
+        from .runners.registry import runner_option
+
+        for text in runners:
+            try:
+                runner_option(text)
+            except ValueError as exc:
+                raise pytest.UsageError(f"--harness-runner: {exc}") from None
     config.addinivalue_line("markers", "gpu: needs CUDA (skipped with a reason when no GPU is present)")
     config.addinivalue_line("markers", "slow: takes more than a few seconds")
     if not hasattr(config, "workerinput"):  # the xdist controller, or a plain run: where results gather
@@ -63,6 +66,13 @@ def pytest_configure(config: pytest.Config) -> None:
         if problems := destination_problems(results=("--harness-json", Path(json_path) if json_path else None),
                                             folder=("--harness-report", Path(report_dir) if report_dir else None)):
             raise pytest.UsageError("; ".join(printable(p) for p in problems))
+    if hasattr(config, "workerinput") or getattr(config.option, "dist", "no") == "no":
+        from .check.matrix import limit_threads
+
+        limit_threads()  # where tests run: an xdist controller runs none, and needs no torch
+    if not hasattr(config, "workerinput"):
+        from .report.session import ReportSession
+
         signals = ExitStack()
         signals.enter_context(terminate_like_ctrl_c())  # SIGTERM ends the session as Ctrl-C does
         config.add_cleanup(signals.close)
@@ -73,15 +83,22 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
+    if file_path.suffix != ".toml":  # the common case, answered before the scenario machinery is imported
+        return None
+    from .collect import is_scenario_file, scenario_file
+
     # a .toml named on the command line is a scenario wherever it lives; found by walking a folder, only
     # below a folder named scenarios (so pyproject.toml and the like are never taken for one)
-    if is_scenario_file(file_path, parent.config.rootpath) or (
-            file_path.suffix == ".toml" and parent.session.isinitpath(file_path)):
+    if is_scenario_file(file_path, parent.config.rootpath) or parent.session.isinitpath(file_path):
         return scenario_file(parent, file_path)
     return None
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not any("gpu" in item.keywords for item in items):
+        return
+    import torch
+
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs CUDA: no GPU on this machine")
@@ -100,6 +117,8 @@ class _ReportHooks:
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         if report.when != "call":
             return
+        from .report.session import RECORD_PROPERTY
+
         for name, value in report.user_properties:
             if name == RECORD_PROPERTY:
                 self.session.add_record(json.loads(value))

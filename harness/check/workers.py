@@ -86,6 +86,46 @@ def terminate_like_ctrl_c() -> Iterator[None]:
             signal.signal(signum, handler)
 
 
+_HELD = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+@contextmanager
+def _interrupts_held() -> Iterator[dict[int, Callable[[int, Any], Any]]]:
+    """Ctrl-C (and SIGTERM, SIGHUP) wait while a child is forked and recorded, then act.
+
+    An interrupt that landed between the fork and the record left the child outside what the interrupt
+    cleans up: it, and any process its task started, outlived the run. Yields the handlers held back (the
+    child puts them back). Only Python-level handlers are held; a signal at its default or ignored stays so.
+    """
+    previous = {signum: signal.getsignal(signum) for signum in _HELD}
+    held = {signum: handler for signum, handler in previous.items() if callable(handler)}
+    arrived: list[int] = []
+    holding = True
+
+    def hold(signum: int, frame: Any) -> None:
+        if holding:
+            arrived.append(signum)
+        else:  # restoring was itself interrupted: never swallow a signal
+            held[signum](signum, frame)
+
+    try:
+        try:
+            for signum in held:
+                signal.signal(signum, hold)
+        except ValueError:  # not the main thread, where Python runs every handler: nothing can be held
+            pass
+        yield held
+    finally:
+        holding = False
+        for signum, handler in held.items():
+            try:
+                signal.signal(signum, handler)
+            except ValueError:
+                break
+        if arrived:
+            held[arrived[0]](arrived[0], None)
+
+
 def _die_with_parent(parent: int) -> None:
     """Linux only: the kernel kills this process when the parent does (a task must never outlive it)."""
     if sys.platform.startswith("linux"):
@@ -112,8 +152,11 @@ def _capture_output(write_fd: int) -> None:
         faulthandler.enable(file=sys.stderr)
 
 
-def _child(conn: Connection, out: tuple[int, int], parent: int, fn: Callable[[Any], Any], arg: Any) -> None:
+def _child(conn: Connection, out: tuple[int, int], parent: int, fn: Callable[[Any], Any], arg: Any,
+           held: dict[int, Callable[[int, Any], Any]]) -> None:
     os.setpgid(0, 0)
+    for signum, handler in held.items():  # the parent's, held back while this child started
+        signal.signal(signum, handler)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a handler inherited from the parent would survive a kill
     _die_with_parent(parent)
     os.close(out[0])
@@ -195,12 +238,13 @@ def _kill_group(pgid: int) -> None:
         pass  # the group is gone: every process of the task has ended
 
 
-def _start(index: int, fn: Callable[[Any], Any], arg: Any, timeout_s: float) -> _Running:
+def _start(index: int, fn: Callable[[Any], Any], arg: Any, timeout_s: float,
+           held: dict[int, Callable[[int, Any], Any]]) -> _Running:
     parent_conn, child_conn = _CTX.Pipe(duplex=False)
     out = os.pipe()
     sys.stdout.flush()
     sys.stderr.flush()
-    proc = _CTX.Process(target=_child, args=(child_conn, out, os.getpid(), fn, arg), daemon=True)
+    proc = _CTX.Process(target=_child, args=(child_conn, out, os.getpid(), fn, arg, held), daemon=True)
     proc.start()
     try:
         # set here as well as in the child, so the group exists whichever runs first (killpg needs it)
@@ -285,7 +329,8 @@ def run_isolated(
                 index = pending.popleft()
                 if before_start is not None:
                     before_start(args[index])
-                running.append(_start(index, fn, args[index], timeout_s(args[index])))
+                with _interrupts_held() as held:
+                    running.append(_start(index, fn, args[index], timeout_s(args[index]), held))
             now = time.monotonic()
             outputs = {r.out: r for r in running if r.out >= 0}
             ready = wait([r.conn for r in running] + list(outputs),

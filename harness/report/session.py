@@ -14,9 +14,6 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from .html import now_label, write_report
-from .matrix import matrix_text
-from .records import write_results
 from .text import fault_split_line, totals_line
 from .views import CaseView
 
@@ -63,6 +60,11 @@ class ReportSession:
         written: list[Path] = []
         if not self._asked_for_runs:
             return written
+        # the writers (jinja2, pandas) are imported once there is something to write: every pytest session
+        # holds a report session, and most gather no scenario result
+        from .html import now_label, write_report
+        from .records import write_results
+
         views = self.ordered()
         if self.json_path is not None:
             write_results(self.json_path, views, complete=complete, duration_s=self.duration_s)
@@ -82,6 +84,8 @@ class ReportSession:
         """The verdict matrix and the totals, for the end of a run."""
         if not self._asked_for_runs:
             return []
+        from .matrix import matrix_text
+
         matrix = matrix_text(self.ordered())
         split = fault_split_line(self.views)
         return [*([matrix, ""] if matrix else []), totals_line(self.views, len(self.load_errors)),

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import importlib
 import json
-import os
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -18,6 +16,7 @@ import torch
 from harness.backends.base import GraphSupport, KVLayout, SpecInfo, attention_batch
 from harness.backends.registry import BACKENDS, backend_class
 from harness.check.case import cases
+from harness.cli import main
 from harness.runspec import Device, KVWrite, Mode
 from harness.scenario import load_scenario
 from harness.serving.batch import ForwardMode
@@ -286,8 +285,11 @@ def test_a_backend_without_a_scenarios_fault_skips_where_it_acts_and_runs_the_cl
     }
 
 
-def test_cli_backend_by_import_path_runs_the_library_scenarios_with_their_expectations(cli_dir, write_scenario):
+def test_cli_backend_by_import_path_runs_the_library_scenarios_with_their_expectations(cli_dir, write_scenario, capsys,
+                                                                                      monkeypatch):
     (cli_dir / "toy_backends.py").write_text(TOY_BACKENDS)
+    monkeypatch.syspath_prepend(str(cli_dir))
+    monkeypatch.delitem(sys.modules, "toy_backends", raising=False)
     library = LIBRARY / "faults" / "swa_decode_baked_max_seq_len.toml"
     # a scenario that lists one of the backends with an expectation of its own, which wins over the design's
     write_scenario(cli_dir, "tiny_match", replace={
@@ -295,11 +297,10 @@ def test_cli_backend_by_import_path_runs_the_library_scenarios_with_their_expect
         'why = "reads the batch\'s own out_cache_loc_swa"': (
             'why = "reads the batch\'s own out_cache_loc_swa"\n'
             '[expect.forward_batch.by_backend."toy_backends:Renamed"]\nfull = "diverge"\nwhy = "pretend it differs"')})
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(cli_dir), *sys.path]), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "harness", "run", str(library), "scenarios", "--design", "forward_batch",
-         "--backend", "toy_backends:Renamed", "--backend", "toy_backends:NoFaults", "--jobs", "1", "--json", "r.json"],
-        cwd=cli_dir, env=env, capture_output=True, text=True, timeout=300)
+    code = main(["run", str(library), "scenarios", "--design", "forward_batch", "--backend", "toy_backends:Renamed",
+                 "--backend", "toy_backends:NoFaults", "--jobs", "1", "--json", "r.json"])
+    out, err = capsys.readouterr()
+    sys.modules.pop("toy_backends", None)
     records = json.loads((cli_dir / "r.json").read_text())["records"]
     got = {(r["scenario"], r["backend"], r["mode"], tuple(r["faults"])): (r["expected"], r["verdict"])
            for r in records}
@@ -322,5 +323,5 @@ def test_cli_backend_by_import_path_runs_the_library_scenarios_with_their_expect
     }
     skipped = [r["skip_reason"] for r in records if r["verdict"] == "skipped"]
     assert skipped == ["backend no_faults has no switch for fault baked_scalar"]
-    assert proc.returncode == 1, proc.stdout + proc.stderr  # the by_backend override: an unexpected pass
-    assert "tiny_match[forward_batch-full-toy_backends:Renamed]: match (UNEXPECTED)" in proc.stderr
+    assert code == 1, out + err  # the by_backend override: an unexpected pass
+    assert "tiny_match[forward_batch-full-toy_backends:Renamed]: match (UNEXPECTED)" in err

@@ -4,17 +4,21 @@ nothing non-printable reaches a terminal, nothing a user pastes runs code, no re
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import shlex
 import signal
 import subprocess
 import sys
+import threading
 import time
 import xml.etree.ElementTree as ET
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
+from harness.check import workers
 from harness.cli import main
 
 SAMPLES = Path(__file__).parent / "samples"
@@ -75,30 +79,6 @@ def test_a_design_named_by_import_path_is_added_to_every_scenario(cli_dir, capsy
     assert code == 0
 
 
-@pytest.mark.slow
-def test_ctrl_c_prints_what_finished_writes_incomplete_json_and_exits_130(cli_dir, write_scenario):
-    write_scenario(cli_dir, "tiny_misbehaving", replace={"timeout_s = 2": "timeout_s = 120"})
-    (cli_dir / "misbehaving_designs.py").write_text((SAMPLES / "misbehaving_designs.py").read_text())
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(cli_dir), *sys.path]), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "harness", "run", "--jobs", "1", "--json", "r.json"],
-                            cwd=cli_dir, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and proc.poll() is None:  # until the hanging design's run has started
-        time.sleep(0.2)
-        if any(p.is_dir() and (p / "cmdline").exists() and b"harness" in (p / "cmdline").read_bytes()
-               for p in Path("/proc").iterdir() if p.name.isdigit() and p.name != str(proc.pid)
-               and _parent(p) == proc.pid):
-            time.sleep(1.0)
-            break
-    proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130, (out, err)
-    assert "interrupted:" in err and "Traceback" not in err
-    doc = json.loads((cli_dir / "r.json").read_text())
-    assert doc["complete"] is False
-    assert all(r["verdict"] in ("match", "error") for r in doc["records"])
-
-
 def _parent(proc_dir: Path) -> int | None:
     try:
         return int((proc_dir / "stat").read_text().rsplit(")", 1)[1].split()[1])
@@ -121,10 +101,19 @@ def hostile(harness_pytester, add_scenario):
 
 
 @pytest.mark.slow
-def test_nothing_non_printable_reaches_the_terminal_and_reproduce_lines_round_trip(hostile):
-    result = hostile.runpytest_subprocess("-q", "--junitxml", "junit.xml")
+def test_nothing_non_printable_reaches_the_terminal_and_reproduce_lines_round_trip(hostile, add_scenario):
+    # one pytest process for the hostile names and for a design that prints (-s: nothing captures it but the
+    # harness): the terminal is the process's own stdout and stderr, which only a subprocess shows whole
+    prints = (SAMPLES / "tiny_match.toml").read_text()
+    prints = prints[:prints.index("[expect.translate]")].replace(
+        'designs = ["translate", "stale_state", "forward_batch"]', 'designs = ["escaping_designs:prints"]')
+    add_scenario("tiny_prints", text=prints + '[expect."escaping_designs:prints"]\nverdict = "match"\nwhy = "prints"\n')
+    (hostile.path / "escaping_designs.py").write_text((SAMPLES / "escaping_designs.py").read_text())
+    result = hostile.runpytest_subprocess("-s", "-q", "-p", "no:randomly", "--junitxml", "junit.xml")
     text = "\n".join(result.outlines + result.errlines)
     assert "\x1b" not in text and "\x07" not in text
+    # what the design printed is there, escaped, under pytest as under the CLI
+    assert "  | \\x1b]0;pwned\\x07title set" in text and "  | PASSED forged" in text
     assert not any(line.startswith("PASSED forged") for line in result.outlines)
     assert "evil\\nPASSED forged\\x1b[2J" in text  # the bad name is shown, escaped
     # every reproduce line parses back, under shlex, to the item it names: pasting it runs nothing else
@@ -258,89 +247,178 @@ def _kill_marked(marker: str) -> None:
         os.kill(pid, signal.SIGKILL)
 
 
-@linux_only
-def test_sigterm_ends_a_run_as_ctrl_c_does_and_leaves_no_process_behind(escaping_dir):
-    marker = "301.5"
-    proc = _harness(escaping_dir, "run", "--jobs", "1", "--mode", "eager", "--timeout", "600", "--design",
-                    "escaping_designs:spawns_and_hangs", "--design", "translate", "--json", "r.json", marker=marker)
+@contextmanager
+def _sigint_as_in_a_terminal():
+    """Processes started inside get SIGINT at its default, as a shell's foreground job does: one started in
+    the background without job control (``cmd &`` in a script, as agents and CI runners do) inherits SIGINT
+    ignored, Python then keeps it ignored, and Ctrl-C could never reach the harness."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)  # a handler resets to default on exec
     try:
-        assert _wait_for(lambda: _with_arg(marker) or proc.poll() is not None), "the design never started its sleep"
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
+@pytest.mark.slow
+@linux_only
+def test_ctrl_c_prints_what_finished_writes_incomplete_json_and_exits_130(escaping_dir):
+    # the interrupt front door, as a user meets it: a real SIGINT to `python -m harness run`, sent once the
+    # hanging run has started its `sleep` (a signal of readiness, not a guess of how long start-up takes)
+    marker = "300.5"
+    with _sigint_as_in_a_terminal():
+        proc = _harness(escaping_dir, "run", "--jobs", "1", "--mode", "eager", "--timeout", "600", "--design",
+                        "escaping_designs:spawns_and_hangs", "--design", "translate", "--json", "r.json",
+                        marker=marker)
+    try:
+        assert _wait_for(lambda: _with_arg(marker) or proc.poll() is not None, 120), "the design never started"
         tree = _descendants(proc.pid)
         assert tree and _with_arg(marker)[0] in tree
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=60)
     finally:
         _kill_marked(marker)
         proc.kill()
-    assert proc.returncode == 128 + signal.SIGTERM, (out, err)
-    assert "terminated (SIGTERM): 1 of 2 runs finished" in err and "Traceback" not in err
+    assert proc.returncode == 130, (out, err)
+    assert "interrupted: 1 of 2 runs finished" in err and "Traceback" not in err
     assert "tiny_match[translate-eager-torch_native]" in out  # the table of the runs that finished
     doc = json.loads((escaping_dir / "r.json").read_text())
     assert doc["complete"] is False and [r["design"] for r in doc["records"]] == ["translate"]
     assert not [pid for pid in tree if _alive(pid)]  # the run's child and the process it started
 
 
+def _sleep(seconds: float) -> None:
+    time.sleep(seconds)
+
+
 @linux_only
-def test_a_harness_killed_outright_takes_its_runs_with_it(escaping_dir):
-    proc = _harness(escaping_dir, "run", "--jobs", "1", "--mode", "eager", "--timeout", "600", "--design",
-                    "escaping_designs:spawns_and_hangs", marker="302.5")
+def test_ctrl_c_just_after_a_run_forks_still_ends_that_run(monkeypatch):
+    # the interrupt lands between the fork and the bookkeeping that lets an interrupt end the run
+    started: list[int] = []
+    real_start = workers._CTX.Process.start
+
+    def start_then_ctrl_c(self):
+        real_start(self)
+        started.append(self.pid)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(workers._CTX.Process, "start", start_then_ctrl_c)
     try:
-        assert _wait_for(lambda: _with_arg("302.5") or proc.poll() is not None)
-        runs = [pid for pid in _children(proc.pid) if pid not in _with_arg("302.5")]
+        with _sigint_as_in_a_terminal(), pytest.raises(KeyboardInterrupt):
+            workers.run_isolated(_sleep, [60.0], jobs=1, timeout_s=lambda _: 120.0)
+        assert started and not _alive(started[0]), "the run outlived the interrupt"
+    finally:
+        for pid in started:
+            workers._kill_group(pid)
+
+
+@linux_only
+def test_sigterm_ends_a_run_as_ctrl_c_does_and_leaves_no_process_behind(escaping_dir, capsys, monkeypatch):
+    # in this process: the CLI itself installs the SIGTERM handler; a real SIGTERM, sent from a thread once
+    # the hanging run has started its sleep, is then handled in the main thread (the wiring a subprocess
+    # would add is `python -m harness` itself, which the Ctrl-C test above goes through)
+    marker = "301.5"
+    monkeypatch.setenv("SWA_TEST_MARKER", marker)
+    monkeypatch.syspath_prepend(str(escaping_dir))
+    tree: set[int] = set()
+    problems: list[str] = []
+
+    def terminate_once_hanging() -> None:
+        if not _wait_for(lambda: bool(_with_arg(marker)), 120):
+            problems.append("the design never started its sleep")
+        elif signal.getsignal(signal.SIGTERM) is not workers._raise_terminated:
+            problems.append(f"the CLI did not install its SIGTERM handler: {signal.getsignal(signal.SIGTERM)}")
+        else:
+            tree.update(_descendants(os.getpid()))
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
+        _kill_marked(marker)  # end the hanging run another way, so that the test fails instead of hanging
+        for pid in _descendants(os.getpid()):
+            os.kill(pid, signal.SIGKILL)
+
+    thread = threading.Thread(target=terminate_once_hanging, daemon=True)
+    # as in a fresh process, whatever this session installed: the handler must be the CLI's own
+    before = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    thread.start()
+    try:
+        code, out, err = run_cli(capsys, "run", "--jobs", "1", "--mode", "eager", "--timeout", "600", "--design",
+                                 "escaping_designs:spawns_and_hangs", "--design", "translate", "--json", "r.json")
+    finally:
+        signal.signal(signal.SIGTERM, before)
+        thread.join(30)
+        _kill_marked(marker)
+        sys.modules.pop("escaping_designs", None)
+    assert not problems, problems
+    assert code == 128 + signal.SIGTERM, (out, err)
+    assert "terminated (SIGTERM): 1 of 2 runs finished" in err and "Traceback" not in err
+    assert "tiny_match[translate-eager-torch_native]" in out
+    doc = json.loads((escaping_dir / "r.json").read_text())
+    assert doc["complete"] is False and [r["design"] for r in doc["records"]] == ["translate"]
+    assert tree and _with_arg(marker) == [] and not [pid for pid in tree if _alive(pid)]
+
+
+def _cli_exit(argv: list[str]) -> None:
+    sys.exit(main(argv))
+
+
+@linux_only
+def test_a_harness_killed_outright_takes_its_runs_with_it(escaping_dir, monkeypatch):
+    # SIGKILL runs no handler, so the CLI's code has no part in this: a fork of this process running the CLI
+    # is that harness, without the start-up of a new interpreter
+    marker = "302.5"
+    monkeypatch.setenv("SWA_TEST_MARKER", marker)
+    monkeypatch.syspath_prepend(str(escaping_dir))
+    harness = multiprocessing.get_context("fork").Process(target=_cli_exit, args=(
+        ["run", "--jobs", "1", "--mode", "eager", "--timeout", "600", "--design", "escaping_designs:spawns_and_hangs"],))
+    harness.start()
+    runs: list[int] = []
+    try:
+        assert _wait_for(lambda: _with_arg(marker) or not harness.is_alive(), 120)
+        runs += [pid for pid in _children(harness.pid) if pid not in _with_arg(marker)]
         assert runs
-        proc.kill()  # SIGKILL: no handler runs; the kernel ends the run (PR_SET_PDEATHSIG)
-        proc.wait(timeout=30)
+        harness.kill()  # SIGKILL: no handler runs; the kernel ends the run (PR_SET_PDEATHSIG)
+        harness.join(30)
         assert _wait_for(lambda: not any(_alive(pid) for pid in runs), 30)
     finally:
-        _kill_marked("302.5")
+        _kill_marked(marker)
+        harness.kill()
+        for pid in runs:  # when the kernel did not: an orphan would hold this session's output open
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        sys.modules.pop("escaping_designs", None)
 
 
+@pytest.mark.slow
 @linux_only
-def test_a_process_a_design_starts_ends_with_its_run_and_holds_no_pipe_open(escaping_dir):
-    # CI runs `harness run | tee log`: the pipeline waits for every process holding the pipe
+def test_what_a_run_prints_or_starts_stays_in_its_run(escaping_dir):
+    # one `python -m harness run` for two claims that do not meet: what a design prints (through Python and
+    # fd 2) is shown escaped beside its run, never raw; and a process a design starts ends with its run and
+    # holds no pipe open (CI runs `harness run | tee log`, which waits for every process holding the pipe;
+    # capture_output waits alike)
     marker = "303.5"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(escaping_dir), *sys.path]), "OMP_NUM_THREADS": "1",
            "SWA_TEST_MARKER": marker}
-    command = (f"{shlex.quote(sys.executable)} -m harness run --jobs 1 --mode eager --expect match "
-               "--design escaping_designs:spawns 2>&1 | cat")
     start = time.monotonic()
     try:
-        done = subprocess.run(["sh", "-c", command], cwd=escaping_dir, env=env, capture_output=True, text=True,
-                              timeout=200)
+        done = subprocess.run([sys.executable, "-m", "harness", "run", "--jobs", "2", "--mode", "eager", "--expect",
+                               "match", "--design", "escaping_designs:spawns", "--design", "escaping_designs:prints",
+                               "--json", "r.json"],
+                              cwd=escaping_dir, env=env, capture_output=True, text=True, timeout=200)
         elapsed = time.monotonic() - start
         left = [pid for pid in _with_arg(marker) if _alive(pid)]
     finally:
         _kill_marked(marker)
-    assert done.returncode == 0, done.stdout
-    assert "tiny_match[escaping_designs:spawns-eager-torch_native]  match     match" in done.stdout
+    out, err = done.stdout, done.stderr
+    assert done.returncode == 0, (out, err)
     assert elapsed < 200 and not left, (elapsed, left)
-
-
-def test_what_a_design_prints_is_shown_escaped_beside_its_run_never_raw(escaping_dir):
-    proc = _harness(escaping_dir, "run", "--jobs", "2", "--mode", "eager", "--expect", "match", "--design",
-                    "escaping_designs:prints")
-    out, err = proc.communicate(timeout=200)
-    assert proc.returncode == 0, (out, err)
+    assert "tiny_match[escaping_designs:spawns-eager-torch_native]  match     match" in out
+    assert [(r["design"], r["verdict"]) for r in json.loads((escaping_dir / "r.json").read_text())["records"]] == [
+        ("escaping_designs:spawns", "match"), ("escaping_designs:prints", "match")]
     for ch in ("\x1b", "\x07"):
         assert ch not in out + err
     assert not [line for line in (out + err).splitlines() if line.startswith("PASSED")]
     block = err.split("tiny_match[escaping_designs:prints-eager-torch_native]: captured output, escaped:\n", 1)[1]
     assert block.splitlines()[:3] == ["  | \\x1b]0;pwned\\x07title set", "  | PASSED forged",
                                       "  | \\x1b[2Jscreen cleared"]
-
-
-def test_under_pytest_a_runs_output_is_captured_and_escaped_too(harness_pytester, add_scenario):
-    text = (SAMPLES / "tiny_match.toml").read_text()
-    text = text[:text.index("[expect.translate]")].replace('designs = ["translate", "stale_state", "forward_batch"]',
-                                                          'designs = ["escaping_designs:prints"]')
-    add_scenario("tiny_prints", text=text + '[expect."escaping_designs:prints"]\nverdict = "match"\nwhy = "prints"\n')
-    (harness_pytester.path / "escaping_designs.py").write_text((SAMPLES / "escaping_designs.py").read_text())
-    harness_pytester.syspathinsert()
-    result = harness_pytester.runpytest_subprocess("-s", "-q", "-p", "no:randomly")  # -s: nothing captures it
-    text_out = "\n".join(result.outlines + result.errlines)
-    assert result.ret == 0, text_out
-    assert "\x1b" not in text_out and "\x07" not in text_out
-    assert "  | \\x1b]0;pwned\\x07title set" in text_out and "  | PASSED forged" in text_out
 
 
 # ---- destinations are judged before anything runs; a report folder is written only inside itself -------
@@ -426,7 +504,8 @@ def test_pytest_refuses_a_bad_destination_before_collecting(option, kind, harnes
         dest, fragment = harness_pytester.path, "is a directory; name a file"
     else:
         dest, fragment = _destination(kind, harness_pytester.path)
-    result = harness_pytester.runpytest_subprocess(option, str(dest), "-p", "no:randomly")
+    # in this process: the refusal is the plugin's pytest_configure, which a subprocess would only wrap
+    result = harness_pytester.runpytest_inprocess(option, str(dest), "-p", "no:randomly")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     errors = [line for line in result.errlines if line.startswith("ERROR: ")]
     assert len(errors) == 1 and errors[0].startswith(f"ERROR: {option} {dest}: ") and fragment in errors[0], \

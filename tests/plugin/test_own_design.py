@@ -186,3 +186,11 @@ def test_plugin_options_add_designs_backends_and_runners_to_the_items(harness_py
     result = harness_pytester.runpytest("--collect-only", "--harness-expect", "like:nope")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*--harness-expect: like:nope: unknown design*"])
+
+
+def test_the_plugin_help_states_the_default_expectation_of_added_designs():
+    # the plugin spells it out (its options import no torch, which check.case needs)
+    from harness.check.case import EXPECT_DEFAULT
+    from harness import plugin
+
+    assert f"(default: {EXPECT_DEFAULT})" in Path(plugin.__file__).read_text()

@@ -1,4 +1,5 @@
-"""The report session gathers every scenario item's result, across pytest-xdist workers, without loss."""
+"""The report session gathers every scenario item's result, across pytest-xdist workers, without loss; the one
+xdist run here also shows that workers give the outcomes one process gives."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from .test_collection import QUIET, _match_lines
 from .test_isolation import check_misbehaving
 
 SAMPLES = Path(__file__).parent / "samples"
@@ -19,34 +21,44 @@ def _names(doc: dict) -> list[str]:
 
 
 @pytest.mark.slow
-def test_xdist_workers_results_merge_into_one_json_without_loss(harness_pytester, add_scenario):
-    # one xdist run (workers start slowly: each imports torch) checks two claims: results merge without
-    # loss, and misbehaving designs end as error verdicts under xdist as under the CLI
-    for name in ("tiny_match", "tiny_wrong_window", "tiny_stale_error", "tiny_misbehaving"):
-        add_scenario(name)
+def test_xdist_workers_give_one_processs_outcomes_and_merge_results_into_one_json_without_loss(harness_pytester,
+                                                                                               add_scenario):
+    # one xdist run (workers start slowly: each imports torch) checks three claims: the outcomes, a failure
+    # and a load failure included, are those of one process; results merge into one JSON and one report
+    # without loss; and misbehaving designs end as error verdicts under xdist as under the CLI
+    add_scenario("tiny_wrong_window")
+    add_scenario("tiny_stale_error", replace={'verdict = "error"': 'verdict = "match"'})  # one failure to carry over
+    add_scenario("broken", "tiny_wrong_window", replace={"prompt_len = 12": "prompt_len = 0"})  # and a load failure
+    add_scenario("tiny_misbehaving")
     shutil.copy(SAMPLES / "misbehaving_designs.py", harness_pytester.path)
-    serial = harness_pytester.runpytest_inprocess("-q", "--harness-json", "serial.json")
-    parallel = harness_pytester.runpytest_subprocess("-q", "-n", "2", "--harness-json", "parallel.json",
-                                                     "--harness-report", "rep")
-    assert serial.ret == parallel.ret == 0
+    serial = harness_pytester.runpytest_inprocess(*QUIET, "--harness-json", "serial.json")
+    parallel = harness_pytester.runpytest_inprocess(*QUIET, "-n", "2", "--harness-json", "parallel.json",
+                                                    "--harness-report", "rep")
+    # tiny_wrong_window: its run, the -nofault rerun, the oracle item; tiny_stale_error: two runs (one fails)
+    # and the oracle item; broken: its load item (fails); tiny_misbehaving: five runs and the oracle item
+    serial.assert_outcomes(passed=11, failed=2)
+    parallel.assert_outcomes(passed=11, failed=2)
+    _match_lines(parallel, ["*2 workers*"])
+    _match_lines(parallel, ["*/broken.toml: timeline.requests[0].prompt_len: expected an integer from 1 to *"])
+    _match_lines(parallel, ["tiny_stale_error[stale_state-eager-torch_native]: expected match, observed error"])
     one = json.loads((harness_pytester.path / "serial.json").read_text())
     two = json.loads((harness_pytester.path / "parallel.json").read_text())
     check_misbehaving([r for r in two["records"] if r["scenario"] == "tiny_misbehaving"])
-    # every scenario item arrives once, in the same order (19 items: 4 oracle items carry no case)
-    assert len(_names(one)) == len(set(_names(one))) == 15
+    # every scenario item arrives once, in the same order (13 items: 3 oracle items and a load item carry no case)
+    assert len(_names(one)) == len(set(_names(one))) == 9
     assert _names(one) == _names(two)
     strip = lambda doc: [{k: v for k, v in r.items() if k != "duration_s"} for r in doc["records"]]  # noqa: E731
     assert strip(one) == strip(two)
     assert one["complete"] is True and one["version"] == 1
-    parallel.stdout.fnmatch_lines(["*SWA harness verdicts*", "*15 as expected, 0 unexpected*", "KV results: *parallel.json",
+    parallel.stdout.fnmatch_lines(["*SWA harness verdicts*", "*8 as expected, 1 unexpected*", "KV results: *parallel.json",
                                    f"KV report: {(harness_pytester.path / 'rep' / 'index.html').resolve().as_uri()}"])
     # the HTML report is written once, by the controller, from the same merged views
     rep = harness_pytester.path / "rep"
     assert strip(json.loads((rep / "results.json").read_text())) == strip(two)
     assert sorted(p.name for p in (rep / "scenarios").iterdir()) == [
-        "tiny_match.html", "tiny_misbehaving.html", "tiny_stale_error.html", "tiny_wrong_window.html"]
+        "tiny_misbehaving.html", "tiny_stale_error.html", "tiny_wrong_window.html"]
     index = (rep / "index.html").read_text()
-    assert index.count("<tr data-run ") == 15
+    assert index.count("<tr data-run ") == 9
     data = json.loads(re.search(r'<script type="application/json" id="report-data">(.*?)</script>', index).group(1))
     assert [r["name"] for r in data["runs"]] == _names(two)
 

@@ -90,6 +90,9 @@ def test_certify_reports_what_a_token_by_token_walk_reports(kv_dtype, preset, wo
     assert clean == literal_certify(result.snapshots, oracle, **kw) and clean.ok
     for seed in range(4):
         snaps = planted(result.snapshots, seed)
+        # the literal walk keeps its first problems up to the limit and measures the worst errors over all,
+        # so its answer under a lower limit is its answer under the highest, cut short (one slow walk a seed)
+        walked = literal_certify(snaps, oracle, max_problems=1000, **kw)
         for limit in (1, 5, 1000):
             got = certify(snaps, oracle, max_problems=limit, **kw)
-            assert got == literal_certify(snaps, oracle, max_problems=limit, **kw)
+            assert got == dataclasses.replace(walked, problems=walked.problems[:limit])
