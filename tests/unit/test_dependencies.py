@@ -51,11 +51,20 @@ def _undeclared(modules: dict[str, str], declared: set[str]) -> list[str]:
     return out
 
 
+_EXTRA_HOMES = {"sglang": "harness/sglang/", "gpu": "harness/backends/flashinfer"}
+"""each optional extra and the only code that may import it (lazily: the base install lacks it)"""
+
+
 def _optional_target_imports(modules: dict[str, str]) -> set[str]:
-    """Modules only the SGLang target (harness/sglang/) imports, declared as its optional extra."""
-    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"].get("optional-dependencies", {})
-    names = {_normal(re.match(r"[A-Za-z0-9._-]+", req).group()) for req in extra.get("sglang", ())}
-    return {m for m, path in modules.items() if _normal(m) in names and path.startswith("harness/sglang/")}
+    """Modules only an optional extra's own code imports, declared as that extra."""
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"].get("optional-dependencies", {})
+    out = set()
+    for extra, home in _EXTRA_HOMES.items():
+        dists = {_normal(re.match(r"[A-Za-z0-9._-]+", req).group()) for req in extras.get(extra, ())}
+        providers = metadata.packages_distributions()
+        out |= {m for m, path in modules.items() if path.startswith(home)
+                and ({_normal(d) for d in providers.get(m, ())} | {_normal(m)}) & dists}
+    return out
 
 
 def test_every_package_the_harness_imports_is_a_declared_dependency():
