@@ -27,11 +27,16 @@ def case():
 
 def test_the_installed_function_matches_with_its_metadata_rebuilt_every_forward(case):
     result = run_case_in_child(case)
-    assert result.verdict.outcome == "match" == case.expected, result.verdict.summary()
+    assert result.verdict.outcome == "match" == case.expected, _said(result)
 
 
 def test_a_skipped_metadata_refresh_passes_the_length_assert_and_the_sliced_ids_diverge(case):
     result = run_case_in_child(case, patch=designs.skip_metadata_refresh)
-    assert result.verdict.error is None, result.verdict.summary()  # the assert passed: no AssertionError
-    assert result.verdict.outcome == WITH_STALE_METADATA, result.verdict.summary()
+    assert result.verdict.error is None, _said(result)  # the assert passed: no AssertionError
+    assert result.verdict.outcome == WITH_STALE_METADATA, _said(result)
     assert designs._skip_refresh is False  # the patch stayed in the child
+
+
+def _said(result) -> str:
+    v = result.verdict
+    return f"{v.outcome}: {v.error or v.first}"
