@@ -129,6 +129,9 @@ class SGLangAPI:
     free_swa_out_of_window_slots: Any
     free_kv_row_segments: Any
     TorchNativeAttnBackend: type
+    TRTLLMHAAttnBackend: type
+    """built without its constructor (it needs CUDA): only ``_get_layer_cache_loc`` is called"""
+    TRTLLMMHAMetadata: type
     RadixAttention: type
     ForwardBatch: type
     ForwardMode: type
@@ -159,6 +162,7 @@ _METHODS: tuple[tuple[str, str], ...] = (
     ("ReqToTokenPool", "alloc_rows"), ("ReqToTokenPool", "free_rows"),
     ("TorchNativeAttnBackend", "init_forward_metadata"),
     ("TorchNativeAttnBackend", "_run_sdpa_forward_decode"), ("TorchNativeAttnBackend", "_run_sdpa_forward_extend"),
+    ("TRTLLMHAAttnBackend", "_get_layer_cache_loc"),
 )
 
 _loaded: SGLangAPI | None = None
@@ -179,6 +183,7 @@ def load() -> SGLangAPI:
     _stand_in_torchvision()
     import sglang
     from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
+    from sglang.srt.layers.attention.trtllm_mha_backend import TRTLLMHAAttnBackend, TRTLLMMHAMetadata
     from sglang.srt.layers.radix_attention import RadixAttention
     from sglang.srt.managers.schedule_batch import ReqKvInfo
     from sglang.srt.mem_cache.allocator.swa import SWATokenToKVPoolAllocator
@@ -193,7 +198,8 @@ def load() -> SGLangAPI:
         SWATokenToKVPoolAllocator=SWATokenToKVPoolAllocator, ReqToTokenPool=ReqToTokenPool, ReqKvInfo=ReqKvInfo,
         KVWriteLoc=KVWriteLoc, free_swa_out_of_window_slots=free_swa_out_of_window_slots,
         free_kv_row_segments=free_kv_row_segments,
-        TorchNativeAttnBackend=TorchNativeAttnBackend, RadixAttention=RadixAttention, ForwardBatch=ForwardBatch,
+        TorchNativeAttnBackend=TorchNativeAttnBackend, TRTLLMHAAttnBackend=TRTLLMHAAttnBackend,
+        TRTLLMMHAMetadata=TRTLLMMHAMetadata, RadixAttention=RadixAttention, ForwardBatch=ForwardBatch,
         ForwardMode=ForwardMode, forward_context=forward_context, ForwardContext=ForwardContext, module=sglang,
     )
     problems = signature_problems(api)
