@@ -85,7 +85,10 @@ def test_cli_prints_the_failure_block_of_a_planted_design_with_the_finding_that_
     assert lines[observed + 2] == "    decode bs=2: unregistered graph input pool._frozen_swa_loc int32[2]"
     assert "  graph: 1 graphs captured, 3 replays (0 padded), 0 eager fallbacks" in lines
     reproduce = lines[-1]
-    assert reproduce.startswith(f"  reproduce: pytest 'scenarios/tiny_planted.toml::{FROZEN}'   or   python -m harness run")
+    # the planted design's module lies in the run's folder: the line sets PYTHONPATH so that it imports
+    assert reproduce.startswith(f"  reproduce: PYTHONPATH=.\"${{PYTHONPATH:+:$PYTHONPATH}}\" pytest "
+                                f"'scenarios/tiny_planted.toml::{FROZEN}'")
+    assert "   or   " in reproduce and "python -m harness run" in reproduce
 
 
 def test_a_design_raising_keyerror_is_shown_at_its_own_line_in_terminal_json_and_html(planted):

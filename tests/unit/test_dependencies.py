@@ -62,8 +62,9 @@ def _optional_target_imports(modules: dict[str, str]) -> set[str]:
     for extra, home in _EXTRA_HOMES.items():
         dists = {_normal(re.match(r"[A-Za-z0-9._-]+", req).group()) for req in extras.get(extra, ())}
         providers = metadata.packages_distributions()
-        out |= {m for m, path in modules.items() if path.startswith(home)
-                and ({_normal(d) for d in providers.get(m, ())} | {_normal(m)}) & dists}
+        # an extra's package installed: it must be the extra's; not installed (a base venv): its own code only
+        out |= {m for m, path in modules.items() if dists and path.startswith(home)
+                and ({_normal(d) for d in providers.get(m, ())} & dists or not providers.get(m))}
     return out
 
 
