@@ -219,6 +219,12 @@ class AttentionMetadataBuilder(ABC):
     def static_tensors(self) -> list[torch.Tensor]:
         """Every static buffer the builder owns, registered with the graph input audit."""
 
+    def _refill_swa_loc(self, swa_loc: torch.Tensor, out_cache_loc: torch.Tensor, num_real: int) -> None:
+        """Refill the ``metadata`` design's persistent SWA-location buffer outside the graph, its padded tail
+        zeroed so padded rows write to the dummy slot (PR 27617's answer to PR 24743)."""
+        swa_loc[:num_real].copy_(self.pool.translate_loc_from_full_to_swa(out_cache_loc[:num_real]))
+        swa_loc[num_real:].zero_()
+
 
 class AttentionImpl(ABC):
     """Writes a layer's new K/V where the design says, then attends."""

@@ -310,10 +310,7 @@ class FlashInferMetadataBuilder(AttentionMetadataBuilder):
             static.last_page_len[:bs].copy_(host_tensor(layout.last_page_len))
             if self._planner is not None:
                 self._planner.plan_graph(bs, i, layout=layout, indices=static.indices[: layout.num_pages])
-        # the persistent SWA-location buffer of the ``metadata`` design: refilled outside the graph, its padded
-        # tail zeroed so padded rows write to the dummy slot (PR 27617's answer to PR 24743)
-        self._cg_swa_loc[:num_real].copy_(self.pool.translate_loc_from_full_to_swa(out_cache_loc[:num_real]))
-        self._cg_swa_loc[num_real:].zero_()
+        self._refill_swa_loc(self._cg_swa_loc, out_cache_loc, num_real)
 
 
 class FlashInferImpl(AttentionImpl):

@@ -132,10 +132,7 @@ class TorchNativeMetadataBuilder(AttentionMetadataBuilder):
         else:
             self._cg_page_table[:bs].copy_(page_table)
             self._cg_swa_page_table[:bs].copy_(swa_page_table)
-        # The persistent SWA-location buffer of the ``metadata`` design: refilled outside the graph, its
-        # padded tail zeroed so padded rows write to the dummy slot (PR 27617's answer to PR 24743).
-        self._cg_swa_loc[:num_real].copy_(self.pool.translate_loc_from_full_to_swa(out_cache_loc[:num_real]))
-        self._cg_swa_loc[num_real:].zero_()
+        self._refill_swa_loc(self._cg_swa_loc, out_cache_loc, num_real)
 
 
 class TorchNativeImpl(AttentionImpl):
