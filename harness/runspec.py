@@ -163,7 +163,7 @@ def serving_problems(
 # Every run, the reference and the load-time dry run included, allocates the model and both pools whole;
 # past this a combination of fields that are each within bounds is a typo that would exhaust the machine.
 RUN_MEMORY_LIMIT = 1 << 30
-_ELEMENT_BYTES = {"float32": 4, "bfloat16": 2, "fp8_e4m3": 1}
+_ELEMENT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "fp8_e4m3": 1}
 
 
 def _memory_problems(model: ModelSpec, pool: PoolSpec) -> list[Problem]:

@@ -336,11 +336,13 @@ class AttentionBackend(ABC):
     @classmethod
     def unsupported(
         cls, *, mode: str, device: str, kv_write: str = KVWrite.PLAIN, page_size: int = 1,
-        kv_layout: str = KVLayout.NHD, faults: Collection[str] = (),
+        kv_layout: str = KVLayout.NHD, faults: Collection[str] = (), model: ModelSpec | None = None,
+        kv_dtype: str = "float32",
     ) -> tuple[str, ...]:
         """Every reason this backend cannot run a case: its mode, device, KV write path, the pool's page size
         and layout (the miniature's is NHD), and the backend faults of the scenario that act in this mode
-        but have no switch in it; empty when it can."""
+        but have no switch in it; empty when it can. ``model`` and the pool's ``kv_dtype`` are for a backend
+        whose kernels take only some dtypes and head sizes (the CPU backends take any)."""
         out = []
         if device not in cls.devices:
             out.append(f"backend {cls.name} runs on {', '.join(sorted(cls.devices))}, not {device}")

@@ -47,6 +47,9 @@ from .paged_kv import PagedKVLayout, gather_page_ids, host_tensor, paged_kv_layo
 _FLOAT_WORKSPACE_BYTES = 128 << 20
 _INT_WORKSPACE_BYTES = 8 << 20
 _KERNEL_DTYPES = (torch.bfloat16, torch.float16)
+# the head sizes FlashInfer ships kernels for (and SGLang's models use); the library's float32 presets have 16 or 32
+_KERNEL_HEAD_DIMS = (64, 128, 256)
+_KERNEL_PRESETS = ("gpt-oss-mini-bf16", "gemma-mini-fp16")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -113,15 +116,19 @@ class _GraphLists:
     last_page_len: torch.Tensor
 
 
-def kernel_problems(model_spec: ModelSpec, kv_dtype: str) -> list[str]:
+def kernel_problems(model_spec: ModelSpec, kv_dtype: str, *, backend: str = "flashinfer") -> list[str]:
     """Why FlashInfer's kernels cannot run this model and pool; empty when they can."""
     dtype = DTYPES[model_spec.dtype]
     out = []
     if dtype not in _KERNEL_DTYPES:
-        out.append(f"FlashInfer has no {model_spec.dtype} kernels: the model needs dtype bfloat16")
+        out.append(f"backend {backend}: FlashInfer has no {model_spec.dtype} kernels; the model needs dtype "
+                   f"bfloat16 or float16 (a preset such as {' or '.join(_KERNEL_PRESETS)})")
     elif kv_dtype not in ("fp8_e4m3", model_spec.dtype):
-        out.append(f"FlashInfer reads a KV pool of the query's dtype ({model_spec.dtype}) or fp8_e4m3, "
-                   f"not {kv_dtype}")
+        out.append(f"backend {backend}: FlashInfer reads a KV pool of the query's dtype ({model_spec.dtype}) or "
+                   f"fp8_e4m3, not {kv_dtype}")
+    if model_spec.head_dim not in _KERNEL_HEAD_DIMS:
+        out.append(f"backend {backend}: FlashInfer's prebuilt kernels take head_dim "
+                   f"{', '.join(map(str, _KERNEL_HEAD_DIMS))}, not {model_spec.head_dim}")
     return out
 
 
@@ -159,7 +166,7 @@ class _Planner:
         return wrapper, register_wrapper(wrapper)
 
     def plan_eager(self, group: int, *, decode: bool, qo_indptr: tuple[int, ...], layout: PagedKVLayout,
-                   indices: torch.Tensor) -> int:
+                   indices: torch.Tensor, window_left: int) -> int:
         """Plan the group's eager wrapper of this kind for the lists; its handle."""
         key = (decode, group)
         if key not in self._eager:
@@ -167,7 +174,8 @@ class _Planner:
             cls = fi.BatchDecodeWithPagedKVCacheWrapper if decode else fi.BatchPrefillWithPagedKVCacheWrapper
             self._eager[key] = self._own(cls(self.float_workspace, "NHD", backend="fa2"), group)
         wrapper, handle = self._eager[key]
-        self._plan(wrapper, group, decode=decode, qo_indptr=qo_indptr, layout=layout, indices=indices)
+        self._plan(wrapper, decode=decode, qo_indptr=qo_indptr, layout=layout, indices=indices,
+                   window_left=window_left)
         return handle
 
     def graph_wrapper(self, bs: int, group: int, lists: _GraphLists) -> int:
@@ -182,12 +190,12 @@ class _Planner:
     def plan_graph(self, bs: int, group: int, *, layout: PagedKVLayout, indices: torch.Tensor) -> None:
         """Re-plan the ``bs`` graph's wrapper of the group (outside the graph, before it replays)."""
         wrapper, _ = self._graph[(bs, group)]
-        self._plan(wrapper, group, decode=True, qo_indptr=(), layout=layout, indices=indices)
+        self._plan(wrapper, decode=True, qo_indptr=(), layout=layout, indices=indices,
+                   window_left=self._groups[group].window_left)
 
-    def _plan(self, wrapper: Any, group: int, *, decode: bool, qo_indptr: tuple[int, ...], layout: PagedKVLayout,
-              indices: torch.Tensor) -> None:
+    def _plan(self, wrapper: Any, *, decode: bool, qo_indptr: tuple[int, ...], layout: PagedKVLayout,
+              indices: torch.Tensor, window_left: int) -> None:
         num_qo_heads, num_kv_heads, head_dim = self._heads
-        window_left = self._groups[group].window_left
         indptr, last_page_len = host_tensor(layout.indptr), host_tensor(layout.last_page_len)
         if decode:
             wrapper.plan(indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, self._page_size,
@@ -254,11 +262,15 @@ class FlashInferMetadataBuilder(AttentionMetadataBuilder):
         qo_indptr = self._qo_indptr(batch)
         groups = []
         for i, (group, (layout, indices)) in enumerate(zip(self.groups, self._lists(batch), strict=True)):
+            window_left = group.window_left
+            if group.swa and not decode and "swa_prefill_plan_without_window" in self.faults:
+                # the prefill plan leaves window_left at its default and the layers run what was planned
+                window_left = -1
             handle = NO_WRAPPER if self._planner is None else self._planner.plan_eager(
-                i, decode=decode, qo_indptr=qo_indptr, layout=layout, indices=indices)
+                i, decode=decode, qo_indptr=qo_indptr, layout=layout, indices=indices, window_left=window_left)
             groups.append(PagedKV(indptr=host_tensor(layout.indptr).to(dev), indices=indices,
                                   last_page_len=host_tensor(layout.last_page_len).to(dev),
-                                  window_left=group.window_left, int_workspace=self._int_workspaces[i],
+                                  window_left=window_left, int_workspace=self._int_workspaces[i],
                                   wrapper=handle))
         return FlashInferMetadata(groups=tuple(groups), qo_indptr=host_tensor(qo_indptr).to(dev),
                                   float_workspace=self._float_workspace, max_kv_len=self.width,
@@ -273,6 +285,8 @@ class FlashInferMetadataBuilder(AttentionMetadataBuilder):
                         indices=torch.zeros(max_bs * pages_per_request, dtype=torch.int32, device=dev),
                         last_page_len=torch.ones(max_bs, dtype=torch.int32, device=dev))
             for _ in self.groups)
+        # the eager path's index buffers, which the indices_in_eager_buffer fault refreshes instead
+        self._eager_indices = tuple(torch.zeros_like(g.indices) for g in self._cg_lists)
         self._cg_qo_indptr = torch.arange(max_bs + 1, dtype=torch.int32, device=dev)  # one token per row
         self._cg_swa_loc = torch.zeros(max_bs, dtype=torch.int32, device=dev)
 
@@ -288,7 +302,7 @@ class FlashInferMetadataBuilder(AttentionMetadataBuilder):
         handles = [NO_WRAPPER if self._planner is None else self._planner.graph_wrapper(bs, i, view)
                    for i, view in enumerate(views)]
         # planned for the capture batch (every row padding) before capture, as every replay is planned before it runs
-        self._fill_graph_buffers(batch)
+        self._fill_graph_buffers(batch, replay=False)
         groups = tuple(PagedKV(indptr=view.indptr, indices=view.indices, last_page_len=view.last_page_len,
                                window_left=group.window_left, int_workspace=self._int_workspaces[i], wrapper=handle)
                        for i, (group, view, handle) in enumerate(zip(self.groups, views, handles, strict=True)))
@@ -298,17 +312,20 @@ class FlashInferMetadataBuilder(AttentionMetadataBuilder):
         return md
 
     def refresh_for_graph_replay(self, batch: AttentionBatch) -> FlashInferMetadata:
-        self._fill_graph_buffers(batch)
+        self._fill_graph_buffers(batch, replay=True)
         return self._graph_metadata[batch.bs]
 
-    def _fill_graph_buffers(self, batch: AttentionBatch) -> None:
+    def _fill_graph_buffers(self, batch: AttentionBatch, *, replay: bool) -> None:
         """Copy the batch's lists into the static buffers and plan the bucket's wrappers, outside the graph."""
         bs, num_real, out_cache_loc = batch.bs, batch.num_real, batch.out_cache_loc
         for i, (static, (layout, indices)) in enumerate(zip(self._cg_lists, self._lists(batch), strict=True)):
             static.indptr[: bs + 1].copy_(host_tensor(layout.indptr))
-            static.indices[: layout.num_pages].copy_(indices)
+            # the page ids are built in the graph-bound buffer, and the plan is handed that buffer (FlashInfer's
+            # plan copies its indices argument into the buffer the wrapper was built on, here onto itself)
+            target = self._eager_indices[i] if replay and "indices_in_eager_buffer" in self.faults else static.indices
+            target[: layout.num_pages].copy_(indices)
             static.last_page_len[:bs].copy_(host_tensor(layout.last_page_len))
-            if self._planner is not None:
+            if self._planner is not None and not (replay and "skip_replan_before_replay" in self.faults):
                 self._planner.plan_graph(bs, i, layout=layout, indices=static.indices[: layout.num_pages])
         self._refill_swa_loc(self._cg_swa_loc, out_cache_loc, num_real)
 
@@ -370,12 +387,15 @@ class FlashInferBackend(AttentionBackend):
     # the kernels take any page size; these are the ones the pool supports and the list builders are tested at
     page_sizes = frozenset(SUPPORTED_PAGE_SIZES)
     kv_layouts = frozenset({KVLayout.NHD})
-    known_faults = frozenset()
+    known_faults = frozenset({"skip_replan_before_replay", "indices_in_eager_buffer", "swa_prefill_plan_without_window"})
     pad_seq_len = 1
     builder_cls = FlashInferMetadataBuilder
     impl_cls = FlashInferImpl
 
     @classmethod
     def unsupported(cls, **case) -> tuple[str, ...]:
-        """The declaration's reasons, and what this machine lacks (FlashInfer, a GPU)."""
-        return (*super().unsupported(**case), *missing_requirements())
+        """The declaration's reasons, the model and pool its kernels cannot take, and what this machine lacks
+        (FlashInfer, a GPU)."""
+        model = case.get("model")
+        kernels = () if model is None else kernel_problems(model, case.get("kv_dtype", "float32"), backend=cls.name)
+        return (*super().unsupported(**case), *kernels, *missing_requirements())

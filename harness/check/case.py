@@ -203,5 +203,6 @@ def _unsupported(declared: type[AttentionBackend] | None, scenario: ScenarioSpec
     assert declared is not None
     reasons = declared.unsupported(mode=mode, device=device, kv_write=scenario.kv_write,
                                    page_size=scenario.pool.page_size,
-                                   faults=scenario.faults if with_faults else ())
+                                   faults=scenario.faults if with_faults else (), model=scenario.model,
+                                   kv_dtype=scenario.pool.kv_dtype)
     return "; ".join(reasons) or None

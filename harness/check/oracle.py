@@ -23,6 +23,10 @@ _TOLERANCE = {
     ("bfloat16", "float32"): (1.5e-1, 6e-2),
     ("float32", "fp8_e4m3"): (3e-1, 1.5e-1),
     ("bfloat16", "fp8_e4m3"): (4e-1, 2e-1),
+    ("float16", "float16"): (2e-2, 1e-2),
+    ("float16", "float32"): (2e-2, 1e-2),
+    ("float32", "float16"): (1e-2, 5e-3),
+    ("float16", "fp8_e4m3"): (4e-1, 2e-1),
 }
 
 

@@ -29,7 +29,7 @@ from ..runspec import RUN_MEMORY_LIMIT, GraphSpec, Mode, Problem
 from ..serving.model import ModelSpec
 from ..serving.pool import PoolSpec
 
-_BYTES = {"float32": 4, "bfloat16": 2, "fp8_e4m3": 1}
+_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "fp8_e4m3": 1}
 _INDEX_BYTES = 8  # int64 page-table entries and slot indices
 _LOG_BYTES = 4  # an int32 write-log entry per slot and layer
 _DIFF_POOLS = 3

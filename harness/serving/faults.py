@@ -172,6 +172,23 @@ FAULTS: dict[str, Fault] = {
               summary="replay narrows out_cache_loc to the real tokens but leaves the SWA write ids at the "
                       "bucket's length: the SWA write of n tokens at bucket-many ids is a shape mismatch",
               reference="SGLang PR 29460 (slice the SWA cache loc to the token count for every backend)"),
+        # FlashInfer's own forms of graph-metadata bugs: their switches sit in the flashinfer backend
+        Fault(name="skip_replan_before_replay", acts_on=Component.ATTENTION_BACKEND, modes=("full",),
+              summary="the decode graph's FlashInfer wrappers are planned for the capture batch and never re-planned "
+                      "before a replay: the lists are refreshed, but the kernel runs the capture batch's plan (its "
+                      "work split sized by the all-padding batch's one-page rows), the baked kv width in its real form",
+              reference="TensorRT-LLM PR 18769 (state sized from the capture batch, frozen into the graph)"),
+        Fault(name="indices_in_eager_buffer", acts_on=Component.ATTENTION_BACKEND, modes=("full",),
+              summary="the decode-graph refresh rebuilds kv_indices in the eager path's buffer, not in the one the "
+                      "captured wrapper is bound to: the plan is handed the graph-bound buffer, which keeps the "
+                      "capture batch's page ids (the dummy page) while the new ones go unread",
+              reference="SGLang PR 37975 (rebuild the replay metadata in the capture-stable buffer)"),
+        Fault(name="swa_prefill_plan_without_window", acts_on=Component.ATTENTION_BACKEND,
+              modes=("eager", "full", "piecewise"),
+              summary="the SWA layers' prefill wrapper is planned without window_left and run with the planned one: "
+                      "extend queries attend to every key of their pages, the tokens before the window included, "
+                      "while decode wrappers keep W - 1",
+              reference="SGLang PR 31501 (pass the sliding window to the SWA prefill wrapper's plan)"),
     )
 }
 

@@ -17,7 +17,7 @@ from typing import Callable
 
 import torch
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 # A forward runs on token rows padded to a multiple of this. CPU kernels are not batch-invariant: GEMM
 # picks different blockings for 3 rows and 4 rows, and vectorized elementwise loops compute the tail of a
@@ -116,6 +116,11 @@ PRESETS: dict[str, ModelSpec] = {
         name="gemma-mini", layer_pattern=_pattern(("swa",) * 5 + ("full",), 1), window=6, head_dim=32
     ),
     "all-swa": ModelSpec(name="all-swa", layer_pattern=("swa",) * 3, window=4),
+    # FlashInfer's cells: it has no float32 kernels and its prebuilt kernels take head_dim 64 and up
+    "gpt-oss-mini-bf16": ModelSpec(name="gpt-oss-mini-bf16", layer_pattern=_pattern(("swa", "full"), 2), window=8,
+                                   head_dim=64, dtype="bfloat16"),
+    "gemma-mini-fp16": ModelSpec(name="gemma-mini-fp16", layer_pattern=_pattern(("swa",) * 5 + ("full",), 1),
+                                 window=6, head_dim=64, dtype="float16"),
 }
 
 

@@ -24,11 +24,12 @@ from typing import Sequence
 
 import torch
 
-KV_DTYPES = ("float32", "bfloat16", "fp8_e4m3")
+KV_DTYPES = ("float32", "bfloat16", "float16", "fp8_e4m3")
 
 # Poison is NaN with a payload arithmetic never produces, so "never written" and "computed NaN" differ.
 # FP8 e4m3fn has no payload bits (NaN is S.1111.111): there poison is the negative NaN byte.
-POISON_BITS = {torch.float32: (torch.int32, 0x7FC0BEEF), torch.bfloat16: (torch.int16, 0x7FCB), torch.uint8: (torch.uint8, 0xFF)}
+POISON_BITS = {torch.float32: (torch.int32, 0x7FC0BEEF), torch.bfloat16: (torch.int16, 0x7FCB),
+               torch.float16: (torch.int16, 0x7E5B), torch.uint8: (torch.uint8, 0xFF)}
 
 
 NEVER_WRITTEN = -1
@@ -106,7 +107,7 @@ SUPPORTED_PAGE_SIZES = (1, 4, 16, 32, 64)
 
 
 def storage_dtype(kv_dtype: str) -> torch.dtype:
-    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "fp8_e4m3": torch.uint8}[kv_dtype]
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "fp8_e4m3": torch.uint8}[kv_dtype]
 
 
 def quantize_fp8(x: torch.Tensor, scale: float) -> torch.Tensor:

@@ -93,7 +93,7 @@ class SGLangStack(ServingStack):
             raise ValueError(f"the SGLang stack cannot run this pool: {reason}")
         api = load()
         p = spec.pool.page_size
-        dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[spec.pool.kv_dtype]
+        dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[spec.pool.kv_dtype]
         swa_ids = [i for i, swa in enumerate(spec.layer_is_swa) if swa]
         full_ids = [i for i, swa in enumerate(spec.layer_is_swa) if not swa]
         kv_pool = api.SWAKVPool(

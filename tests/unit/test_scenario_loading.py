@@ -272,9 +272,9 @@ def test_unknown_registry_names(tmp_path):
         expect='[expect.translate]\nverdict = "match"\nwhy = "w"\n[expect.magic]\nverdict = "match"\nwhy = "w"\n',
     )
     text = "\n".join(problems_of(path))
-    assert f"{path}: model.preset: expected one of 'gpt-oss-mini', 'gemma-mini', 'all-swa', got string 'llama-mini'" \
-        in text
-    assert f"{path}: pool.kv_dtype: expected one of 'float32', 'bfloat16', 'fp8_e4m3', got 'int4'" in text
+    assert (f"{path}: model.preset: expected one of 'gpt-oss-mini', 'gemma-mini', 'all-swa', 'gpt-oss-mini-bf16', "
+            "'gemma-mini-fp16', got string 'llama-mini'") in text
+    assert f"{path}: pool.kv_dtype: expected one of 'float32', 'bfloat16', 'float16', 'fp8_e4m3', got 'int4'" in text
     assert f"{path}: graphs.modes[1]: expected one of 'eager', 'full', 'piecewise', got 'fulll'" in text
     assert f"{path}: graphs.capture: expected one of 'startup', 'on_demand'" in text
     assert f"{path}: run.designs[1]: unknown design 'magic'" in text
@@ -305,7 +305,7 @@ def test_fused_fp8_needs_an_fp8_pool(tmp_path):
 
 def test_model_problems_after_overrides(tmp_path):
     path = write(tmp_path, model='[model]\npreset = "gpt-oss-mini"\nnum_heads = 3\nhead_dim = 15\n'
-                                 'layer_pattern = ["swa", "global"]\nvocab_size = 0\ndtype = "float16"\n')
+                                 'layer_pattern = ["swa", "global"]\nvocab_size = 0\ndtype = "float64"\n')
     text = "\n".join(problems_of(path))
     assert f"{path}: model.num_heads: expected a multiple of num_kv_heads (2), got 3" in text
     assert f"{path}: model.head_dim: expected an even number for RoPE, got 15" in text

@@ -68,7 +68,7 @@ def test_a_python_built_spec_is_checked_by_the_rules_a_file_is_checked_by(tmp_pa
     found = {str(p) for p in check_scenario(bad)}
     expected = {
         "pool.full_size: expected an integer from 2 to 1048576, got 1",
-        "pool.kv_dtype: expected one of 'float32', 'bfloat16', 'fp8_e4m3', got 'int4'",
+        "pool.kv_dtype: expected one of 'float32', 'bfloat16', 'float16', 'fp8_e4m3', got 'int4'",
         "timeline.seed: expected an integer from 0 to 9223372036854775807, got -1",
         "timeline.requests[0].abort: must come after arrive (got 0 <= 0)",
         "timeline.requests[1].rid: duplicate rid 'a'; requests[0] has it",
