@@ -19,6 +19,12 @@ KV is written where the active design says, through the base implementation's se
   and turn split-KV off, so a graph replay computes each row as the eager step does;
 * **FP8 pools** are handed over as ``float8_e4m3fn`` views of their bytes, with the layer's scales at ``run``.
 
+Its fault switches are FlashInfer's forms of the catalog's graph-metadata bugs: a graph wrapper never re-planned
+after capture (``skip_replan_before_replay``), a replay's page ids rebuilt in the eager buffer rather than the
+graph-bound one (``indices_in_eager_buffer``), and the SWA prefill wrapper planned without its window
+(``swa_prefill_plan_without_window``). The kernels need no float32 and heads of 64 and up: a float32 model or a
+smaller head is an unsupported cell, naming the half-precision presets that run.
+
 Every kernel call is the ``torch.library`` op of ``flashinfer_ops.py``, so both graph engines record it
 and the audit sees its inputs. FlashInfer is imported only where a run needs its kernels (a CUDA pool):
 on the CPU the op's dense stand-in computes the same attention over the same lists, which is how the
