@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Sequence
 # what the parser, option errors and refusals need; the run machinery (the matrix, the report writers,
 # pandas) is imported by the commands that use it, so --help and a refused destination do not wait for it
 from .check.case import EXPECT_DEFAULT, cases, expect_problem
+from .check.cells import added_backends, backend_rows, skipped_rows
 from .check.keywords import KeywordError, Keywords
 from .check.workers import Terminated, output_block, terminate_like_ctrl_c
 from .report.files import destination_problems
@@ -42,7 +43,7 @@ def _select(args: argparse.Namespace) -> tuple[list[ScenarioSpec], list[Scenario
 
 def _cases(args: argparse.Namespace, specs: list[ScenarioSpec], *, keywords: bool = True) -> list[Case]:
     extra = [d for d in args.design or () if is_import_path(d)]
-    extra_backends = [b for b in args.backend or () if is_import_path(b)]
+    extra_backends = added_backends(args.backend or ())
     out = []
     for spec in specs:
         out.extend(cases(spec, designs=args.design, modes=args.mode, backends=args.backend, engine=args.engine,
@@ -188,6 +189,13 @@ def _cmd_list(args: argparse.Namespace) -> int:
         for s in specs
     ]
     print(table(("scenario", "tags", "modes", "designs", "faults", "references"), rows))
+    # every cell of the listed scenarios on this machine's default device, the named GPU backends added
+    cells = [c for s in specs for c in cases(s, backends=args.backend, extra_backends=added_backends(args.backend or ()))]
+    print()
+    print(table(("backend", "runs on", "graphs", "page sizes", "cells", "skipped here"), backend_rows(cells)))
+    if skipped := skipped_rows(cells):
+        print()
+        print(table(("skipped cells of", "backend", "cells", "modes", "why"), skipped))
     _print_problems(load_errors)
     return 1 if load_errors else 0
 
@@ -293,8 +301,12 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--report-dir", metavar="DIR",
                          help="write compare.html there, beside HEAD's report pages")
     compare.set_defaults(func=_cmd_compare)
-    lst = sub.add_parser("list", help="list scenarios with tags, modes, designs and faults")
+    lst = sub.add_parser("list", help="list scenarios with tags, modes, designs and faults, then the backends with "
+                         "their cells and why the ones this machine cannot run are skipped")
     lst.add_argument("paths", nargs="*")
+    lst.add_argument("--backend", action="append",
+                     help="only this backend's cells (repeatable); a GPU backend (flashinfer) or an import path is "
+                          "added to every scenario, as run adds it")
     lst.set_defaults(func=_cmd_list)
     return parser
 

@@ -122,7 +122,7 @@ def test_list_prints_each_scenario_with_its_tags_modes_designs_faults_and_refere
     write_scenario(cli_dir, "tiny_wrong_window")
     code, out, err = run_cli(capsys, "list")
     assert code == 0 and err == ""
-    lines = out.splitlines()
+    lines = out.split("\n\n")[0].splitlines()  # the scenario table; the backends' tables follow
     assert lines[0].split() == ["scenario", "tags", "modes", "designs", "faults", "references"]
     rows = {line.split()[0]: line.split() for line in lines[1:]}
     assert rows["tiny_match"] == ["tiny_match", "smoke,tiny", "eager,full", "translate,stale_state,forward_batch",
@@ -144,7 +144,7 @@ def test_a_bad_file_is_reported_with_path_and_key_exits_1_and_the_others_still_r
     code, out, err = run_cli(capsys, "list")
     assert code == 1
     assert "pool.swa_size" in err and bad.name in err
-    assert [line.split()[0] for line in out.splitlines()[1:]] == ["tiny_stale_error"]
+    assert [line.split()[0] for line in out.split("\n\n")[0].splitlines()[1:]] == ["tiny_stale_error"]
 
 
 def test_report_writes_its_json_to_reports_results_json_by_default(cli_dir, capsys, write_scenario):
