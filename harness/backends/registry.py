@@ -12,6 +12,7 @@ BACKENDS: dict[str, str] = {
     "torch_native": "harness.backends.torch_native:TorchNativeBackend",
     "torch_gather": "harness.backends.torch_gather:TorchGatherBackend",
     "flashinfer": "harness.backends.flashinfer:FlashInferBackend",
+    "trtllm_mha": "harness.backends.trtllm_mha:TrtllmMHABackend",
 }
 
 

@@ -115,7 +115,7 @@ CASES = {
     "shared_len_without_prefix_of": ("timeline.requests[0].shared_len: needs prefix_of", sub('output_len = 3\n', 'output_len = 3\nshared_len = 4\n')),
     # run
     "unknown_design": ("run.designs[1]: unknown design 'magic'", sub('designs = ["translate"]', 'designs = ["translate", "magic"]').replace('[expect.translate]', '[expect.magic]\nverdict = "match"\nwhy = "w"\n[expect.translate]')),
-    "unknown_backend": ("run.backends[0]: expected one of 'torch_native', 'torch_gather', 'flashinfer' or an import path", sub('designs = ["translate"]\n', 'designs = ["translate"]\nbackends = ["flashinfr"]\n')),
+    "unknown_backend": ("run.backends[0]: expected one of 'torch_native', 'torch_gather', 'flashinfer', 'trtllm_mha' or an import path", sub('designs = ["translate"]\n', 'designs = ["translate"]\nbackends = ["flashinfr"]\n')),
     "unknown_fault": ("run.faults[0]: expected one of", sub('designs = ["translate"]\n', 'designs = ["translate"]\nfaults = ["no_such_fault"]\n')),
     "fault_needs_prefix_cache": ("run.faults[0]: match_len_not_reset acts only with a prefix cache; eviction.prefix_cache is off", sub('designs = ["translate"]\n', 'designs = ["translate"]\nfaults = ["match_len_not_reset"]\n')),
     "fault_cannot_act": ("run.faults[0]: skip_memo_invalidate acts only in piecewise mode; graphs.modes has eager, full", sub('designs = ["translate"]\n', 'designs = ["translate"]\nfaults = ["skip_memo_invalidate"]\n')),

@@ -138,10 +138,10 @@ def test_a_backend_without_its_declarations_is_refused_where_it_is_named(tmp_pat
 
 
 def test_registry_resolves_names_and_import_paths_and_refuses_the_rest():
-    assert set(BACKENDS) == {"torch_native", "torch_gather", "flashinfer"}
+    assert set(BACKENDS) == {"torch_native", "torch_gather", "flashinfer", "trtllm_mha"}
     assert backend_class("harness.backends.torch_native:TorchNativeBackend") is backend_class("torch_native")
-    with pytest.raises(KeyError, match="unknown backend 'trtllm_mha'"):
-        backend_class("trtllm_mha")
+    with pytest.raises(KeyError, match="unknown backend 'cutlass_mla'"):
+        backend_class("cutlass_mla")
     with pytest.raises(KeyError, match="not an AttentionBackend subclass"):
         backend_class("harness.serving.designs:translate")
 

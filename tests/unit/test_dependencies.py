@@ -51,7 +51,7 @@ def _undeclared(modules: dict[str, str], declared: set[str]) -> list[str]:
     return out
 
 
-_EXTRA_HOMES = {"sglang": "harness/sglang/", "gpu": "harness/backends/flashinfer"}
+_EXTRA_HOMES = {"sglang": "harness/sglang/", "gpu": ("harness/backends/flashinfer", "harness/backends/trtllm_mha")}
 """each optional extra and the only code that may import it (lazily: the base install lacks it)"""
 
 

@@ -278,7 +278,7 @@ def test_unknown_registry_names(tmp_path):
     assert f"{path}: graphs.modes[1]: expected one of 'eager', 'full', 'piecewise', got 'fulll'" in text
     assert f"{path}: graphs.capture: expected one of 'startup', 'on_demand'" in text
     assert f"{path}: run.designs[1]: unknown design 'magic'" in text
-    assert f"{path}: run.backends[0]: expected one of 'torch_native', 'torch_gather', 'flashinfer' or an import path 'package.module:Class', got 'flashinfr'" in text
+    assert f"{path}: run.backends[0]: expected one of 'torch_native', 'torch_gather', 'flashinfer', 'trtllm_mha' or an import path 'package.module:Class', got 'flashinfr'" in text
     assert f"{path}: run.kv_write: expected one of 'plain', 'fused_fp8', got 'fused'" in text
     assert f"{path}: run.faults[0]: expected one of 'no_zero_swa_pad'" in text
     assert "got 'no_such_fault'" in text
