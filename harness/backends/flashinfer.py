@@ -292,7 +292,8 @@ class FlashInferMetadataBuilder(AttentionMetadataBuilder):
                         last_page_len=torch.ones(max_bs, dtype=torch.int32, device=dev))
             for _ in self.groups)
         # the eager path's index buffers, which the indices_in_eager_buffer fault refreshes instead
-        self._eager_indices = tuple(torch.zeros_like(g.indices) for g in self._cg_lists)
+        self._eager_indices = (tuple(torch.zeros_like(g.indices) for g in self._cg_lists)
+                               if "indices_in_eager_buffer" in self.faults else ())
         self._cg_qo_indptr = torch.arange(max_bs + 1, dtype=torch.int32, device=dev)  # one token per row
         self._cg_swa_loc = torch.zeros(max_bs, dtype=torch.int32, device=dev)
 
