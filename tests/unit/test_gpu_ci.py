@@ -137,3 +137,23 @@ def test_the_jit_builds_one_module_per_kind_kv_dtype_and_window_group_present():
     assert len(shapes) == 8 + 4
     assert KernelShape(kind="prefill", q_dtype="float16", kv_dtype="fp8_e4m3", head_dim=128, swa=True) in shapes
     assert not any(s.q_dtype == "float16" and not s.swa for s in shapes)  # that model has no full layer
+
+
+def test_the_example_gpu_workflow_runs_make_test_gpu_per_shard_and_uploads_the_reports():
+    # no YAML parser is a dependency: the workflow is checked as text, line by line
+    text = (ROOT / ".github/workflows/gpu.yml").read_text()
+    lines = [line.strip() for line in text.splitlines()]
+    assert "runs-on: [self-hosted, linux, gpu]" in lines
+    shards = next(line for line in lines if line.startswith("shard: ["))
+    assert f"SPLITS: {len(shards.split(','))}" in lines and "GROUP: ${{ matrix.shard }}" in lines
+    run = next(line for line in lines if line.startswith("run: make test-gpu"))
+    assert "SPLITS=$SPLITS GROUP=$GROUP" in run
+    # the Makefile turns SPLITS/GROUP into the options harness.gpuci has
+    makefile = (ROOT / "Makefile").read_text()
+    assert "--splits $(SPLITS) --group $(GROUP)" in makefile
+    options = gpuci.build_parser()._option_string_actions
+    assert {"--splits", "--group", "--total-timeout"} <= options.keys()
+    cached = lines[lines.index("uses: actions/cache@v4") + 2]
+    assert cached == "path: .cache/gpu" and "FLASHINFER_WORKSPACE_BASE ?= $(CURDIR)/.cache/gpu" in makefile
+    assert "uses: actions/upload-artifact@v4" in lines
+    assert {"reports/gpu/*.xml", "reports/gpu/scenarios-cuda/", "reports/gpu/scenarios-tape/"} <= set(lines)
