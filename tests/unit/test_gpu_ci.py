@@ -157,3 +157,19 @@ def test_the_example_gpu_workflow_runs_make_test_gpu_per_shard_and_uploads_the_r
     assert cached == "path: .cache/gpu" and "FLASHINFER_WORKSPACE_BASE ?= $(CURDIR)/.cache/gpu" in makefile
     assert "uses: actions/upload-artifact@v4" in lines
     assert {"reports/gpu/*.xml", "reports/gpu/scenarios-cuda/", "reports/gpu/scenarios-tape/"} <= set(lines)
+
+
+@pytest.mark.slow
+def test_the_bare_machine_check_without_a_gpu_fails_with_the_reason_and_writes_its_table(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    done = subprocess.run(["bash", str(ROOT / "scripts/gpu_check.sh"), str(tmp_path)], capture_output=True, text=True,
+                          env={**os.environ, "PYTHON": sys.executable}, timeout=300)
+    if "no CUDA device visible" not in done.stdout:
+        pytest.skip("this machine has a GPU")
+    assert done.returncode == 1
+    assert "FAILED: no CUDA device visible to torch: this check needs a GPU" in done.stdout
+    assert "| machine | failed | 0 | no CUDA device |" in (tmp_path / "results.md").read_text()
+    assert "torch " in (tmp_path / "gpu_check.log").read_text()  # the environment block came first
