@@ -137,7 +137,7 @@ def _runtime_files(name: str) -> list[tuple[Path, str]]:
     if root.is_file():
         return [(root, f"site/{root.name}")]
     return [(p, f"site/{name}/{p.relative_to(root)}") for p in sorted(root.rglob("*"))
-            if p.is_file() and "__pycache__" not in p.parts and "testing" not in p.name]
+            if p.is_file() and "__pycache__" not in p.parts]
 
 
 def _ninja() -> Path:
