@@ -6,8 +6,9 @@ CCCL. The harness runs only the FA2 paged decode and prefill kernels (``harness/
 shapes), which FlashInfer compiles on the machine from a few templates and the headers they include. The
 pack holds:
 
-* FlashInfer's Python package (``*.py``, ``*.json``, ``py.typed``: everything ``import flashinfer`` reads),
-  without the other backends' ``.cu`` sources, prebuilt cubins, AOT libraries or docs;
+* FlashInfer's Python side that the harness uses: the ``.py``, ``.json`` and ``py.typed`` files of every folder
+  of the package from which ``import flashinfer`` and the generators below imported a module (a quarter of
+  its Python code), without the other backends' ``.cu`` sources, prebuilt cubins, AOT libraries or docs;
 * from ``flashinfer/data``: the files FlashInfer's own generators read to write the harness's modules
   (found by running them, on this CPU, under an audit hook that records every file opened) and the
   transitive ``#include`` closure of those and of the generated sources over FlashInfer's include folders;
@@ -50,15 +51,16 @@ _DATA_INCLUDE_DIRS = ("include", "csrc", "cutlass/include", "cutlass/tools/util/
 """FlashInfer's include folders under ``flashinfer/data`` (``jit/env.py``), in its search order"""
 
 
-def python_files(package: Path) -> list[Path]:
-    """The package's Python side: every .py/.json/py.typed outside ``data/`` and ``__pycache__``."""
+def python_files(package: Path, imported: Iterable[Path]) -> list[Path]:
+    """The package's Python side the harness uses: every .py/.json/py.typed of each folder from which a module
+    was imported (its siblings too, for the imports a kernel call makes later), none from ``data/``."""
+    package = package.resolve()
+    folders = {Path(p).resolve().parent for p in imported} | {package}
     out = []
-    for path in sorted(package.rglob("*")):
-        rel = path.relative_to(package)
-        if not path.is_file() or rel.parts[0] == "data" or "__pycache__" in rel.parts:
+    for folder in sorted(f for f in folders if f.is_relative_to(package)):
+        if folder.relative_to(package).parts[:1] == ("data",):
             continue
-        if path.suffix in _PYTHON_SUFFIXES:
-            out.append(path)
+        out += [p for p in sorted(folder.iterdir()) if p.is_file() and p.suffix in _PYTHON_SUFFIXES]
     return out
 
 
@@ -105,8 +107,10 @@ sys.addaudithook(hook)
 import flashinfer
 from harness.gpuci.jit import _jit_specs, _library_models, harness_kernel_shapes
 specs = _jit_specs(harness_kernel_shapes(_library_models()))
+imported = [m.__file__ for n, m in list(sys.modules.items()) if n.split(".")[0] == "flashinfer"
+            and getattr(m, "__file__", None)]
 json.dump({"package": os.path.dirname(flashinfer.__file__), "version": flashinfer.__version__,
-           "opened": sorted(opened), "generated": sorted(str(s) for spec in specs for s in spec.sources),
+           "opened": sorted(opened), "imported": sorted(imported), "generated": sorted(str(s) for spec in specs for s in spec.sources),
            "modules": [spec.name for spec in specs]}, sys.stdout)
 """
 
@@ -158,7 +162,8 @@ def pack(out: Path, *, checkout: Path, wheel: Path | None, arch: str, limit: int
         probe = probe_generators(checkout, flashinfer_path, arch)
         package = Path(probe["package"])
         opened = [Path(p) for p in probe["opened"]]
-        entries = [(p, f"site/flashinfer/{p.relative_to(package)}") for p in python_files(package)]
+        root = package.resolve()
+        entries = [(p, f"site/flashinfer/{p.relative_to(root)}") for p in python_files(package, probe["imported"])]
         data = data_selection(package, [p for p in opened if p.resolve().is_relative_to((package / "data").resolve())],
                               [Path(p) for p in probe["generated"]])
         entries += [(p, f"site/flashinfer/{p.relative_to(package.resolve())}") for p in sorted(data)]

@@ -1,5 +1,6 @@
-"""scripts/pack_flashinfer.py's selection, on a fake FlashInfer tree: the Python side whole, from ``data/`` only
-what the generators read and what that includes, transitively; never another backend's sources, cubins or docs."""
+"""scripts/pack_flashinfer.py's selection, on a fake FlashInfer tree: the Python folders imported from, from
+``data/`` only what the generators read and what that includes, transitively; never another backend's
+sources, cubins or docs."""
 
 import importlib.util
 from pathlib import Path
@@ -21,7 +22,7 @@ def test_the_pack_takes_the_include_closure_of_what_the_generators_read_and_noth
     fi = _tree(tmp_path / "flashinfer", {
         "__init__.py": "", "decode.py": "", "catalog.json": "{}", "py.typed": "",
         "experimental/big_kernel.cu": "// another backend's own source",
-        "experimental/__init__.py": "",
+        "experimental/__init__.py": "", "attention/__init__.py": "", "attention/planner.py": "",
         "data/csrc/batch_decode.cu": '#include "batch_decode_config.inc"\n#include <flashinfer/attention/decode.cuh>\n'
                                      "#include <cuda_runtime.h>\n",
         "data/csrc/batch_decode_config.inc": "",
@@ -40,8 +41,11 @@ def test_the_pack_takes_the_include_closure_of_what_the_generators_read_and_noth
     assert data == {"data/csrc/batch_decode.cu", "data/csrc/batch_decode_config.inc",
                     "data/csrc/batch_decode_customize_config.jinja", "data/include/flashinfer/attention/decode.cuh",
                     "data/include/flashinfer/utils.cuh", "data/cutlass/include/cutlass/numeric_types.h"}
-    python = {p.relative_to(fi).as_posix() for p in pack.python_files(fi)}
-    assert python == {"__init__.py", "decode.py", "catalog.json", "py.typed", "experimental/__init__.py"}
+    imported = [fi / "__init__.py", fi / "decode.py", fi / "attention/__init__.py"]
+    python = {p.relative_to(fi.resolve()).as_posix() for p in pack.python_files(fi, imported)}
+    # a folder nothing was imported from (another backend's) is left out whole; siblings of an import come along
+    assert python == {"__init__.py", "decode.py", "catalog.json", "py.typed", "attention/__init__.py",
+                      "attention/planner.py"}
 
 
 def test_an_include_cycle_ends(tmp_path):
