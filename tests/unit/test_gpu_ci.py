@@ -62,6 +62,12 @@ def test_a_step_past_its_limit_is_stopped_and_reported_timed_out(tmp_path):
     assert gpuci._run(step, 0.5, None)[0] == "timed out"
 
 
+def test_a_pytest_step_whose_shard_selects_nothing_passes_saying_so(tmp_path):
+    step = gpuci.Step(name="t", argv=("sh", "-c", "exit 5"), timeout_s=30, junit=tmp_path / "t.xml")
+    assert gpuci._run(step, 30, None) == ("passed", "no test selected")
+    assert gpuci._run(gpuci.Step(name="t", argv=("sh", "-c", "exit 5"), timeout_s=30), 30, None)[0] == "failed"
+
+
 def test_the_dry_run_lists_every_step_with_its_command(capsys, monkeypatch):
     monkeypatch.setattr(gpuci, "probe", lambda: NO_GPU)
     assert gpuci.main(["--dry-run", "--splits", "3", "--group", "2", "--out", "o"]) == 0
