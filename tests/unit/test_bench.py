@@ -76,3 +76,15 @@ def test_the_gpu_benchmark_without_a_gpu_says_so_and_exits_2(capsys, tmp_path):
         pytest.skip("this machine has a GPU")
     assert main(["--gpu", "--out", str(tmp_path / "B.md")]) == 2
     assert "the GPU benchmark needs CUDA: no GPU on this machine" in capsys.readouterr().err
+
+
+def test_the_gpu_benchmark_runs_flashinfer_on_a_bfloat16_head_dim_64_copy_of_the_preset():
+    from harness.bench import _spec
+    from harness.runspec import GraphSpec
+    from harness.serving.timeline import TimelineSpec
+
+    spec = _spec("gpt-oss-mini", TimelineSpec(requests=()), mode="full", graphs=GraphSpec(decode_buckets=(1,)),
+                 engine="cuda", device="cuda", backend="flashinfer", dtype="bfloat16")
+    assert (spec.backend, spec.model.dtype, spec.model.head_dim, spec.pool.kv_dtype) == (
+        "flashinfer", "bfloat16", 64, "bfloat16")
+    assert spec.model.window == 8 and spec.model.layer_pattern == ("swa", "full", "swa", "full")  # else the preset's
