@@ -43,13 +43,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="write the HTML report (index.html, a page per scenario, results.json/.csv) to DIR")
 
 
-@pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
     if hasattr(config, "workerinput"):
         from .gpuci.pinning import pin_worker
 
         try:
-            pin_worker()  # before anything in this worker initialises CUDA (make test-gpu: one worker per GPU)
+            # make test-gpu: one worker per GPU; test modules (and whatever they initialise) load later, at collection
+            pin_worker()
         except (RuntimeError, ValueError) as exc:
             raise pytest.UsageError(str(exc)) from None
     if (expect := config.getoption("harness_expect", None)) is not None:
