@@ -2,9 +2,9 @@
 
 The controller names the devices in ``HARNESS_WORKER_GPUS`` (what ``CUDA_VISIBLE_DEVICES`` would list: indices
 or UUIDs); worker ``gwN`` keeps the ``N``-th (round robin, so two workers per GPU share it). The variable is
-set in the worker's own environment before anything initialises CUDA there, so the child processes a
-scenario run starts (the isolated cases) inherit the same single device. ``torch.cuda.set_device`` in the
-worker would not reach them: each child would start on device 0.
+set in the worker's own environment before anything initialises CUDA there, so every process the worker
+starts inherits the same single device, where ``torch.cuda.set_device`` would reach this process only and
+leave a library that allocates on ``cuda`` (device 0) on another worker's GPU.
 """
 
 from __future__ import annotations
