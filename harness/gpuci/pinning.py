@@ -3,8 +3,8 @@
 The controller names the devices in ``HARNESS_WORKER_GPUS`` (what ``CUDA_VISIBLE_DEVICES`` would list: indices
 or UUIDs); worker ``gwN`` keeps the ``N``-th (round robin, so two workers per GPU share it). The variable is
 set in the worker's own environment before anything initialises CUDA there, so every process the worker
-starts inherits the same single device, where ``torch.cuda.set_device`` would reach this process only and
-leave a library that allocates on ``cuda`` (device 0) on another worker's GPU.
+starts inherits the same single device, where ``torch.cuda.set_device`` would reach this process only, and
+every device stays visible to code that names one (``cuda:0``).
 """
 
 from __future__ import annotations
