@@ -41,13 +41,19 @@ FLASHINFER_WORKSPACE_BASE ?= $(CURDIR)/.cache/gpu
 GPU_OUT ?= reports/gpu
 GPU_CI_ARGS ?=
 GPU_CI = FLASHINFER_WORKSPACE_BASE=$(FLASHINFER_WORKSPACE_BASE) $(PY) -m harness.gpuci --out $(GPU_OUT) \
-	$(if $(SPLITS),--splits $(SPLITS) --group $(GROUP)) $(GPU_CI_ARGS)
+	$(if $(SPLITS),--splits $(SPLITS) $(if $(GROUP),--group $(GROUP))) $(GPU_CI_ARGS)
 
 test-gpu: $(GPU_STAMP)
 	$(GPU_CI)
 
-# the steps and commands test-gpu would run here, without running them
-gpu-plan: $(STAMP)
+# the steps and commands test-gpu would run here, without running them; with SPLITS=N (no GROUP), every shard's
+# items and estimated time (the ci extra alone: pytest-split)
+CI_STAMP := $(VENV)/.installed-ci
+$(CI_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet $(if $(CONSTRAINTS),-c $(CONSTRAINTS)) -e '.[ci]'
+	touch $(CI_STAMP)
+
+gpu-plan: $(CI_STAMP)
 	$(GPU_CI) --dry-run
 
 # re-record tests/gpu_durations.json (pytest-split's balance of the shards) from a whole GPU run; commit it

@@ -176,7 +176,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, default=Path("reports/gpu"), help="log, JUnit files, reports, summary.md")
     p.add_argument("--dry-run", action="store_true", help="print the steps and their commands, run nothing")
     p.add_argument("--require-gpu", action="store_true", help=f"fail without a GPU (also {REQUIRE_GPU_ENV}=1)")
-    p.add_argument("--splits", type=int, help="shards of a CI matrix (pytest-split); with --group")
+    p.add_argument("--splits", type=int,
+                   help="shards of a CI matrix (pytest-split); with --group, or alone with --dry-run: every shard's plan")
     p.add_argument("--group", type=int, help="this machine's shard, 1 to --splits")
     p.add_argument("--store-durations", action="store_true",
                    help="record the tests' durations into tests/gpu_durations.json (make gpu-durations)")
@@ -197,8 +198,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("--splits needs pytest-split, the optional extra ci (make test-gpu installs it)", file=sys.stderr)
         return 2
     machine = probe()
+    # a dry run with --splits alone plans every shard; the commands it prints are the first shard's
+    every_shard = args.dry_run and args.splits is not None and args.group is None
     settings = Settings(out=args.out, gpus=machine.gpus, workers_per_gpu=args.workers_per_gpu,
-                        flashinfer=not args.no_flashinfer, keyword=args.keyword, splits=args.splits, group=args.group,
+                        flashinfer=not args.no_flashinfer, keyword=args.keyword, splits=args.splits,
+                        group=1 if every_shard else args.group,
                         store_durations=args.store_durations, test_timeout_s=args.test_timeout if has_timeout else None,
                         step_timeouts=dict(args.step_timeout))
     if problems := settings.problems():
@@ -210,6 +214,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         for line in machine.lines():
             print(f"  {line}")
         print_plan(steps, settings, total_timeout_s=args.total_timeout)
+        if settings.splits is not None:
+            return print_shards(steps, settings)
         return 0
     return execute(steps, machine, out=args.out, total_timeout_s=args.total_timeout,
                    require_gpu=gpu_required(args.require_gpu))
@@ -227,6 +233,31 @@ def print_plan(steps: Sequence[Step], s: Settings, *, total_timeout_s: float) ->
         if step.argv:
             env = " ".join(f"{k}={v}" for k, v in step.env.items())
             print(f"   {env + ' ' if env else ''}{' '.join(step.argv)}")
+
+
+def print_shards(steps: Sequence[Step], s: Settings) -> int:
+    """Each pytest step's items split into the shards, as every shard's pytest-split will split them."""
+    if importlib.util.find_spec("pytest_split") is None:
+        print("the shards' plan needs pytest-split, the optional extra ci (make test-gpu installs it)", file=sys.stderr)
+        return 2
+    from . import shards
+    from .plan import DURATIONS, SPLITTING_ALGORITHM
+
+    durations = shards.read_durations(DURATIONS)
+    print(f"shards: {s.splits}, {SPLITTING_ALGORITHM} over {len(durations)} recorded durations ({DURATIONS})")
+    seen: dict[tuple[str, ...], list[str]] = {}
+    for step in steps:
+        if not step.selection:
+            continue
+        if step.selection in seen:  # the tape step collects the cuda step's items
+            print(f"   {step.name}: the shards of {seen[step.selection][0]}")
+            continue
+        plan = shards.split(shards.collect(s.python, step.selection), durations, splits=s.splits,
+                            algorithm=SPLITTING_ALGORITHM)
+        seen[step.selection] = [step.name]
+        for line in shards.lines(step.name, plan):
+            print(line)
+    return 0
 
 
 if __name__ == "__main__":

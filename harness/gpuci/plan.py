@@ -38,6 +38,8 @@ class Step:
     """added to the runner's environment"""
     why: str = ""
     """the line the dry run prints under the step"""
+    selection: tuple[str, ...] = ()
+    """a pytest step's paths and filters: what it collects before the shard's slice is taken"""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -61,8 +63,10 @@ class Settings:
     def problems(self) -> list[str]:
         """Why these settings cannot make a plan; empty when they can."""
         out = []
-        if (self.splits is None) != (self.group is None):
-            out.append("--splits and --group go together")
+        if self.splits is not None and self.splits < 1:
+            out.append(f"--splits must be at least 1, got {self.splits}")
+        elif (self.splits is None) != (self.group is None):
+            out.append("--splits and --group go together (a dry run takes --splits alone: every shard's plan)")
         elif self.splits is not None and not 1 <= self.group <= self.splits:
             out.append(f"--group must be from 1 to --splits ({self.splits}), got {self.group}")
         if self.workers_per_gpu < 1:
@@ -75,8 +79,8 @@ _STEP_TIMEOUTS = {"jit": 1200.0, "gpu-tests": 1800.0, "graphs": 900.0, "scenario
                   "scenarios-tape": 3600.0, "agree": 120.0}
 
 
-def _pytest(s: Settings, name: str, paths: Sequence[str], *extra: str, store_durations: bool) -> tuple[str, ...]:
-    argv = [s.python, "-m", "pytest", *paths, "-q", "-rfEs", "-n", str(max(1, len(s.gpus)) * s.workers_per_gpu),
+def _pytest(s: Settings, name: str, selection: Sequence[str], *extra: str, store_durations: bool) -> tuple[str, ...]:
+    argv = [s.python, "-m", "pytest", *selection, "-q", "-rfEs", "-n", str(max(1, len(s.gpus)) * s.workers_per_gpu),
             f"--junitxml={s.out / f'{name}.xml'}", *extra]
     if s.test_timeout_s is not None:
         argv.append(f"--timeout={s.test_timeout_s:g}")
@@ -102,24 +106,25 @@ def ci_plan(s: Settings) -> list[Step]:
         steps.append(Step(name="jit", argv=(s.python, "-m", "harness.gpuci.jit"), timeout_s=timeout["jit"],
                           why="FlashInfer's kernel modules for the harness's shapes, compiled in parallel into "
                               "the JIT cache (FLASHINFER_WORKSPACE_BASE) before any test needs one"))
+    gpu_tests = ("tests", "-m", "gpu", "--ignore=tests/graphs", "--harness-device=cuda")
+    scenarios = ("scenarios", *scenario_opts)
     steps += [
         Step(name="gpu-tests", timeout_s=timeout["gpu-tests"], junit=s.out / "gpu-tests.xml", gpu_tests=True, env=env,
-             argv=_pytest(s, "gpu-tests", ["tests"], "-m", "gpu", "--ignore=tests/graphs", "--harness-device=cuda",
-                          store_durations=store),
+             argv=_pytest(s, "gpu-tests", gpu_tests, store_durations=store), selection=gpu_tests,
              why="every test marked gpu outside tests/graphs (the FlashInfer kernels, the flows on CUDA)"),
         # half of its tests are the tape's on the CPU: they do not count as GPU tests
         Step(name="graphs", timeout_s=timeout["graphs"], junit=s.out / "graphs.xml", env=env,
-             argv=_pytest(s, "graphs", ["tests/graphs"], store_durations=store),
+             argv=_pytest(s, "graphs", ["tests/graphs"], store_durations=store), selection=("tests/graphs",),
              why="the graph-semantics tests on both engines: the tape and real CUDA graphs"),
         Step(name="scenarios-cuda", timeout_s=timeout["scenarios-cuda"], junit=s.out / "scenarios-cuda.xml",
-             gpu_tests=True, env=env,
-             argv=_pytest(s, "scenarios-cuda", ["scenarios"], *scenario_opts, "--harness-engine=cuda",
+             gpu_tests=True, env=env, selection=scenarios,
+             argv=_pytest(s, "scenarios-cuda", scenarios, "--harness-engine=cuda",
                           f"--harness-report={s.out / 'scenarios-cuda'}", store_durations=store),
              why="every scenario on CUDA tensors under real CUDA graphs, each listed backend"
                  + (" and flashinfer" if s.flashinfer else "")),
         Step(name="scenarios-tape", timeout_s=timeout["scenarios-tape"], junit=s.out / "scenarios-tape.xml",
-             gpu_tests=True, env=env,
-             argv=_pytest(s, "scenarios-tape", ["scenarios"], *scenario_opts, "--harness-engine=tape",
+             gpu_tests=True, env=env, selection=scenarios,
+             argv=_pytest(s, "scenarios-tape", scenarios, "--harness-engine=tape",
                           f"--harness-report={s.out / 'scenarios-tape'}", store_durations=False),
              why="the same runs on CUDA tensors under the tape emulator"),
         Step(name="agree", timeout_s=timeout["agree"],

@@ -52,3 +52,14 @@ def test_the_recorded_durations_are_pytest_splits_map_of_node_ids_to_seconds():
     # every id names a file that exists, so a renamed file shows up here rather than as an unbalanced shard
     missing = sorted({k.split("::")[0] for k in durations if not (ROOT / k.split("::")[0]).exists()})
     assert missing == []
+
+
+def test_the_dry_runs_shard_plan_is_the_split_the_plugin_makes_in_each_shard(pytester):
+    from harness.gpuci.shards import lines, split
+
+    names = list(_TESTS)
+    by_plugin = _shards(pytester, names)
+    durations = {f"test_many.py::test_{n}": d for n, d in _TESTS.items()}
+    plan = split([f"test_many.py::test_{n}" for n in names], durations, splits=3, algorithm=SPLITTING_ALGORITHM)
+    assert [[i.split("::test_")[1] for i in shard.items] for shard in plan] == by_plugin
+    assert lines("graphs", plan)[1].startswith(f"     shard 1: {len(by_plugin[0])} items, ~")
