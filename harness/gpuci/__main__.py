@@ -214,7 +214,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for line in machine.lines():
             print(f"  {line}")
         print_plan(steps, settings, total_timeout_s=args.total_timeout)
-        if settings.splits is not None:
+        if every_shard:
             return print_shards(steps, settings)
         return 0
     return execute(steps, machine, out=args.out, total_timeout_s=args.total_timeout,
