@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 GPU_STAMP := $(VENV)/.installed-gpu
 PYTEST_WORKERS ?= auto
 
-.PHONY: venv test test-fast test-gpu sglang-venv test-sglang report screenshots chromium bench clean
+.PHONY: venv test test-fast test-gpu gpu-plan gpu-durations sglang-venv test-sglang report screenshots chromium bench clean
 
 venv: $(STAMP)
 
@@ -26,13 +26,39 @@ test: $(STAMP) chromium
 test-fast: $(STAMP)
 	$(PY) -m pytest -n $(PYTEST_WORKERS) -m "not slow"
 
-# the gpu extra (flashinfer-python) on top of the base install, once per change of pyproject.toml
+# the gpu extra (flashinfer-python) and the ci extra (pytest-split, pytest-timeout) on top of the base install,
+# once per change of pyproject.toml
 $(GPU_STAMP): $(STAMP)
-	$(PY) -m pip install --quiet $(if $(CONSTRAINTS),-c $(CONSTRAINTS)) -e '.[gpu]'
+	$(PY) -m pip install --quiet $(if $(CONSTRAINTS),-c $(CONSTRAINTS)) -e '.[gpu,ci]'
 	touch $(GPU_STAMP)
 
+# GPU CI (docs/gpu.md): python -m harness.gpuci prints the machine, builds FlashInfer's JIT modules, runs the
+# GPU tests, tests/graphs and every scenario under the cuda and tape engines (one xdist worker per GPU), checks
+# that the engines agree, and writes its log, JUnit files, HTML reports and summary.md to GPU_OUT. FlashInfer's
+# JIT cache lives under FLASHINFER_WORKSPACE_BASE (FlashInfer reads it: kernels compile once per machine).
+# A shard of a CI matrix: make test-gpu SPLITS=4 GROUP=2. HARNESS_REQUIRE_GPU=1: no GPU is an error, not a skip.
+FLASHINFER_WORKSPACE_BASE ?= $(CURDIR)/.cache/gpu
+GPU_OUT ?= reports/gpu
+GPU_CI_ARGS ?=
+GPU_CI = FLASHINFER_WORKSPACE_BASE=$(FLASHINFER_WORKSPACE_BASE) $(PY) -m harness.gpuci --out $(GPU_OUT) \
+	$(if $(SPLITS),--splits $(SPLITS) $(if $(GROUP),--group $(GROUP))) $(GPU_CI_ARGS)
+
 test-gpu: $(GPU_STAMP)
-	$(PY) -m pytest -m gpu --harness-device=cuda
+	$(GPU_CI)
+
+# the steps and commands test-gpu would run here, without running them; with SPLITS=N (no GROUP), every shard's
+# items and estimated time (the ci extra alone: pytest-split)
+CI_STAMP := $(VENV)/.installed-ci
+$(CI_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet $(if $(CONSTRAINTS),-c $(CONSTRAINTS)) -e '.[ci]'
+	touch $(CI_STAMP)
+
+gpu-plan: $(CI_STAMP)
+	$(GPU_CI) --dry-run
+
+# re-record tests/gpu_durations.json (pytest-split's balance of the shards) from a whole GPU run; commit it
+gpu-durations: $(GPU_STAMP)
+	$(GPU_CI) --store-durations
 
 # The SGLang target: the installed SGLang 0.5.23 under the harness (README, "Against real SGLang"), in its own
 # virtual environment. sglang goes in without its declared dependencies (they pin a CUDA torch and FlashInfer),

@@ -19,6 +19,7 @@ than eager is flagged in the ``ok`` column, and the command still succeeds.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import os
 import platform
@@ -49,7 +50,7 @@ from .serving.model import PRESETS, model_spec
 from .serving.pool import PoolSpec
 from .serving.timeline import RequestSpec, TimelineSpec
 
-__all__ = ["DECODE_BUCKETS", "PREFILL_BUCKETS", "measure", "run_bench"]
+__all__ = ["DECODE_BUCKETS", "PREFILL_BUCKETS", "measure", "measure_gpu", "run_bench", "run_gpu_bench"]
 
 DECODE_BUCKETS: tuple[int, ...] = (1, 2, 4, 8, 16)
 PREFILL_BUCKETS: tuple[int, ...] = (16, 32, 64)
@@ -65,9 +66,14 @@ _POOL = PoolSpec(full_size=1024, swa_size=1024, max_context_len=64, max_running_
 # ---- building the batches ---------------------------------------------------------------------------
 
 
-def _spec(preset: str, timeline: TimelineSpec, *, mode: str, graphs: GraphSpec, engine: str, device: str) -> RunSpec:
-    return RunSpec(model=model_spec(preset), pool=_POOL, timeline=timeline, mode=mode, engine=engine,
-                   device=device, graphs=graphs)
+def _spec(preset: str, timeline: TimelineSpec, *, mode: str, graphs: GraphSpec, engine: str, device: str,
+          backend: str = "torch_native", dtype: str | None = None) -> RunSpec:
+    model, pool = model_spec(preset), _POOL
+    if dtype is not None:  # FlashInfer's shape: no float32 kernels, head dims of 64 and up
+        model = dataclasses.replace(model, dtype=dtype, head_dim=max(64, model.head_dim))
+        pool = dataclasses.replace(pool, kv_dtype=dtype)
+    return RunSpec(model=model, pool=pool, timeline=timeline, mode=mode, engine=engine, device=device,
+                   graphs=graphs, backend=backend)
 
 
 def _eager_over(session: RunParts) -> EagerRunner:
@@ -76,13 +82,15 @@ def _eager_over(session: RunParts) -> EagerRunner:
                                      req_to_token_pool=session.req_to_token_pool))
 
 
-def _decode_case(preset: str, bucket: int, real: int, engine: str, device: str) -> tuple[Runner, EagerRunner, ForwardBatch]:
+def _decode_case(preset: str, bucket: int, real: int, engine: str, device: str, *, backend: str = "torch_native",
+                 dtype: str | None = None) -> tuple[Runner, EagerRunner, ForwardBatch]:
     window = model_spec(preset).window
     # prompts past the window and of different lengths: SWA slots are already evicted and the page
     # table rows differ, as in a real decode batch
     requests = tuple(RequestSpec(rid=f"r{i}", prompt_len=window + 1 + i, output_len=2) for i in range(real))
     session = assemble(_spec(preset, TimelineSpec(requests=requests, seed=31), mode="full",
-                                  graphs=GraphSpec(decode_buckets=(bucket,)), engine=engine, device=device))
+                                  graphs=GraphSpec(decode_buckets=(bucket,)), engine=engine, device=device,
+                                  backend=backend, dtype=dtype))
     eager = _eager_over(session)
     while (step := session.scheduler.next_step()) is not None and step.kind != "decode":
         session.worker.run(eager.forward, step.batch)
@@ -239,6 +247,88 @@ def run_bench(*, repeats: int = 60, out: Path = Path("BENCHMARKS.md")) -> int:
     return 0
 
 
+# ---- on a GPU: decode replay against eager, FlashInfer against torch-native -----------------------------
+
+GPU_GOAL_SPEEDUP = 2.0
+"""a CUDA-graph decode replay should be at least this much faster than the eager step, up to ``GPU_GOAL_MAX_BS``"""
+GPU_GOAL_MAX_BS = 8
+
+
+@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
+class GpuBenchRow:
+    backend: str
+    dtype: str
+    bucket: int
+    eager_ms: float
+    replay_ms: float
+
+    @property
+    def speedup(self) -> float:
+        """Eager time over replay time."""
+        return self.eager_ms / self.replay_ms if self.replay_ms > 0 else float("inf")
+
+    @property
+    def goal(self) -> str:
+        """Whether the row meets the replay goal (buckets past ``GPU_GOAL_MAX_BS`` have none)."""
+        if self.bucket > GPU_GOAL_MAX_BS:
+            return "n/a"
+        return "met" if self.speedup >= GPU_GOAL_SPEEDUP else "missed"
+
+
+def measure_gpu(*, preset: str = "gpt-oss-mini", buckets: Sequence[int] = DECODE_BUCKETS, repeats: int = 30,
+                backends: Sequence[tuple[str, str | None]] = (("torch_native", None), ("torch_native", "bfloat16"),
+                                                              ("flashinfer", "bfloat16"))) -> list[GpuBenchRow]:
+    """Decode step time per bucket on CUDA, eager against the CUDA-graph replay, per (backend, dtype): the
+    preset as it is, and FlashInfer against torch-native on one bfloat16, head_dim >= 64 copy of it."""
+    rows = []
+    for backend, dtype in backends:
+        for bucket in buckets:
+            graph, eager, batch = _decode_case(preset, bucket, bucket, "cuda", "cuda", backend=backend, dtype=dtype)
+            eager_ms, replay_ms, _ = _compare(graph, eager, batch, repeats=repeats, warmup=_WARMUP, device="cuda")
+            rows.append(GpuBenchRow(backend=backend, dtype=dtype or model_spec(preset).dtype, bucket=bucket,
+                                    eager_ms=eager_ms, replay_ms=replay_ms))
+            sys.stderr.write(f"  {backend}/{rows[-1].dtype} bucket={bucket}: eager {eager_ms:.3f} ms, "
+                             f"replay {replay_ms:.3f} ms\n")
+    return rows
+
+
+def render_gpu_markdown(rows: Sequence[GpuBenchRow], device: str) -> str:
+    """The GPU rows as a markdown table, then FlashInfer's step time against torch-native's per bucket."""
+    lines = [f"## Decode on {device}", "",
+             f"Goal: replay at least {GPU_GOAL_SPEEDUP:g}x faster than eager for batch sizes up to {GPU_GOAL_MAX_BS}.",
+             "", "| backend | dtype | bucket | eager ms | replay ms | speedup | goal |", "|---|---|---|---|---|---|---|"]
+    lines += [f"| {r.backend} | {r.dtype} | {r.bucket} | {r.eager_ms:.3f} | {r.replay_ms:.3f} | {r.speedup:.2f}x | "
+              f"{r.goal} |" for r in rows]
+    by = {(r.backend, r.dtype, r.bucket): r for r in rows}
+    pairs = [(by[k], by[("torch_native", k[1], k[2])]) for k in by if k[0] == "flashinfer"
+             and ("torch_native", k[1], k[2]) in by]
+    if pairs:
+        lines += ["", "| bucket | FlashInfer eager / torch-native eager | FlashInfer replay / torch-native replay |",
+                  "|---|---|---|"]
+        lines += [f"| {fi.bucket} | {fi.eager_ms / tn.eager_ms:.2f} | {fi.replay_ms / tn.replay_ms:.2f} |"
+                  for fi, tn in pairs]
+    return "\n".join(lines) + "\n"
+
+
+def run_gpu_bench(*, repeats: int, out: Path, flashinfer: bool) -> int:
+    """The GPU rows, printed and written into ``out``; 1 where a row misses the replay goal, 2 without a GPU."""
+    if not torch.cuda.is_available():
+        print("the GPU benchmark needs CUDA: no GPU on this machine", file=sys.stderr)
+        return 2
+    backends = [("torch_native", None), ("torch_native", "bfloat16")]
+    if flashinfer:
+        backends.append(("flashinfer", "bfloat16"))
+    rows = measure_gpu(repeats=repeats, backends=backends)
+    section = render_gpu_markdown(rows, torch.cuda.get_device_name())
+    print(section)
+    write_section(out, section, begin=GPU_BEGIN, end_marker=GPU_END)
+    return 1 if any(r.goal == "missed" for r in rows) else 0
+
+
+GPU_BEGIN = "<!-- bench-gpu:begin -->"
+GPU_END = "<!-- bench-gpu:end -->"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m harness.bench",
                                      description="graph replay time against eager time per preset and bucket")
@@ -247,8 +337,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--diff-cache-mib", type=int, default=1024,
                         help="size of the synthetic KV cache the diff benchmark compares (it needs ~4x this in RAM)")
     parser.add_argument("--diff-only", action="store_true", help="measure only the diff (its section of --out)")
+    parser.add_argument("--gpu", action="store_true",
+                        help="only the GPU rows: decode replay against eager per bucket, FlashInfer against torch-native "
+                             f"(exit 1 where replay is under {GPU_GOAL_SPEEDUP:g}x faster up to bucket {GPU_GOAL_MAX_BS})")
+    parser.add_argument("--no-flashinfer", action="store_true", help="with --gpu: leave FlashInfer out")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
+    if args.gpu:
+        return run_gpu_bench(repeats=min(args.repeats, 30), out=Path(args.out), flashinfer=not args.no_flashinfer)
     code = 0 if args.diff_only else run_bench(repeats=args.repeats, out=Path(args.out))
     return code or run_diff_bench(cache_mib=args.diff_cache_mib, out=Path(args.out))
 

@@ -44,6 +44,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    if hasattr(config, "workerinput"):
+        from .gpuci.pinning import pin_worker
+
+        try:
+            # make test-gpu: one worker per GPU; test modules (and whatever they initialise) load later, at collection
+            pin_worker()
+        except (RuntimeError, ValueError) as exc:
+            raise pytest.UsageError(str(exc)) from None
     if (expect := config.getoption("harness_expect", None)) is not None:
         from .check.case import expect_problem
 

@@ -5,6 +5,9 @@ Nothing here asserts on speed: performance is measured by ``make bench``, never 
 
 from pathlib import Path
 
+import pytest
+import torch
+
 from harness.bench import measure
 from harness.report.bench import BEGIN, END, BenchRow, render_markdown, write_section
 
@@ -50,3 +53,38 @@ def test_text_outside_the_markers_is_kept(tmp_path: Path):
     out.write_text("no markers yet\n")
     write_section(out, "new")
     assert out.read_text() == f"no markers yet\n\n{BEGIN}\nnew\n{END}\n"
+
+
+def test_the_gpu_table_marks_the_replay_goal_per_bucket_and_compares_flashinfer_with_torch_native():
+    from harness.bench import GpuBenchRow, render_gpu_markdown
+
+    rows = [GpuBenchRow(backend="torch_native", dtype="bfloat16", bucket=4, eager_ms=2.0, replay_ms=0.5),
+            GpuBenchRow(backend="torch_native", dtype="bfloat16", bucket=16, eager_ms=2.0, replay_ms=1.5),
+            GpuBenchRow(backend="flashinfer", dtype="bfloat16", bucket=4, eager_ms=3.0, replay_ms=0.8),
+            GpuBenchRow(backend="flashinfer", dtype="bfloat16", bucket=8, eager_ms=3.0, replay_ms=2.0)]
+    lines = render_gpu_markdown(rows, "H200").splitlines()
+    assert "| torch_native | bfloat16 | 4 | 2.000 | 0.500 | 4.00x | met |" in lines
+    assert "| torch_native | bfloat16 | 16 | 2.000 | 1.500 | 1.33x | n/a |" in lines  # past batch size 8: no goal
+    assert "| flashinfer | bfloat16 | 8 | 3.000 | 2.000 | 1.50x | missed |" in lines
+    assert "| 4 | 1.50 | 1.60 |" in lines  # FlashInfer over torch-native, only where both ran the bucket
+
+
+def test_the_gpu_benchmark_without_a_gpu_says_so_and_exits_2(capsys, tmp_path):
+    from harness.bench import main
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    assert main(["--gpu", "--out", str(tmp_path / "B.md")]) == 2
+    assert "the GPU benchmark needs CUDA: no GPU on this machine" in capsys.readouterr().err
+
+
+def test_the_gpu_benchmark_runs_flashinfer_on_a_bfloat16_head_dim_64_copy_of_the_preset():
+    from harness.bench import _spec
+    from harness.runspec import GraphSpec
+    from harness.serving.timeline import TimelineSpec
+
+    spec = _spec("gpt-oss-mini", TimelineSpec(requests=()), mode="full", graphs=GraphSpec(decode_buckets=(1,)),
+                 engine="cuda", device="cuda", backend="flashinfer", dtype="bfloat16")
+    assert (spec.backend, spec.model.dtype, spec.model.head_dim, spec.pool.kv_dtype) == (
+        "flashinfer", "bfloat16", 64, "bfloat16")
+    assert spec.model.window == 8 and spec.model.layer_pattern == ("swa", "full", "swa", "full")  # else the preset's

@@ -51,7 +51,9 @@ def _undeclared(modules: dict[str, str], declared: set[str]) -> list[str]:
     return out
 
 
-_EXTRA_HOMES = {"sglang": "harness/sglang/", "gpu": ("harness/backends/flashinfer", "harness/backends/trtllm_mha")}
+_EXTRA_HOMES = {"sglang": ("harness/sglang/",),
+                "gpu": ("harness/backends/flashinfer", "harness/backends/trtllm_mha", "harness/gpuci/jit"),
+                "ci": ("harness/gpuci/shards",)}
 """each optional extra and the only code that may import it (lazily: the base install lacks it)"""
 
 
@@ -59,11 +61,11 @@ def _optional_target_imports(modules: dict[str, str]) -> set[str]:
     """Modules only an optional extra's own code imports, declared as that extra."""
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"].get("optional-dependencies", {})
     out = set()
-    for extra, home in _EXTRA_HOMES.items():
+    for extra, homes in _EXTRA_HOMES.items():
         dists = {_normal(re.match(r"[A-Za-z0-9._-]+", req).group()) for req in extras.get(extra, ())}
         providers = metadata.packages_distributions()
         # an extra's package installed: it must be the extra's; not installed (a base venv): its own code only
-        out |= {m for m, path in modules.items() if dists and path.startswith(home)
+        out |= {m for m, path in modules.items() if dists and path.startswith(homes)
                 and ({_normal(d) for d in providers.get(m, ())} & dists or not providers.get(m))}
     return out
 
