@@ -14,6 +14,7 @@ import pytest
 # the first scenario file collected or the first result gathered
 from .check.workers import terminate_like_ctrl_c
 from .report.files import destination_problems
+from .report.session import RECORD_ATTRIBUTE
 from .report.text import printable
 
 
@@ -107,6 +108,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    report = yield
+    if call.when == "call" and (record := getattr(item, RECORD_ATTRIBUTE, None)) is not None:
+        # extra report attributes are serialized with the report: this is how a record leaves an xdist worker
+        setattr(report, RECORD_ATTRIBUTE, record)
+    return report
+
+
 class _ReportHooks:
     """The hooks that feed one run's ``ReportSession``; registered per config, so pytester's in-process runs
     each gather their own results."""
@@ -115,13 +125,8 @@ class _ReportHooks:
         self.session = session
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        if report.when != "call":
-            return
-        from .report.session import RECORD_PROPERTY
-
-        for name, value in report.user_properties:
-            if name == RECORD_PROPERTY:
-                self.session.add_record(json.loads(value))
+        if report.when == "call" and (record := getattr(report, RECORD_ATTRIBUTE, None)) is not None:
+            self.session.add_record(json.loads(record))
 
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         # interrupted (Ctrl-C) or stopped early (-x, --maxfail): the results are not the whole selection
