@@ -13,6 +13,7 @@ import pytest
 # options, refusals and an xdist controller need no torch, pandas or scenario machinery; those come with
 # the first scenario file collected or the first result gathered
 from .check.workers import terminate_like_ctrl_c
+from .imports import is_import_path, name_type, unknown_name
 from .report.files import destination_problems
 from .report.session import RECORD_ATTRIBUTE
 from .report.text import printable
@@ -20,10 +21,10 @@ from .report.text import printable
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("harness", "SWA CUDA-graph harness")
-    group.addoption("--harness-device", choices=("cpu", "cuda"), default="cpu",
-                    help="device scenario runs use (cuda items are marked gpu)")
-    group.addoption("--harness-engine", choices=("tape", "cuda"), default=None,
-                    help="graph engine for scenario runs (default: tape on cpu, cuda on cuda)")
+    group.addoption("--harness-device", type=name_type("device", ("cpu", "cuda")), metavar="{cpu,cuda}",
+                    default="cpu", help="device scenario runs use (cuda items are marked gpu)")
+    group.addoption("--harness-engine", type=name_type("engine", ("tape", "cuda")), metavar="{tape,cuda}",
+                    default=None, help="graph engine for scenario runs (default: tape on cpu, cuda on cuda)")
     group.addoption("--harness-timeout", type=float, metavar="SECONDS", default=None,
                     help="each scenario run's time limit (default: the scenario's run.timeout_s)")
     group.addoption("--harness-design", action="append", default=[], metavar="package.module:function",
@@ -45,6 +46,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    _check_added_names(config)
     if (expect := config.getoption("harness_expect", None)) is not None:
         from .check.case import expect_problem
 
@@ -115,6 +117,18 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
         # extra report attributes are serialized with the report: this is how a record leaves an xdist worker
         setattr(report, RECORD_ATTRIBUTE, record)
     return report
+
+
+def _check_added_names(config: pytest.Config) -> None:
+    """A usage error for a design or backend that is neither registered nor an import path, before collection."""
+    from .backends.registry import BACKENDS
+    from .serving.designs import DESIGNS
+
+    for option, kind, known, also in (("harness_design", "design", DESIGNS, "an import path 'package.module:function'"),
+                                      ("harness_backend", "backend", BACKENDS, "an import path 'package.module:Class'")):
+        for name in config.getoption(option, None) or ():
+            if name not in known and not is_import_path(name):
+                raise pytest.UsageError(f"--{option.replace('_', '-')}: {unknown_name(kind, name, known, also=also)}")
 
 
 class _ReportHooks:
