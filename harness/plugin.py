@@ -119,6 +119,16 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     return report
 
 
+@pytest.hookimpl(optionalhook=True, trylast=True)
+def pytest_xdist_setupnodes(config: pytest.Config, specs) -> None:
+    # pytest-xdist (3.8) under -q has one status, "bringing up nodes...", and in a non-terminal writes it as the
+    # workers start and again once they have collected; without this, `pytest -n 2 -q` says it twice. This
+    # hook runs after xdist's own, which wrote the first: later ones write nothing under -q.
+    reporter = config.pluginmanager.getplugin("terminaldistreporter")
+    if config.option.verbose < 0 and reporter is not None and hasattr(reporter, "ensure_show_status"):
+        reporter.ensure_show_status = lambda: None
+
+
 def _check_added_names(config: pytest.Config) -> None:
     """A usage error for a design or backend that is neither registered nor an import path, before collection."""
     from .backends.registry import BACKENDS

@@ -23,3 +23,12 @@ def test_k_with_a_scenario_family_selects_only_scenario_items():
     selected = [line for line in done.stdout.splitlines() if "::" in line]
     assert selected and all(line.startswith("scenarios/") for line in selected), [
         line for line in selected if not line.startswith("scenarios/")]
+
+
+@pytest.mark.slow
+def test_xdist_under_q_says_bringing_up_nodes_once(harness_pytester):
+    # two xdist workers (about 10 s): their status line is written as they start and as they finish collecting
+    harness_pytester.makepyfile("def test_nothing():\n    pass\n")
+    result = harness_pytester.runpytest_subprocess("-n", "2", "-q", "-p", "no:randomly")
+    assert result.ret == 0
+    assert result.stdout.str().count("bringing up nodes") == 1, result.stdout.str()
