@@ -334,7 +334,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m harness",
         description="CUDA-graph correctness harness for attention backends with hybrid sliding-window KV caches.",
     )
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{run,report,compare,list}",
+                                help="what to do (python -m harness COMMAND --help for its options)")
     run = sub.add_parser("run", help="run the scenario matrix and compare verdicts with expectations")
     _add_matrix_options(run)
     run.set_defaults(func=_cmd_run)
