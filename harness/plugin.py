@@ -48,7 +48,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     _check_added_names(config)
     if (expect := config.getoption("harness_expect", None)) is not None:
-        from .check.case import expect_problem
+        from .check.expect import expect_problem
 
         if problem := expect_problem(expect):
             raise pytest.UsageError(f"--harness-expect: {problem}")
