@@ -1,4 +1,4 @@
-"""What a user meets before any run: how fast help, listing and option errors come back, what an option
+"""What a user meets before any run: how fast help and option errors come back, what an option
 error says (plain values, the subcommand's usage, the kind of name, a close match), help on every option,
 and ``-k <scenario family>`` selecting only the scenario items of the repository."""
 
