@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import difflib
+import enum
 import os
 import shlex
 import signal
@@ -11,18 +13,17 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
-# what the parser, option errors and refusals need; the run machinery (the matrix, the report writers,
-# pandas) is imported by the commands that use it, so --help and a refused destination do not wait for it
-from .check.case import EXPECT_DEFAULT, cases, expect_problem
-from .check.cells import added_backends, backend_rows, skipped_rows
+# what the parser, option errors and refusals need, none of which imports torch or pandas; the scenario
+# loader and the run machinery (the matrix, the report writers) are imported by the commands that use them,
+# so --help and an option error do not wait for them (tests/plugin/test_front_door.py holds this)
+from .check.expect import EXPECT_DEFAULT, expect_problem
 from .check.keywords import KeywordError, Keywords
 from .check.workers import Terminated, output_block, terminate_like_ctrl_c
+from .imports import is_import_path, name_type, unknown_name
 from .report.files import destination_problems
 from .report.text import failure_blocks, printable, progress_line, run_table, table
 from .runners.registry import runner_option
-from .runspec import TIMEOUT_MAX_S, Mode, Outcome
-from .scenario.loader import SCENARIO_ROOT_DEFAULT, ScenarioError, load_all
-from .scenario.spec import ScenarioSpec, is_import_path
+from .runspec import TIMEOUT_MAX_S, Device, Engine, Mode
 from .serving.designs import DESIGNS
 from .serving.faults import FAULTS
 
@@ -30,19 +31,32 @@ if TYPE_CHECKING:
     from .check.case import Case
     from .report.session import ReportSession
     from .report.views import CaseView
+    from .scenario.loader import ScenarioError
+    from .scenario.spec import ScenarioSpec
+
+SCENARIO_ROOT = "scenarios"
+"""``scenario.loader.SCENARIO_ROOT_DEFAULT`` (a test holds them equal), not imported: the loader imports torch"""
 
 
-def _select(args: argparse.Namespace) -> tuple[list[ScenarioSpec], list[ScenarioError]]:
-    specs, errors = load_all(args.paths or [SCENARIO_ROOT_DEFAULT])
+def _load(args: argparse.Namespace) -> tuple[list[ScenarioSpec], list[ScenarioError]]:
+    from .scenario.loader import load_all
+
+    return load_all(args.paths or [SCENARIO_ROOT])
+
+
+def _select(args: argparse.Namespace, specs: list[ScenarioSpec]) -> list[ScenarioSpec]:
     if args.fault:
         specs = [s for s in specs if set(s.faults) & set(args.fault)]
     if args.no_faults:  # by what a scenario does, not where it lives: faults act outside scenarios/faults/ too
         specs = [s for s in specs if not s.faults]
-    return specs, errors
+    return specs
 
 
 def _cases(args: argparse.Namespace, specs: list[ScenarioSpec], *, keywords: bool = True) -> list[Case]:
     extra = [d for d in args.design or () if is_import_path(d)]
+    from .check.case import cases
+    from .check.cells import added_backends
+
     extra_backends = added_backends(args.backend or ())
     out = []
     for spec in specs:
@@ -60,9 +74,16 @@ def _names(case: Case) -> tuple[str, ...]:
     return (case.name, *case.scenario.tags, path.name, path.parent.name)
 
 
-def _why_nothing(args: argparse.Namespace, specs: list[ScenarioSpec]) -> str:
-    """Which filter emptied the selection, in the words of the option that did it."""
-    where = " ".join(map(str, args.paths)) if args.paths else f"{SCENARIO_ROOT_DEFAULT}/"
+def _why_nothing(args: argparse.Namespace, specs: list[ScenarioSpec], loaded: int,
+                 load_errors: list[ScenarioError]) -> str:
+    """Why the selection is empty: no scenario file, none that loads, or the filter that emptied it, in the
+    words of the option that did it. ``loaded``: the scenarios that loaded, before the filters."""
+    where = " ".join(map(str, args.paths)) if args.paths else f"{SCENARIO_ROOT}/"
+    if not loaded and not load_errors:
+        return f"no scenario files (*.toml) under {where}"
+    if not loaded:
+        names = ", ".join(printable(e.path) for e in load_errors)
+        return f"every scenario file under {where} failed to load ({len(load_errors)}: {names}; their problems are above)"
     if not specs:
         if args.fault and args.no_faults:
             return "--fault keeps scenarios that inject a fault, --no-faults leaves every one of them out"
@@ -70,7 +91,6 @@ def _why_nothing(args: argparse.Namespace, specs: list[ScenarioSpec]) -> str:
             return f"no scenario under {where} injects {' or '.join(args.fault)}"
         if args.no_faults:
             return f"every scenario under {where} injects a fault (--no-faults leaves them out)"
-        return f"no scenario files under {where}"
     if args.keywords is not None and _cases(args, specs, keywords=False):
         return f"-k {args.keywords.text}: no run of the selected scenarios matches it"
     for option, values, have in (
@@ -96,11 +116,10 @@ def _run_all(all_cases: list[Case], jobs: int, session: ReportSession) -> None:
         nonlocal done_count
         done_count += 1
         session.add(view)
-        line = progress_line(done_count, total, view)
         if tty:
-            sys.stderr.write("\r\033[K" + line[:150])
+            sys.stderr.write("\r\033[K" + progress_line(done_count, total, view, width=150))
         elif not view.ok or done_count == total or done_count % 25 == 0:
-            sys.stderr.write(line + "\n")
+            sys.stderr.write(progress_line(done_count, total, view) + "\n")
         sys.stderr.flush()
 
     runnable = [c for c in all_cases if c.unsupported is None]
@@ -125,11 +144,15 @@ def _cmd_run(args: argparse.Namespace) -> int:
                                         folder=("--report-dir", Path(args.report_dir) if args.report_dir else None)):
         print("\n".join(printable(p) for p in problems), file=sys.stderr)
         return 2
-    specs, load_errors = _select(args)
-    _print_problems(load_errors)
     import torch
+
+    from .check.matrix import limit_threads
     from .report.session import ReportSession
 
+    limit_threads()  # before the loader's dry runs, which go through torch too
+    loaded, load_errors = _load(args)
+    specs = _select(args, loaded)
+    _print_problems(load_errors)
     needs_cuda = args.device == "cuda" or args.engine == "cuda"
     if needs_cuda and not torch.cuda.is_available():
         print("--engine cuda and --device cuda need a CUDA device; this machine has none "
@@ -137,7 +160,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         return 2
     all_cases = _cases(args, specs)
     if not all_cases:
-        print(f"no runs selected: {_why_nothing(args, specs)}", file=sys.stderr)
+        print(f"no runs selected: {_why_nothing(args, specs, len(loaded), load_errors)}", file=sys.stderr)
         return 2 if not load_errors else 1
     session = ReportSession(json_path=Path(args.json) if args.json else None,
                             report_dir=Path(args.report_dir) if args.report_dir else None,
@@ -149,20 +172,24 @@ def _cmd_run(args: argparse.Namespace) -> int:
         signum = exc.signum if isinstance(exc, Terminated) else signal.SIGINT
         how = "interrupted" if signum == signal.SIGINT else f"terminated ({signal.Signals(signum).name})"
         sys.stderr.write(f"\n{how}: {len(session.views)} of {len(all_cases)} runs finished\n")
-        _finish(session, complete=False)
+        _finish(session, complete=False, verbose=args.verbose)
         return 128 + signum
-    return _finish(session, complete=True)
+    return _finish(session, complete=True, verbose=args.verbose)
 
 
-def _finish(session: ReportSession, *, complete: bool) -> int:
+def _finish(session: ReportSession, *, complete: bool, verbose: bool) -> int:
     views = session.ordered()
-    if views:
-        print(run_table(views))
+    # the table lists what needs a look (every run with -v, or what finished of an interrupted run); the
+    # totals below count them all
+    if shown := [v for v in views if verbose or not complete or not v.ok]:
+        print(run_table(shown))
         print()
     if blocks := failure_blocks(views):
         print(blocks)  # the cause beside the symptom: audit findings, graph statistics, the traceback's frames
         print()
     print("\n".join(session.summary_lines()))
+    if len(shown) < len(views):
+        print("-v lists every run in the table, each skipped one with why")
     session.finish(complete=complete)
     if session.json_path is not None:
         print(f"JSON: {session.json_path.resolve()}" + ("" if complete else " (incomplete)"))
@@ -182,7 +209,12 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
 
 def _cmd_list(args: argparse.Namespace) -> int:
-    specs, load_errors = load_all(args.paths or [SCENARIO_ROOT_DEFAULT])
+    from .check.case import cases
+    from .check.cells import added_backends, backend_rows, skipped_rows
+    from .check.matrix import limit_threads
+
+    limit_threads()  # the loader's dry runs go through torch
+    specs, load_errors = _load(args)
     rows = [
         (s.name, ",".join(s.tags), ",".join(s.modes), ",".join(s.designs), ",".join(sorted(s.faults)) or "-",
          "; ".join(s.references) or "-")
@@ -208,11 +240,11 @@ def _print_problems(errors: list[ScenarioError]) -> None:
 
 
 def _add_matrix_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("paths", nargs="*", help=f"scenario files or folders (default: {SCENARIO_ROOT_DEFAULT}/)")
+    p.add_argument("paths", nargs="*", help=f"scenario files or folders (default: {SCENARIO_ROOT}/)")
     p.add_argument("-k", dest="keywords", type=_keywords, metavar="EXPR",
                    help="only runs whose name, tags, file or folder name hold these words, joined by and, or, not "
                         "and parentheses (pytest's -k)")
-    p.add_argument("--design", action="append",
+    p.add_argument("--design", action="append", type=_design, metavar="DESIGN",
                    help=f"only this design (repeatable): {', '.join(DESIGNS)}; an import path "
                         "'package.module:function' that a scenario does not list is added to its runs")
     p.add_argument("--expect", type=_expect, metavar="VERDICT|like:DESIGN",
@@ -221,24 +253,50 @@ def _add_matrix_options(p: argparse.ArgumentParser) -> None:
                         "scenario also runs them with the faults off")
     p.add_argument("--timeout", type=_positive_float, metavar="SECONDS",
                    help="each run's time limit (default: the scenario's run.timeout_s)")
-    p.add_argument("--mode", action="append", choices=tuple(Mode), help="only this mode (repeatable)")
-    p.add_argument("--backend", action="append",
+    p.add_argument("--mode", action="append", type=name_type("mode", Mode), metavar=_choices(Mode),
+                   help="only this mode (repeatable)")
+    p.add_argument("--backend", action="append", type=_backend, metavar="BACKEND",
                    help="only this backend (repeatable); an import path 'package.module:Class' that a scenario does "
                         "not list is added to its runs, expected to give what the scenario expects of each design")
     p.add_argument("--runner", action="append", type=_runner, metavar="MODE=package.module:Class",
                    help="run this mode with this runner instead of the built-in one, expected to give what the "
                         "scenarios expect in that mode (repeatable, one per mode; the contract: docs/design.md)")
-    p.add_argument("--fault", action="append", choices=sorted(FAULTS),
-                   help="only scenarios that inject this fault (repeatable)")
+    p.add_argument("--fault", action="append", type=name_type("fault", sorted(FAULTS)), metavar="FAULT",
+                   help="only scenarios that inject this fault (repeatable; the faults column of list)")
     p.add_argument("--no-faults", action="store_true",
                    help="leave out every scenario that injects a fault (its run.faults, wherever the file is)")
-    p.add_argument("--engine", choices=("tape", "cuda"), help="graph engine (default: tape on cpu, cuda on cuda)")
-    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--engine", type=name_type("engine", Engine), metavar=_choices(Engine),
+                   help="graph engine (default: tape on cpu, cuda on cuda)")
+    p.add_argument("--device", type=name_type("device", Device), metavar=_choices(Device), default="cpu",
+                   help="where the runs' tensors live (default: cpu; cuda needs a CUDA device)")
     p.add_argument("--jobs", type=_positive_int, default=os.cpu_count() or 1,
                    help="runs at a time, each in its own process (default: all cores)")
     p.add_argument("--json", metavar="FILE", help="write one JSON record per run")
     p.add_argument("--report-dir", metavar="DIR",
                    help="write the HTML report there: index.html, a page per scenario, results.json and .csv")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="list every run in the result table (by default it lists the unexpected ones only)")
+
+
+def _choices(values: type[enum.StrEnum]) -> str:
+    """``{eager,full,piecewise}``: the metavar argparse's ``choices`` would show, from plain values."""
+    return "{" + ",".join(map(str, values)) + "}"
+
+
+def _design(text: str) -> str:
+    if text in DESIGNS or is_import_path(text):
+        return text
+    raise argparse.ArgumentTypeError(unknown_name("design", text, DESIGNS,
+                                                  also="an import path 'package.module:function'"))
+
+
+def _backend(text: str) -> str:
+    from .backends.registry import BACKENDS
+
+    if text in BACKENDS or is_import_path(text):
+        return text
+    raise argparse.ArgumentTypeError(unknown_name("backend", text, BACKENDS,
+                                                  also="an import path 'package.module:Class'"))
 
 
 def _keywords(text: str) -> Keywords:
@@ -286,7 +344,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m harness",
         description="CUDA-graph correctness harness for attention backends with hybrid sliding-window KV caches.",
     )
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{run,report,compare,list}",
+                                help="what to do (python -m harness COMMAND --help for its options)")
     run = sub.add_parser("run", help="run the scenario matrix and compare verdicts with expectations")
     _add_matrix_options(run)
     run.set_defaults(func=_cmd_run)
@@ -296,26 +355,38 @@ def build_parser() -> argparse.ArgumentParser:
     compare = sub.add_parser("compare", help="what changed between two results.json files; exits 1 when a run "
                              "changed for the worse (gave its expected verdict in BASE, not in HEAD; is new and "
                              "does not; or matched in BASE and fails in HEAD under an edited expectation)")
-    compare.add_argument("base", metavar="BASE.json")
-    compare.add_argument("head", metavar="HEAD.json")
+    compare.add_argument("base", metavar="BASE.json", help="the results before (python -m harness run --json)")
+    compare.add_argument("head", metavar="HEAD.json", help="the results after, compared with BASE")
     compare.add_argument("--report-dir", metavar="DIR",
                          help="write compare.html there, beside HEAD's report pages")
     compare.set_defaults(func=_cmd_compare)
     lst = sub.add_parser("list", help="list scenarios with tags, modes, designs and faults, then the backends with "
                          "their cells and why the ones this machine cannot run are skipped")
-    lst.add_argument("paths", nargs="*")
+    lst.add_argument("paths", nargs="*", help=f"scenario files or folders (default: {SCENARIO_ROOT}/)")
     lst.add_argument("--backend", action="append",
                      help="only this backend's cells (repeatable); a GPU backend (flashinfer) or an import path is "
                           "added to every scenario, as run adds it")
     lst.set_defaults(func=_cmd_list)
+    for command in (run, report, compare, lst):
+        command.set_defaults(parser=command)
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    from .check.matrix import limit_threads
+def _unrecognized(parser: argparse.ArgumentParser, extra: Sequence[str]) -> str:
+    """argparse's ``unrecognized arguments`` with a close match for each unknown option."""
+    options = list(parser._option_string_actions)  # argparse keeps no public list of a parser's options
+    parts = []
+    for arg in extra:
+        name = arg.split("=", 1)[0]
+        close = difflib.get_close_matches(name, options, n=1) if arg.startswith("-") else []
+        parts.append(f"{printable(arg)} (did you mean {close[0]}?)" if close else printable(arg))
+    return f"unrecognized arguments: {' '.join(parts)}"
 
-    limit_threads()
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args, extra = build_parser().parse_known_args(argv)
+    if extra:  # the subcommand's own usage, not the top-level one argparse would print
+        args.parser.error(_unrecognized(args.parser, extra))
     if getattr(args, "report_dir_default", None) and not args.report_dir:
         args.report_dir = args.report_dir_default
     args.command_line = shlex.join(["python", "-m", "harness", *(sys.argv[1:] if argv is None else argv)])

@@ -7,14 +7,39 @@ safer than importing it yourself; a module that raises or exits at import is rep
 
 from __future__ import annotations
 
+import argparse
+import difflib
 import importlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 
 def is_import_path(name: str) -> bool:
     """``package.module:attr``, as opposed to a registered short name."""
     module, sep, attr = name.partition(":")
     return bool(sep) and all(p.isidentifier() for p in module.split(".")) and attr.isidentifier()
+
+
+def unknown_name(kind: str, name: str, known: Iterable[str], *, also: str = "") -> str:
+    """``unknown design 'stale_stat' (did you mean 'stale_state'?); known designs: translate, ...``;
+    ``also`` is what else is accepted (``an import path 'package.module:function'``)."""
+    known = [str(k) for k in known]  # plain values: an enum's members would show as their reprs
+    close = difflib.get_close_matches(name, known, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return f"unknown {kind} {name!r}{hint}; known {kind}s: {', '.join(known)}" + (f", or {also}" if also else "")
+
+
+def name_type(kind: str, known: Iterable[str]) -> Callable[[str], str]:
+    """An argparse ``type`` that takes one of ``known`` and refuses anything else with ``unknown_name``'s
+    message (argparse's own ``choices`` error shows enum reprs and guesses nothing)."""
+    known = tuple(map(str, known))
+
+    def check(text: str) -> str:
+        if text not in known:
+            raise argparse.ArgumentTypeError(unknown_name(kind, text, known))
+        return text
+
+    check.__name__ = kind  # argparse names the type in some of its messages
+    return check
 
 
 def load_named(name: str, table: Mapping[str, str], *, kind: str, check: Callable[[object], str | None]) -> object:
@@ -25,7 +50,7 @@ def load_named(name: str, table: Mapping[str, str], *, kind: str, check: Callabl
     """
     path = table.get(name, name)
     if not is_import_path(path):
-        raise KeyError(f"unknown {kind} {name!r}; known: {', '.join(table)}, or an import path 'package.module:attr'")
+        raise KeyError(unknown_name(kind, name, table, also="an import path 'package.module:attr'"))
     module_name, _, attr = path.partition(":")
     try:
         obj = getattr(importlib.import_module(module_name), attr)

@@ -13,16 +13,18 @@ import pytest
 # options, refusals and an xdist controller need no torch, pandas or scenario machinery; those come with
 # the first scenario file collected or the first result gathered
 from .check.workers import terminate_like_ctrl_c
+from .imports import is_import_path, name_type, unknown_name
 from .report.files import destination_problems
+from .report.session import RECORD_ATTRIBUTE
 from .report.text import printable
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("harness", "SWA CUDA-graph harness")
-    group.addoption("--harness-device", choices=("cpu", "cuda"), default="cpu",
-                    help="device scenario runs use (cuda items are marked gpu)")
-    group.addoption("--harness-engine", choices=("tape", "cuda"), default=None,
-                    help="graph engine for scenario runs (default: tape on cpu, cuda on cuda)")
+    group.addoption("--harness-device", type=name_type("device", ("cpu", "cuda")), metavar="{cpu,cuda}",
+                    default="cpu", help="device scenario runs use (cuda items are marked gpu)")
+    group.addoption("--harness-engine", type=name_type("engine", ("tape", "cuda")), metavar="{tape,cuda}",
+                    default=None, help="graph engine for scenario runs (default: tape on cpu, cuda on cuda)")
     group.addoption("--harness-timeout", type=float, metavar="SECONDS", default=None,
                     help="each scenario run's time limit (default: the scenario's run.timeout_s)")
     group.addoption("--harness-design", action="append", default=[], metavar="package.module:function",
@@ -52,8 +54,9 @@ def pytest_configure(config: pytest.Config) -> None:
             pin_worker()
         except (RuntimeError, ValueError) as exc:
             raise pytest.UsageError(str(exc)) from None
+    _check_added_names(config)
     if (expect := config.getoption("harness_expect", None)) is not None:
-        from .check.case import expect_problem
+        from .check.expect import expect_problem
 
         if problem := expect_problem(expect):
             raise pytest.UsageError(f"--harness-expect: {problem}")
@@ -115,6 +118,37 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    report = yield
+    if call.when == "call" and (record := getattr(item, RECORD_ATTRIBUTE, None)) is not None:
+        # extra report attributes are serialized with the report: this is how a record leaves an xdist worker
+        setattr(report, RECORD_ATTRIBUTE, record)
+    return report
+
+
+@pytest.hookimpl(optionalhook=True, trylast=True)
+def pytest_xdist_setupnodes(config: pytest.Config, specs) -> None:
+    # pytest-xdist (3.8) under -q has one status, "bringing up nodes...", and in a non-terminal writes it as the
+    # workers start and again once they have collected; without this, `pytest -n 2 -q` says it twice. This
+    # hook runs after xdist's own, which wrote the first: later ones write nothing under -q.
+    reporter = config.pluginmanager.getplugin("terminaldistreporter")
+    if config.option.verbose < 0 and reporter is not None and hasattr(reporter, "ensure_show_status"):
+        reporter.ensure_show_status = lambda: None
+
+
+def _check_added_names(config: pytest.Config) -> None:
+    """A usage error for a design or backend that is neither registered nor an import path, before collection."""
+    from .backends.registry import BACKENDS
+    from .serving.designs import DESIGNS
+
+    for option, kind, known, also in (("harness_design", "design", DESIGNS, "an import path 'package.module:function'"),
+                                      ("harness_backend", "backend", BACKENDS, "an import path 'package.module:Class'")):
+        for name in config.getoption(option, None) or ():
+            if name not in known and not is_import_path(name):
+                raise pytest.UsageError(f"--{option.replace('_', '-')}: {unknown_name(kind, name, known, also=also)}")
+
+
 class _ReportHooks:
     """The hooks that feed one run's ``ReportSession``; registered per config, so pytester's in-process runs
     each gather their own results."""
@@ -123,13 +157,8 @@ class _ReportHooks:
         self.session = session
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        if report.when != "call":
-            return
-        from .report.session import RECORD_PROPERTY
-
-        for name, value in report.user_properties:
-            if name == RECORD_PROPERTY:
-                self.session.add_record(json.loads(value))
+        if report.when == "call" and (record := getattr(report, RECORD_ATTRIBUTE, None)) is not None:
+            self.session.add_record(json.loads(record))
 
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         # interrupted (Ctrl-C) or stopped early (-x, --maxfail): the results are not the whole selection

@@ -15,12 +15,15 @@ from __future__ import annotations
 import dataclasses
 import enum
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .serving.eviction import EvictionSpec
 from .serving.faults import FAULTS
-from .serving.model import MAX_POSITIONS, ModelSpec
-from .serving.pool import PoolSpec
-from .serving.timeline import TimelineSpec
+
+if TYPE_CHECKING:  # the vocabulary (modes, outcomes, limits) is what --help and option errors need, not torch
+    from .serving.model import ModelSpec
+    from .serving.pool import PoolSpec
+    from .serving.timeline import TimelineSpec
 
 REFERENCE_DESIGN = "forward_batch"
 """the design of the reference run every subject is compared against (SGLang PR 24138 as merged)"""
@@ -136,6 +139,8 @@ def serving_problems(
     eviction: EvictionSpec = EvictionSpec(),
 ) -> list[Problem]:
     """The rules a run and a scenario share: each sub-spec's own, then those that relate them."""
+    from .serving.model import MAX_POSITIONS
+
     out = [
         *nested("model", model.problems()),
         *nested("pool", pool.problems()),

@@ -3,10 +3,12 @@ one is named by ``package.module:Class`` wherever a name is expected, like a des
 
 from __future__ import annotations
 
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 from ..imports import load_named, subclass_of
-from .base import DECLARATIONS, AttentionBackend
+
+if TYPE_CHECKING:  # the names are what option errors need; a backend's module (and torch) come with its class
+    from .base import AttentionBackend
 
 BACKENDS: dict[str, str] = {
     "torch_native": "harness.backends.torch_native:TorchNativeBackend",
@@ -17,13 +19,15 @@ BACKENDS: dict[str, str] = {
 
 
 def _is_declared_backend(obj: object) -> str | None:
+    from .base import DECLARATIONS, AttentionBackend
+
     if (why := subclass_of(AttentionBackend)(obj)) is not None:
         return why
-    if missing := cast(type[AttentionBackend], obj).missing_declarations():
+    if missing := cast("type[AttentionBackend]", obj).missing_declarations():
         return f"does not declare {', '.join(missing)}; an AttentionBackend declares {', '.join(DECLARATIONS)}"
     return None
 
 
 def backend_class(name: str) -> type[AttentionBackend]:
     """The backend class a registered name or a ``package.module:Class`` path names; KeyError otherwise."""
-    return cast(type[AttentionBackend], load_named(name, BACKENDS, kind="backend", check=_is_declared_backend))
+    return cast("type[AttentionBackend]", load_named(name, BACKENDS, kind="backend", check=_is_declared_backend))

@@ -13,32 +13,10 @@ from dataclasses import dataclass
 
 from ..backends.base import AttentionBackend
 from ..backends.registry import backend_class
-from ..imports import is_import_path
-from ..runspec import REFERENCE_DESIGN, TIMEOUT_DEFAULT_S, Device, Engine, Outcome, RunSpec
+from ..runspec import TIMEOUT_DEFAULT_S, Device, Engine, RunSpec
 from ..scenario.spec import ScenarioSpec
-from ..serving.designs import DESIGNS
+from .expect import EXPECT_DEFAULT, LIKE, NO_EXPECTATION, expect_problem  # noqa: F401 - case's vocabulary too
 from .verdict import Verdict
-
-NO_EXPECTATION = "no expectation"
-"""the expected verdict of a run nobody stated one for: whatever it gives is unexpected"""
-LIKE = "like:"
-"""``like:DESIGN``: an added design is expected to give, run by run, what the scenario expects of DESIGN"""
-EXPECT_DEFAULT = f"{LIKE}{REFERENCE_DESIGN}"
-"""what an added design is expected to give when nobody says: what the reference design gets, run by run
-(so the reference design added by import path is as expected everywhere, fault scenarios included)"""
-
-
-def expect_problem(expect: str) -> str | None:
-    """Why ``expect`` is not an expectation of added designs (an outcome or ``like:DESIGN``); None when it is."""
-    if expect in tuple(Outcome):
-        return None
-    design = expect[len(LIKE):] if expect.startswith(LIKE) else None
-    if design is not None and (design in DESIGNS or is_import_path(design)):
-        return None
-    if design is not None:
-        return f"like:{design}: unknown design; known: {', '.join(DESIGNS)}, or an import path 'package.module:function'"
-    return (f"expected one of {', '.join(map(str, Outcome))}, or {LIKE}DESIGN (what the scenario expects of "
-            f"DESIGN there), got {expect!r}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -1,11 +1,12 @@
 """A report session: gathers the case views of one harness run, from the CLI or from pytest, and writes
 what was asked for when it ends; both front ends write their JSON results and HTML report through it.
 
-The pytest plugin's hooks delegate here (as syrupy's hooks delegate to its ``SnapshotSession``). Under
-pytest-xdist each worker's item puts its view's JSON record in ``user_properties``, which xdist sends to
-the controller with the test report; the controller's session turns records back into views, so results
-of every worker arrive whole and in one place, and the files written at the end (JSON, the HTML report)
-come from that one place only.
+The pytest plugin's hooks delegate here (as syrupy's hooks delegate to its ``SnapshotSession``). Each
+scenario item's view travels as a JSON record in an attribute of its test report (``RECORD_ATTRIBUTE``),
+which pytest-xdist serializes with the report and sends to the controller; the controller's session turns
+records back into views, so results of every worker arrive whole and in one place, and the files written
+at the end (JSON, the HTML report) come from that one place only. The record is not a ``user_property``:
+those go into JUnit XML whole.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from pathlib import Path
 from .text import fault_split_line, totals_line
 from .views import CaseView
 
-RECORD_PROPERTY = "harness_case"
-"""the ``user_properties`` key under which an item carries its case's record"""
+RECORD_ATTRIBUTE = "harness_record"
+"""the attribute under which a scenario item, then its call-phase test report, carries its case's record"""
 
 
 class ReportSession:

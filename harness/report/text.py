@@ -24,6 +24,23 @@ def printable(text: object, *, keep_newlines: bool = False) -> str:
     return "".join(out)
 
 
+ELLIPSIS = "\u2026"
+
+
+def shorten(text: object, width: int) -> str:
+    """``printable(text)`` in at most ``width`` characters, cut with an ellipsis, never inside an escape."""
+    pieces = [printable(ch) for ch in str(text)]
+    if sum(map(len, pieces)) <= width:
+        return "".join(pieces)
+    out, used = [], 0
+    for piece in pieces:
+        if used + len(piece) > width - len(ELLIPSIS):
+            break
+        out.append(piece)
+        used += len(piece)
+    return "".join(out) + ELLIPSIS
+
+
 def where(m: MismatchView) -> str:
     if m.pool == "hidden":
         return f"step {m.step}, hidden state of {printable(m.owner)}"
@@ -48,9 +65,9 @@ def summary(view: CaseView) -> str:
 def first_divergence(view: CaseView, width: int = 90) -> str:
     """The table's last column: the first divergence, or the error."""
     if view.error is not None:
-        return printable(f"{view.error.type}: {view.error.message}")[:width]
+        return shorten(f"{view.error.type}: {view.error.message}", width)
     if view.skip_reason is not None:
-        return printable(view.skip_reason)[:width]
+        return shorten(view.skip_reason, width)
     if view.first is not None:
         return f"{where(view.first)}: {view.first.classification}"
     return ""
@@ -94,7 +111,9 @@ def failure_block(view: CaseView) -> str:
     if view.unexpected_pass:
         head = (f"UNEXPECTED PASS {head}. The known bug no longer reproduces: if a fix landed, update the "
                 f"expectation and its why in the scenario file")
-    lines = [head, f"  why expected: {printable(view.why)}"]
+    # a multi-line why keeps its lines, indented under the heading; other control characters stay escaped
+    why = printable(view.why, keep_newlines=True).replace("\n", "\n    ")
+    lines = [head, f"  why expected: {why}"]
     if view.faults:
         lines.append(f"  faults: {', '.join(view.faults)}")
     lines.append(f"  observed: {summary(view)}")
@@ -138,9 +157,9 @@ def totals_line(views: Sequence[CaseView], load_errors: int = 0) -> str:
     skipped = sum(v.skip_reason is not None for v in views)
     bad = sum(not v.ok for v in views)
     ran = len(views) - skipped
-    line = f"{ran - bad} as expected, {bad} unexpected"
+    line = f"{len(views)} runs: {ran - bad} as expected, {bad} unexpected"
     if skipped:
-        line += f", {skipped} skipped (the table says why)"
+        line += f", {skipped} skipped"
     return line + f", {load_errors} scenario files failed to load"
 
 
@@ -157,6 +176,8 @@ def fault_split_line(views: Sequence[CaseView]) -> str | None:
     return f"clean runs (no fault injected): {part(clean)}; under the library's injected faults: {part(faulted)}"
 
 
-def progress_line(done: int, total: int, view: CaseView) -> str:
+def progress_line(done: int, total: int, view: CaseView, width: int | None = None) -> str:
+    """``[done/total] name: verdict (mark)``, shortened to ``width`` when given (a terminal's status line)."""
     mark = "skipped" if view.skip_reason is not None else ("ok" if view.ok else "UNEXPECTED")
-    return f"[{done}/{total}] {printable(view.name)}: {view.verdict} ({mark})"
+    line = f"[{done}/{total}] {view.name}: {view.verdict} ({mark})"
+    return printable(line) if width is None else shorten(line, width)

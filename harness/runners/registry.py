@@ -12,7 +12,7 @@ engine of ``spec.engine`` (``graphs.registry.get_engine``).
 
 from __future__ import annotations
 
-from ..imports import load_named
+from ..imports import load_named, unknown_name
 from ..runspec import Mode
 
 RUNNERS: dict[str, str] = {
@@ -40,7 +40,9 @@ def runner_option(text: str) -> tuple[str, str]:
     what is wrong, a runner that does not import or lacks the contract included, before anything runs."""
     mode, sep, name = text.partition("=")
     if not sep or mode not in tuple(Mode):
-        raise ValueError(f"expected MODE=package.module:Class, MODE one of {', '.join(map(str, Mode))}, got {text!r}")
+        close = f"; {unknown_name('mode', mode, Mode)}" if sep else ""
+        raise ValueError(f"expected MODE=package.module:Class, MODE one of {', '.join(map(str, Mode))}, "
+                         f"got {text!r}{close}")
     try:
         runner_class(name)
     except KeyError as exc:

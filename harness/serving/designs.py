@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import importlib
 import traceback
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # the names of the designs are what --help and option errors need, not torch
+    import torch
 
-from .batch import BackendMetadata, ForwardBatch, SWALocDesign
-from .pool import HybridSWAKVPool, in_bounds
+    from .batch import BackendMetadata, ForwardBatch, SWALocDesign
+    from .pool import HybridSWAKVPool
 
 
 def translate(
@@ -84,6 +86,8 @@ def untranslated(
     """Write at the full-pool ``out_cache_loc`` as if its slots were SWA slots (the bug SGLang PR 19107 fixed)."""
     # Right only while both allocators happen to hand out the same ids; once eviction parts them the write
     # lands on another token's SWA slot, and past the SWA pool a GPU's write kernel asserts on the device.
+    from .pool import in_bounds
+
     return in_bounds(forward_batch.out_cache_loc, pool.swa_size, f"the SWA pool ({pool.swa_size} slots)")
 
 

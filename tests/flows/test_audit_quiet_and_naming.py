@@ -14,8 +14,10 @@ from harness.scenario import load_scenario
 ROOT = Path(__file__).resolve().parents[2] / "scenarios"
 
 
+# the name with hyphens: `pytest -k swa_prefill` selects the scenario family's items, not this test too
 @pytest.mark.parametrize("name", ["swa_decode_padded_buckets", "swa_mixed_continuous_batching",
-                                  "swa_spec_draft_after_prefill", "swa_prefill_chunked_cross_window"])
+                                  "swa_spec_draft_after_prefill", "swa_prefill_chunked_cross_window"],
+                         ids=lambda name: name.replace("_", "-"))
 @pytest.mark.slow
 def test_graph_runs_that_match_their_reference_report_no_finding(name):
     spec = load_scenario(ROOT / f"{name}.toml")

@@ -23,30 +23,35 @@ def run_cli(capsys, *args: str) -> tuple[int, str, str]:
 
 def rows(out: str) -> dict[str, list[str]]:
     """The result table's rows by run name."""
-    return {line.split()[0]: line.split() for line in out.splitlines() if "[" in line.split(" ", 1)[0]}
+    return {line.split()[0]: line.split() for line in out.splitlines()
+            if "[" in line.split(" ", 1)[0] and not line.split(" ", 1)[0].endswith(":")}  # not a failure block
 
 
 def test_run_exits_0_when_every_verdict_is_the_expected_one(cli_dir, capsys, write_scenario):
     write_scenario(cli_dir, "tiny_match")
     write_scenario(cli_dir, "tiny_wrong_window")
-    code, out, err = run_cli(capsys, "run", "--jobs", "1")  # the default root: ./scenarios
+    code, out, err = run_cli(capsys, "run", "--jobs", "1", "-v")  # the default root: ./scenarios
     assert code == 0, out + err
     table = rows(out)
     assert len(table) == 6 + 2  # tiny_match: 3 designs x 2 modes; tiny_wrong_window: the run and its -nofault twin
     assert table["tiny_wrong_window[forward_batch-eager-torch_native]"][1:3] == ["diverge", "diverge"]
     assert table["tiny_wrong_window[forward_batch-eager-torch_native-nofault]"][1:3] == ["match", "match"]
     assert "UNEXPECTED" not in out
-    assert "8 as expected, 0 unexpected, 0 scenario files failed to load" in out
+    assert "8 runs: 8 as expected, 0 unexpected, 0 scenario files failed to load" in out
+    assert "-v lists every run" not in out  # it did
 
 
 def test_run_exits_1_when_a_verdict_is_not_the_expected_one(cli_dir, capsys, write_scenario):
     write_scenario(cli_dir, "tiny_wrong_window", replace=WRONG_WINDOW_EXPECTING_MATCH)
     code, out, err = run_cli(capsys, "run", "scenarios", "--jobs", "1", "--json", "r.json")
     assert code == 1
+    # without -v the table lists the unexpected run only; the summary counts both
+    assert list(rows(out)) == ["tiny_wrong_window[forward_batch-eager-torch_native]"]
     row = rows(out)["tiny_wrong_window[forward_batch-eager-torch_native]"]
     assert row[1:4] == ["match", "diverge", "UNEXPECTED"]
     assert " ".join(row[4:]).startswith("step ") and "pool, layer" in " ".join(row[4:])
-    assert "1 as expected, 1 unexpected, 0 scenario files failed to load" in out
+    assert "2 runs: 1 as expected, 1 unexpected, 0 scenario files failed to load" in out
+    assert "-v lists every run in the table" in out
     # stderr is no terminal here: the unexpected verdict gets a line of its own as the run finishes
     assert "tiny_wrong_window[forward_batch-eager-torch_native]: diverge (UNEXPECTED)" in err
     verdicts = {(tuple(r["faults"]), r["expected"], r["verdict"]) for r in json.loads(Path("r.json").read_text())["records"]}
@@ -85,14 +90,14 @@ def test_json_writes_one_record_per_run_with_verdict_divergence_and_error(cli_di
 def test_design_and_mode_options_filter_the_runs(cli_dir, capsys, write_scenario):
     write_scenario(cli_dir, "tiny_match")
     write_scenario(cli_dir, "tiny_stale_error")
-    code, out, _ = run_cli(capsys, "run", "--jobs", "1", "--design", "stale_state", "--mode", "eager",
+    code, out, _ = run_cli(capsys, "run", "--jobs", "1", "-v", "--design", "stale_state", "--mode", "eager",
                            "--json", "r.json")
     assert code == 0
     assert sorted(rows(out)) == ["tiny_match[stale_state-eager-torch_native]",
                                  "tiny_stale_error[stale_state-eager-torch_native]"]
     assert {(r["design"], r["mode"]) for r in json.loads(Path("r.json").read_text())["records"]} == {("stale_state", "eager")}
 
-    code, out, _ = run_cli(capsys, "run", "--jobs", "1", "--design", "translate", "--design", "forward_batch",
+    code, out, _ = run_cli(capsys, "run", "--jobs", "1", "-v", "--design", "translate", "--design", "forward_batch",
                            "--mode", "full")
     assert code == 0
     assert sorted(rows(out)) == ["tiny_match[forward_batch-full-torch_native]",
@@ -102,7 +107,7 @@ def test_design_and_mode_options_filter_the_runs(cli_dir, capsys, write_scenario
 def test_fault_option_keeps_only_scenarios_injecting_that_fault(cli_dir, capsys, write_scenario):
     write_scenario(cli_dir, "tiny_match")
     write_scenario(cli_dir, "tiny_wrong_window")
-    code, out, _ = run_cli(capsys, "run", "--jobs", "1", "--fault", "window_from_wrong_layer")
+    code, out, _ = run_cli(capsys, "run", "--jobs", "1", "-v", "--fault", "window_from_wrong_layer")
     assert code == 0
     assert set(rows(out)) == {"tiny_wrong_window[forward_batch-eager-torch_native]",
                               "tiny_wrong_window[forward_batch-eager-torch_native-nofault]"}
@@ -134,7 +139,7 @@ def test_list_prints_each_scenario_with_its_tags_modes_designs_faults_and_refere
 def test_a_bad_file_is_reported_with_path_and_key_exits_1_and_the_others_still_run(cli_dir, capsys, write_scenario):
     bad = write_scenario(cli_dir, "broken", "tiny_match", replace={"swa_size = 16": "swa_size = 1"})
     write_scenario(cli_dir, "tiny_stale_error")
-    code, out, err = run_cli(capsys, "run", "--jobs", "1")
+    code, out, err = run_cli(capsys, "run", "--jobs", "1", "-v")
     assert code == 1
     assert f"{Path('scenarios') / bad.name}: pool.swa_size: expected an integer from 2 to" in err
     assert sorted(rows(out)) == ["tiny_stale_error[forward_batch-eager-torch_native]",

@@ -32,9 +32,10 @@ def run_cli(capsys, *args: str) -> tuple[int, str, str]:
 
 
 @pytest.mark.parametrize(("args", "reason"), [
-    (["run", "empty"], "no runs selected: no scenario files under empty"),
-    (["run", "--design", "bogus"], "no runs selected: --design bogus: no selected scenario runs it; they run"),
-    (["run", "--backend", "bogus"], "no runs selected: --backend bogus: no selected scenario runs it; they run torch_native"),
+    (["run", "empty"], "no runs selected: no scenario files (*.toml) under empty"),
+    (["run", "--design", "memoized"], "no runs selected: --design memoized: no selected scenario runs it; they run"),
+    (["run", "--backend", "torch_gather"],
+     "no runs selected: --backend torch_gather: no selected scenario runs it; they run torch_native"),
     (["run", "--fault", "baked_scalar"], "no runs selected: no scenario under scenarios/ injects baked_scalar"),
 ])
 def test_an_empty_selection_says_which_filter_emptied_it(cli_dir, capsys, write_scenario, args, reason):
@@ -42,6 +43,14 @@ def test_an_empty_selection_says_which_filter_emptied_it(cli_dir, capsys, write_
     (cli_dir / "empty").mkdir()
     code, _, err = run_cli(capsys, *args)
     assert code == 2 and reason in err, err
+
+
+def test_an_empty_selection_of_files_that_all_failed_to_load_names_them(cli_dir, capsys, write_scenario):
+    write_scenario(cli_dir / "bad", "broken", "tiny_match", replace={"swa_size = 16": "swa_size = 1"})
+    code, _, err = run_cli(capsys, "run", "bad")
+    assert code == 1
+    assert (f"no runs selected: every scenario file under bad failed to load "
+            f"(1: {Path('bad/scenarios/broken.toml')}; their problems are above)") in err, err
 
 
 @pytest.mark.parametrize("jobs", ["0", "-2", "x"])
@@ -157,7 +166,7 @@ def test_the_bad_file_corpus_gives_one_line_each_under_the_cli_and_pytest(harnes
     (folder / "tiny_match.toml").write_text((SAMPLES / "tiny_match.toml").read_text())
     monkeypatch.chdir(harness_pytester.path)
 
-    code, out, err = run_cli(capsys, "run", "--jobs", "1", "--mode", "eager", "--design", "translate")
+    code, out, err = run_cli(capsys, "run", "-v", "--jobs", "1", "--mode", "eager", "--design", "translate")
     lines = err.splitlines()
     for stem, fragment in fragments.items():
         mine = [line for line in lines if line.startswith(f"scenarios/{stem}.toml: ")]
@@ -399,7 +408,7 @@ def test_what_a_run_prints_or_starts_stays_in_its_run(escaping_dir):
            "SWA_TEST_MARKER": marker}
     start = time.monotonic()
     try:
-        done = subprocess.run([sys.executable, "-m", "harness", "run", "--jobs", "2", "--mode", "eager", "--expect",
+        done = subprocess.run([sys.executable, "-m", "harness", "run", "-v", "--jobs", "2", "--mode", "eager", "--expect",
                                "match", "--design", "escaping_designs:spawns", "--design", "escaping_designs:prints",
                                "--json", "r.json"],
                               cwd=escaping_dir, env=env, capture_output=True, text=True, timeout=200)
@@ -535,7 +544,7 @@ def test_a_design_that_cannot_be_imported_is_one_line_of_its_own_type_naming_des
     (cli_dir / "exits_on_import.py").write_text("import sys\n\nsys.exit(0)\n")
     sys.path.insert(0, str(cli_dir))
     try:
-        code, out, _ = run_cli(capsys, "run", "--jobs", "1", "--mode", "eager", "--design", "exits_on_import:fn",
+        code, out, _ = run_cli(capsys, "run", "-v", "--jobs", "1", "--mode", "eager", "--design", "exits_on_import:fn",
                                "--expect", "error", "--json", "r.json")
     finally:
         sys.path.remove(str(cli_dir))

@@ -69,7 +69,8 @@ def test_a_fixed_expectation_reruns_a_fault_scenario_with_the_faults_off():
 
 
 @pytest.mark.parametrize("expect, problem", [
-    ("like:nope", "like:nope: unknown design; known: translate"),
+    ("like:nope", "like:nope: unknown design 'nope'; known designs: translate"),
+    ("like:stale_stat", "like:stale_stat: unknown design 'stale_stat' (did you mean 'stale_state'?); known designs:"),
     ("matched", "expected one of match, diverge, error, invariant, or like:DESIGN"),
 ])
 def test_expect_refuses_what_is_neither_a_verdict_nor_like_a_design(cli_dir, capsys, expect, problem):
@@ -113,6 +114,7 @@ def test_a_runner_named_by_import_path_replaces_the_modes_built_in_one(own_desig
 
 @pytest.mark.parametrize("runner, problem", [
     ("fast=own_designs:DoublingRunner", "expected MODE=package.module:Class, MODE one of eager, full, piecewise"),
+    ("ful=own_designs:DoublingRunner", "got 'ful=own_designs:DoublingRunner'; unknown mode 'ful' (did you mean 'full'?)"),
     ("full=own_designs:good", "runner 'own_designs:good' is not a class"),
 ])
 def test_a_bad_runner_is_refused_before_anything_runs(own_designs, capsys, runner, problem):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
@@ -33,7 +34,7 @@ def test_xdist_workers_give_one_processs_outcomes_and_merge_results_into_one_jso
     shutil.copy(SAMPLES / "misbehaving_designs.py", harness_pytester.path)
     serial = harness_pytester.runpytest_inprocess(*QUIET, "--harness-json", "serial.json")
     parallel = harness_pytester.runpytest_inprocess(*QUIET, "-n", "2", "--harness-json", "parallel.json",
-                                                    "--harness-report", "rep")
+                                                    "--harness-report", "rep", "--junitxml", "junit.xml")
     # tiny_wrong_window: its run, the -nofault rerun, the oracle item; tiny_stale_error: two runs (one fails)
     # and the oracle item; broken: its load item (fails); tiny_misbehaving: five runs and the oracle item
     serial.assert_outcomes(passed=11, failed=2)
@@ -61,6 +62,19 @@ def test_xdist_workers_give_one_processs_outcomes_and_merge_results_into_one_jso
     assert index.count("<tr data-run ") == 9
     data = json.loads(re.search(r'<script type="application/json" id="report-data">(.*?)</script>', index).group(1))
     assert [r["name"] for r in data["runs"]] == _names(two)
+    _check_junit_is_small(harness_pytester.path / "junit.xml")
+
+
+def _check_junit_is_small(path: Path) -> None:
+    """JUnit XML holds each scenario item's verdict and expectation, never its whole record."""
+    cases = {c.get("name"): c for c in ET.parse(path).getroot().iter("testcase")}
+    failing = cases["tiny_stale_error[stale_state-eager-torch_native]"]
+    props = {p.get("name"): p.get("value") for p in failing.iter("property")}
+    assert props.keys() == {"expected", "verdict", "first_divergence"}, props
+    assert (props["expected"], props["verdict"]) == ("match", "error") and "\n" not in props["first_divergence"]
+    for case in cases.values():
+        for prop in case.iter("property"):
+            assert len(prop.get("value")) <= 100 and "{" not in prop.get("value"), (case.get("name"), prop.get("value"))
 
 
 def test_a_failing_item_still_reaches_the_session(harness_pytester, add_scenario):

@@ -28,7 +28,7 @@ def test_a_planned_session_interrupted_before_its_first_result_still_says_so(tmp
     assert (doc["complete"], doc["records"]) == (False, [])
     assert "Incomplete:" in (tmp_path / "rep" / "index.html").read_text()
     # two problems of one file: one file failed to load
-    assert session.summary_lines() == ["0 as expected, 0 unexpected, 1 scenario files failed to load"]
+    assert session.summary_lines() == ["0 runs: 0 as expected, 0 unexpected, 1 scenario files failed to load"]
 
 
 def test_a_pytest_session_without_scenario_items_writes_nothing(tmp_path):

@@ -85,7 +85,7 @@ def test_names_that_differ_only_by_normalization_are_one_name(tmp_path, capsys, 
     ("swa_decode_p\u0430d_tail_not_zeroed", "U+0430 CYRILLIC SMALL LETTER A"),
     ("swa_decode_pad_tail_not_zer\u03bfed", "U+03BF GREEK SMALL LETTER OMICRON"),
     ("\uff53wa_decode_pad_tail_not_zeroed", "U+FF53 FULLWIDTH LATIN SMALL LETTER S"),
-])
+], ids=["cyrillic-o", "cyrillic-a", "greek-omicron", "fullwidth-s"])  # not the names: -k swa_decode selects scenarios
 def test_a_name_that_looks_like_a_loaded_one_is_refused(tmp_path, capsys, impostor, note):
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
