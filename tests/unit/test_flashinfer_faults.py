@@ -113,7 +113,7 @@ def test_a_graph_on_indices_left_in_the_eager_buffer_reads_only_the_dummy_page()
 
 
 @pytest.mark.parametrize("faults, swa_prefill_window", [((), 7), (("swa_prefill_plan_without_window",), -1)])
-def test_the_swa_prefill_wrapper_is_planned_and_run_with_the_window_unless_the_fault_drops_it(
+def test_the_sliding_window_prefill_wrapper_is_planned_and_run_with_the_window_unless_the_fault_drops_it(
         monkeypatch, faults, swa_prefill_window):
     backend, rows, log = _backend_with_recorded_planner(monkeypatch, 4, faults)
     extend = backend.builder.build(_extend(rows, LENS, [3, 2, 5], 4))
@@ -126,7 +126,7 @@ def test_the_swa_prefill_wrapper_is_planned_and_run_with_the_window_unless_the_f
     assert [g.window_left for g in decode.groups] == decode_plans
 
 
-def test_an_swa_prefill_without_its_window_attends_to_keys_before_the_window():
+def test_a_sliding_window_prefill_without_its_window_attends_to_keys_before_the_window():
     pool, r2t, rows = _requests(1)
     batch = _extend(rows, LENS, [3, 2, 5], 1)
     q = torch.randn(10, SPEC.num_heads * SPEC.head_dim, generator=torch.Generator().manual_seed(4))
