@@ -12,11 +12,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from ..backends.base import AttentionBackend
-from ..backends.registry import backend_class
+from ..backends.registry import BACKENDS, backend_class
 from ..imports import is_import_path
 from ..runspec import REFERENCE_DESIGN, TIMEOUT_DEFAULT_S, Device, Engine, Outcome, RunSpec
 from ..scenario.spec import ScenarioSpec
 from ..serving.designs import DESIGNS
+from ..serving.registry import EVICTION_POLICIES, OPTIONAL_STACKS, STACKS
 from .verdict import Verdict
 
 NO_EXPECTATION = "no expectation"
@@ -70,6 +71,15 @@ class Case:
         return f"{self.scenario.name}[{self.design}-{mode}-{self.backend}{suffix}]"
 
     @property
+    def builtin(self) -> bool:
+        """Every part of the run is the harness's own code: design, backend, runner, serving stack and eviction
+        policy are registered names, none an import path or an optional install. Such runs are trusted to
+        leave their process as they found it, so they may share a child process (``matrix.run_cases``)."""
+        return (self.design in DESIGNS and self.backend in BACKENDS and self.runner is None
+                and self.scenario.serving in STACKS and self.scenario.serving not in OPTIONAL_STACKS
+                and self.scenario.eviction.policy in EVICTION_POLICIES)
+
+    @property
     def listed(self) -> bool:
         """The scenario lists this design, so it states the expected verdict and why."""
         return self.design in self.scenario.designs
@@ -114,6 +124,8 @@ class Case:
 class CaseResult:
     case: Case
     verdict: Verdict
+    duration_s: float | None = None
+    """how long the run and its judgement took where they ran; None when nothing ran (it died)"""
 
     @property
     def ok(self) -> bool:
