@@ -85,6 +85,10 @@ class ScenarioFile(pytest.File):
 def _mark(item: pytest.Item, case: Case) -> None:
     if case.device == "cuda" or case.engine == "cuda":
         item.add_marker("gpu")
+    if case.backend in case.scenario.backends[1:]:
+        # the scenario's other backends read the same pools by other routes: their cells run in the full
+        # suite (make test-all, CI), and the quick one (make test) keeps every design and mode on the first
+        item.add_marker("slow")
     if case.unsupported is not None:
         item.add_marker(pytest.mark.skip(reason=case.unsupported))
 
