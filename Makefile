@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 GPU_STAMP := $(VENV)/.installed-gpu
 PYTEST_WORKERS ?= auto
 
-.PHONY: venv test test-fast test-gpu gpu-plan gpu-durations sglang-venv test-sglang report screenshots chromium bench clean
+.PHONY: venv test test-slow test-all test-gpu gpu-plan gpu-durations sglang-venv test-sglang report screenshots chromium bench clean
 
 venv: $(STAMP)
 
@@ -19,12 +19,18 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 	$(PY) -m pip install --quiet $(if $(CONSTRAINTS),-c $(CONSTRAINTS)) -e .
 	touch $(STAMP)
 
+# everything but what is marked slow (tests/README.md says what is): every library scenario with every design
+# and mode on its first backend, and the harness's own tests; CI runs test-slow after it
 test: $(STAMP) chromium
-	$(PY) -m pytest -n $(PYTEST_WORKERS)
-
-# the quick loop while editing: everything but the tests marked slow (tests/README.md says which)
-test-fast: $(STAMP)
 	$(PY) -m pytest -n $(PYTEST_WORKERS) -m "not slow"
+
+# what test leaves out: the library's cells on its scenarios' other backends, and the tests marked slow
+test-slow: $(STAMP) chromium
+	$(PY) -m pytest -n $(PYTEST_WORKERS) -m slow
+
+# test and test-slow in one session
+test-all: $(STAMP) chromium
+	$(PY) -m pytest -n $(PYTEST_WORKERS)
 
 # the gpu extra (flashinfer-python) and the ci extra (pytest-split, pytest-timeout) on top of the base install,
 # once per change of pyproject.toml

@@ -133,7 +133,8 @@ def _run_all(all_cases: list[Case], jobs: int, session: ReportSession) -> None:
         sys.stderr.write(("\r\033[K" if tty else "") + output_block(runnable[index].name, text) + "\n")
 
     run_cases(runnable, jobs=jobs, output=show_output,
-              done=lambda i, result: add(case_view(result, duration_s=time.perf_counter() - started[id(runnable[i])])))
+              done=lambda i, result: add(case_view(result, duration_s=result.duration_s if result.duration_s is not None
+                                                   else time.perf_counter() - started[id(runnable[i])])))
     if tty:
         sys.stderr.write("\r\033[K")
     sys.stderr.write(f"{total} runs in {time.perf_counter() - start:.1f}s\n")

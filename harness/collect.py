@@ -15,9 +15,9 @@ from typing import Iterator
 
 import pytest
 
-from .check.case import Case, cases
+from .check.case import Case, CaseResult, cases
 from .check.oracle import certify, dense_oracle
-from .check.matrix import run_case_isolated, scenario_reference
+from .check.matrix import run_cases, scenario_reference
 from .report.build import case_view
 from .runners.registry import runner_option
 from .report.session import RECORD_ATTRIBUTE
@@ -85,6 +85,10 @@ class ScenarioFile(pytest.File):
 def _mark(item: pytest.Item, case: Case) -> None:
     if case.device == "cuda" or case.engine == "cuda":
         item.add_marker("gpu")
+    if case.backend in case.scenario.backends[1:]:
+        # the scenario's other backends read the same pools by other routes: their cells run in the full
+        # suite (make test-all, CI), and the quick one (make test) keeps every design and mode on the first
+        item.add_marker("slow")
     if case.unsupported is not None:
         item.add_marker(pytest.mark.skip(reason=case.unsupported))
 
@@ -97,8 +101,9 @@ class ScenarioItem(pytest.Item):
     def runtest(self) -> None:
         start = time.perf_counter()
         # in a child process under the case's time limit: a design that exits, aborts or hangs is an error
-        result = run_case_isolated(self.case)
-        view = case_view(result, duration_s=time.perf_counter() - start)
+        result = _batches(self.session).result(self)
+        view = case_view(result, duration_s=result.duration_s if result.duration_s is not None
+                         else time.perf_counter() - start)
         _hand_over(self, view)
         if not view.ok:
             raise ScenarioMismatch(view)
@@ -122,6 +127,48 @@ def _hand_over(item: pytest.Item, view: CaseView) -> None:
     if not view.ok and (first := first_divergence(view)):
         item.user_properties.append(("first_divergence", first))
     setattr(item, RECORD_ATTRIBUTE, json.dumps(view.to_record(timing=True)))
+
+
+class _Batches:
+    """Scenario items run ahead, together with the first of their file to run (``matrix.run_cases`` gives a
+    scenario's built-in cases one child), their results kept here by node id until their turn comes."""
+
+    def __init__(self, session: pytest.Session) -> None:
+        self._session = session
+        self._ahead: dict[str, CaseResult] = {}
+        self._position: dict[str, int] | None = None
+        # under pytest-xdist a file's items share a child only where the file's items all go to one worker
+        dist = getattr(session.config.option, "dist", "no")
+        self._together = not hasattr(session.config, "workerinput") or dist in ("loadfile", "loadscope")
+
+    def result(self, item: ScenarioItem) -> CaseResult:
+        if (ahead := self._ahead.pop(item.nodeid, None)) is not None:
+            return ahead
+        batch = [item, *self._siblings_after(item)] if self._together and item.case.builtin else [item]
+        results = run_cases([i.case for i in batch], jobs=1)
+        for sibling, result in zip(batch[1:], results[1:]):
+            self._ahead[sibling.nodeid] = result
+        return results[0]
+
+    def _siblings_after(self, item: ScenarioItem) -> list[ScenarioItem]:
+        items = self._session.items
+        if self._position is None:
+            self._position = {it.nodeid: k for k, it in enumerate(items)}
+        start = self._position.get(item.nodeid)
+        if start is None:
+            return []
+        return [it for it in items[start + 1:]
+                if isinstance(it, ScenarioItem) and it.parent is item.parent and it.case.builtin
+                and it.case.unsupported is None and it.nodeid not in self._ahead]
+
+
+_BATCHES = pytest.StashKey[_Batches]()
+
+
+def _batches(session: pytest.Session) -> _Batches:
+    if _BATCHES not in session.stash:
+        session.stash[_BATCHES] = _Batches(session)
+    return session.stash[_BATCHES]
 
 
 class OracleItem(pytest.Item):

@@ -12,9 +12,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from ..backends.base import AttentionBackend
-from ..backends.registry import backend_class
+from ..backends.registry import BACKENDS, backend_class
 from ..runspec import TIMEOUT_DEFAULT_S, Device, Engine, RunSpec
 from ..scenario.spec import ScenarioSpec
+from ..serving.designs import DESIGNS
+from ..serving.registry import EVICTION_POLICIES, OPTIONAL_STACKS, STACKS
 from .expect import EXPECT_DEFAULT, LIKE, NO_EXPECTATION, expect_problem  # noqa: F401 - case's vocabulary too
 from .verdict import Verdict
 
@@ -46,6 +48,15 @@ class Case:
         suffix = "" if self.with_faults or not self.scenario.faults else "-nofault"
         mode = self.mode if self.runner is None else f"{self.mode}={self.runner}"
         return f"{self.scenario.name}[{self.design}-{mode}-{self.backend}{suffix}]"
+
+    @property
+    def builtin(self) -> bool:
+        """Every part of the run is the harness's own code: design, backend, runner, serving stack and eviction
+        policy are registered names, none an import path or an optional install. Such runs are trusted to
+        leave their process as they found it, so they may share a child process (``matrix.run_cases``)."""
+        return (self.design in DESIGNS and self.backend in BACKENDS and self.runner is None
+                and self.scenario.serving in STACKS and self.scenario.serving not in OPTIONAL_STACKS
+                and self.scenario.eviction.policy in EVICTION_POLICIES)
 
     @property
     def listed(self) -> bool:
@@ -92,6 +103,8 @@ class Case:
 class CaseResult:
     case: Case
     verdict: Verdict
+    duration_s: float | None = None
+    """how long the run and its judgement took where they ran; None when nothing ran (it died)"""
 
     @property
     def ok(self) -> bool:

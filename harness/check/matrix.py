@@ -3,6 +3,7 @@ each judged against its scenario's reference run, computed once per process and 
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
@@ -14,7 +15,7 @@ from .case import Case, CaseResult
 from .drive import execute
 from .result import RunError, RunResult
 from .verdict import Verdict, judge
-from .workers import WorkerDied, run_isolated, run_one_isolated
+from .workers import WorkerDied, run_grouped, run_one_isolated
 
 
 def limit_threads() -> None:
@@ -49,22 +50,23 @@ def scenario_reference(scenario: ScenarioSpec, *, backend: str, device: str = "c
 
 def run_case(case: Case) -> CaseResult:
     """Run the subject, judge it against the (cached) reference run. Never raises for a run's failure."""
+    start = time.perf_counter()
     reference = scenario_reference(case.scenario, backend=case.backend, device=case.device)
-    return CaseResult(case=case, verdict=judge(execute(case.run_spec()), reference))
-
-
-def run_case_isolated(case: Case) -> CaseResult:
-    """``run_case`` in a child process with the case's time limit: a crash or a hang is an ``error``."""
-    return run_cases([case], jobs=1)[0]
+    verdict = judge(execute(case.run_spec()), reference)
+    return CaseResult(case=case, verdict=verdict, duration_s=time.perf_counter() - start)
 
 
 def run_cases(cases: Sequence[Case], *, jobs: int, done: Callable[[int, CaseResult], None] | None = None,
               output: Callable[[int, str], None] | None = None) -> list[CaseResult]:
-    """Every case, each in its own child process (``jobs`` at a time) under its time limit.
+    """Every case in a child process (``jobs`` children at a time), each under its time limit.
 
-    References are computed (isolated too) in this process just before the first case that needs one
-    forks, so each is computed once. Cases on CUDA run here, in order: a CUDA context cannot be forked.
-    ``output(index, text)``: what a forked case's run printed, captured (``workers.run_isolated``).
+    A scenario's built-in cases (``Case.builtin``) share one child, one after the other: a fork and the
+    memory its child touches cost about as much as a small run, and the harness's own code leaves the
+    process as it found it. A case naming anything by import path gets a child of its own, as third-party
+    code may exit, hang or leave state behind. References are computed (isolated too) in this process just
+    before the first child that needs one forks, so each is computed once. Cases on CUDA run here, in
+    order: a CUDA context cannot be forked. ``output(index, text)``: what a forked case's run printed,
+    captured (``workers.run_grouped``).
     """
     forked = [c for c in cases if _forkable(c.device)]
     position = {id(c): i for i, c in enumerate(cases)}
@@ -81,15 +83,30 @@ def run_cases(cases: Sequence[Case], *, jobs: int, done: Callable[[int, CaseResu
         scenario_reference(case.scenario, backend=case.backend, device=case.device, isolate=True,
                            timeout_s=case.timeout_s)
 
-    run_isolated(run_case, forked, jobs=jobs, timeout_s=lambda c: c.timeout_s, done=finished,
-                 before_start=reference_first,
-                 output=None if output is None else lambda i, text: output(position[id(forked[i])], text))
+    run_grouped(run_case, forked, _groups(forked), jobs=jobs, timeout_s=lambda c: c.timeout_s, done=finished,
+                before_start=reference_first,
+                output=None if output is None else lambda i, text: output(position[id(forked[i])], text))
     for index, case in enumerate(cases):
         if id(case) not in results:
             results[id(case)] = run_case(case)
             if done is not None:
                 done(index, results[id(case)])
     return [results[id(c)] for c in cases]
+
+
+def _groups(cases: Sequence[Case]) -> list[list[int]]:
+    """Indices of ``cases`` by child: each scenario's built-in cases together (in order), every other alone."""
+    together: dict[int, list[int]] = {}
+    groups: list[list[int]] = []
+    for index, case in enumerate(cases):
+        if not case.builtin:
+            groups.append([index])
+        elif (group := together.get(id(case.scenario))) is not None:
+            group.append(index)
+        else:
+            together[id(case.scenario)] = group = [index]
+            groups.append(group)
+    return groups
 
 
 def _forkable(device: str) -> bool:

@@ -160,6 +160,11 @@ def _all_poison(rows: torch.Tensor, poison: torch.Tensor) -> torch.Tensor:
     return ~(hj.words(rows) != poison).any(1)
 
 
+_STACKED_BYTES = 4 << 20
+"""a pool whose K (all layers) fits here is stacked and compared whole each step; a larger one layer by layer,
+in chunks, without a copy of the pool"""
+
+
 class SnapshotRecorder:
     """Takes a run's snapshots: each step's delta against a shadow of the previous step's pools."""
 
@@ -190,8 +195,18 @@ class SnapshotRecorder:
         shadow = self._shadows.get(pool)
         if shadow is None:
             shadow = self._shadows[pool] = _Shadow(k, log)
-        rows_changed = [_rows_changed(k[i].detach(), shadow.k[i], self._scratch)
-                        | _rows_changed(v[i].detach(), shadow.v[i], self._scratch) for i in range(len(k))]
+        whole_k = whole_v = None
+        if shadow.k.numel() * shadow.k.element_size() <= _STACKED_BYTES:
+            # a small pool: every layer compared at once costs a handful of ops, where a loop over layers
+            # costs a dozen per layer (on the library's pools those per-op costs were most of a snapshot)
+            whole_k = torch.stack([t.detach() for t in k])
+            whole_v = torch.stack([t.detach() for t in v])
+            changed_all = ((hj.words(whole_k) != hj.words(shadow.k)).any(-1)
+                           | (hj.words(whole_v) != hj.words(shadow.v)).any(-1))
+            rows_changed = list(changed_all.unbind(0))
+        else:
+            rows_changed = [_rows_changed(k[i].detach(), shadow.k[i], self._scratch)
+                            | _rows_changed(v[i].detach(), shadow.v[i], self._scratch) for i in range(len(k))]
         if shadow.inferred:
             now = []
             for i, changed in enumerate(rows_changed):
@@ -207,8 +222,11 @@ class SnapshotRecorder:
         for i, entry in enumerate(now):
             changed |= entry != shadow.log[i]
         slots = changed.nonzero().flatten()
-        new_k = torch.stack([buf.detach().index_select(0, slots) for buf in k])
-        new_v = torch.stack([buf.detach().index_select(0, slots) for buf in v])
+        if whole_k is not None and whole_v is not None:
+            new_k, new_v = whole_k.index_select(1, slots), whole_v.index_select(1, slots)
+        else:
+            new_k = torch.stack([buf.detach().index_select(0, slots) for buf in k])
+            new_v = torch.stack([buf.detach().index_select(0, slots) for buf in v])
         new_log = torch.stack([entry.index_select(0, slots) for entry in now])
         shadow.k[:, slots] = new_k
         shadow.v[:, slots] = new_v

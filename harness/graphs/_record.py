@@ -1,6 +1,6 @@
 """Capture-time machinery shared by the tape and cuda engines.
 
-One ``Recorder`` sits under a warm-up run or a capture as a ``TorchDispatchMode``
+One ``Recorder`` sits under a capture as a ``TorchDispatchMode``
 (it sees every aten op below autograd), together with wrappers around the few
 Python-level calls that dispatch no op of their own (``_refusals.HOOKS``).  It
 
@@ -9,8 +9,8 @@ Python-level calls that dispatch no op of their own (``_refusals.HOOKS``).  It
 * with ``undo`` (a capture: capture does not compute), undoes writes to
   storages that existed before it started.  It rolls back contents only: on
   CUDA a resize at capture really happens, and its new memory is graph memory,
-  so it is poisoned.  A warm-up runs without ``undo`` or ``track``: its runs are
-  real eager runs, checked, and what they write stays written;
+  so it is poisoned.  No recorder sits under a warm-up run: it is a plain eager
+  run, as on a device, and what it writes stays written (``_warm_up.py``);
 * tracks which tensors it produced and which it read (the graph's inputs, for
   the input audit; a tensor first met as a target an op writes whole, with
   ``out=``, ``copy_``, ``fill_`` or ``zero_``, is no input) and which storages
@@ -199,7 +199,7 @@ class Recorder:
                 if globally:
                     stack.enter_context(capturing_globally(self))
                 stack.enter_context(HOOKS.held(_ACTIVE_PATCHES + SCALAR_SYNC_HOOKS if globally else _ACTIVE_PATCHES))
-                stack.enter_context(_OpHook(self) if self.track or self.undo else _CheckHook(self))
+                stack.enter_context(_OpHook(self))
                 yield
         finally:
             _tls.island_host = previous
@@ -331,7 +331,7 @@ class Recorder:
             check_op(func, info.rule, info.gen_pos, args, kwargs, self)
         written = None
         memory = None
-        if info.writes and (self.undo or self.record):  # a warm-up or an observing capture needs no write list
+        if info.writes and (self.undo or self.record):  # an observing capture needs no write list
             written = written_tensors(info, args, kwargs)
             if self.undo:
                 for t in written:
@@ -580,41 +580,6 @@ class _OpHook(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None) -> Any:
         return self._on_op(func, args, kwargs or {})
-
-
-class _CheckHook(TorchDispatchMode):
-    """``_OpHook`` for a recorder that only checks (a warm-up run): ``on_op``'s path for it, inlined.
-
-    A warm-up runs every op of the program twice per capture, so its per-op cost is most of a capture's;
-    composite-decomposed and ``torch.library`` ops take ``on_op`` itself.
-    """
-
-    @classmethod
-    def _should_skip_dynamo(cls) -> bool:
-        return False  # as _OpHook
-
-    def __init__(self, recorder: Recorder) -> None:
-        super().__init__()
-        self._rec = recorder
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None) -> Any:
-        rec = self._rec
-        if kwargs is None:
-            kwargs = {}
-        if rec._paused:
-            return func(*args, **kwargs)
-        info = INFO_CACHE.get(id(func))
-        if info is None or info.func is not func:
-            info = op_info(func)
-        if info.implicit or info.custom:
-            return rec.on_op(func, args, kwargs)
-        if info.rule is not None or info.gen_pos is not None:
-            check_op(func, info.rule, info.gen_pos, args, kwargs, rec)
-        out = info.call(*args, **kwargs)
-        if info.lift:
-            for t in tensor_args(args, kwargs):
-                rec._constants[id(t)] = t
-        return out
 
 
 _ACTIVE_PATCHES = FUNCTION_HOOKS + (AVAILABILITY,)

@@ -6,8 +6,12 @@ initialization, workspace growth and first-use caches happen outside the graph).
 runs are real: what they write stays written, as it does on a device, so Python state
 a run sets (a memo keyed on a tensor's ``data_ptr``, a flag saying a pre-allocated table
 is filled) agrees with the tensors capture then finds, and a graph freezes that world.
-Each run is checked like capture (a refused op raises ``CaptureError`` before any
-capture opens) and runs its islands eagerly.  A caller that captures in the middle of a
+They are plain eager runs, as on a device, where no stream is capturing yet: a host sync
+a program does only on its first call (lazy initialization, the reason runners warm up)
+is allowed, and what a run would do under capture is checked by the capture itself.  No
+recorder sits under them, so they cost what an eager forward costs.  Their islands run
+eagerly and the last run's island results are kept (the cuda engine seeds its segments'
+static outputs from them).  A caller that captures in the middle of a
 run (a bucket captured on demand) protects live state with its capture batch, whose
 padding rows write only the dummy slot, as a real runner's do; nothing is undone.
 """
@@ -21,8 +25,8 @@ from typing import Any
 
 import torch
 
-from ._islands import island_outputs, static_outputs
-from ._record import Recorder
+from ._islands import island_outputs
+from ._refusals import _tls
 
 WARMUP_RUNS = 2
 """Eager runs before capture, for both engines."""
@@ -45,17 +49,23 @@ def no_cycle_collection() -> Iterator[None]:
 
 
 class WarmIslands:
-    """Island handler for warm-up: run eagerly, remember the results of the last run."""
+    """Island host for warm-up (``engine.eager_island`` finds it): run eagerly, remember the last run's results."""
 
     def __init__(self) -> None:
         self.results: list[tuple[Any, tuple[torch.Tensor, ...], bool]] = []
+        self._depth = 0
 
     def start_run(self) -> None:
         self.results = []
 
-    def __call__(self, rec: Recorder, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        with rec.paused():
+    def run_island(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if self._depth:  # an island inside an island is plain code, as under capture
+            return fn(*args, **kwargs)
+        self._depth += 1
+        try:
             result = fn(*args, **kwargs)
+        finally:
+            self._depth -= 1
         tensors, single = island_outputs(fn, result)
         self.results.append((island_identity(fn), tensors, single))
         return result
@@ -67,10 +77,15 @@ def island_identity(fn: Callable[..., Any]) -> Any:
 
 
 def warm_up(fn: Callable[[], object], islands: WarmIslands | None) -> None:
-    """Run ``fn`` ``WARMUP_RUNS`` times for real: checked, islands eager, every write kept."""
-    rec = Recorder(track=False, island_impl=islands)
-    for _ in range(WARMUP_RUNS):
-        if islands is not None:
-            islands.start_run()
-        with rec.active():
-            static_outputs(fn())
+    """Run ``fn`` ``WARMUP_RUNS`` times for real: plain eager runs, islands eager, every write kept."""
+    if getattr(_tls, "recorder", None) is not None:
+        raise RuntimeError("graph captures do not nest: a capture is already running on this thread")
+    previous = getattr(_tls, "island_host", None)
+    _tls.island_host = islands
+    try:
+        for _ in range(WARMUP_RUNS):
+            if islands is not None:
+                islands.start_run()
+            fn()  # what it returns is checked at capture, as CUDA captures what it returns
+    finally:
+        _tls.island_host = previous

@@ -102,6 +102,7 @@ def through_an_ffi_kernel(forward_batch, pool, metadata, layer_id):
     return copy_out_of_sight(loc)
 
 
+@pytest.mark.slow
 def test_graph_statistics_name_the_ops_replay_calls_again():
     spec = load_scenario(ROOT / "swa_decode_padded_buckets.toml")
     result = execute(spec.run_spec(design=f"{__name__}:through_an_ffi_kernel", mode="full", backend="torch_native"))

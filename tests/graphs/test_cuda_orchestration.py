@@ -114,7 +114,7 @@ def test_static_outputs_are_poisoned_after_capture(fake):
     assert torch.isnan(g.outputs[0]).all()
 
 
-def test_refused_op_raises_the_same_capture_error_as_tape_before_capture_begins(fake):
+def test_refused_op_raises_the_same_capture_error_as_tape_and_the_capture_is_ended(fake):
     s = SimpleNamespace(x=torch.ones(3))
 
     def fn():
@@ -126,7 +126,8 @@ def test_refused_op_raises_the_same_capture_error_as_tape_before_capture_begins(
             capture(fn, engine=engine)
         errors.append((info.value.op, info.value.location))
     assert errors[0] == errors[1]
-    assert not any(e[0] == "begin" for e in fake.log)
+    # the warm-up runs are eager, as on a device: the refusal comes from the capture, which is then ended
+    assert [e[0] for e in fake.log] == ["begin", "end"]
     assert no_modes_active()
 
 

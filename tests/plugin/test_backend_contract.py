@@ -285,6 +285,7 @@ def test_a_backend_without_a_scenarios_fault_skips_where_it_acts_and_runs_the_cl
     }
 
 
+@pytest.mark.slow
 def test_cli_backend_by_import_path_runs_the_library_scenarios_with_their_expectations(cli_dir, write_scenario, capsys,
                                                                                       monkeypatch):
     (cli_dir / "toy_backends.py").write_text(TOY_BACKENDS)

@@ -558,6 +558,7 @@ def test_a_design_that_cannot_be_imported_is_one_line_of_its_own_type_naming_des
     assert "DesignImportError: design 'exits_on_import:fn' cannot be imported: SystemExit: 0" in row
 
 
+@pytest.mark.slow
 @linux_only
 def test_sigterm_ends_a_pytest_session_as_ctrl_c_does(harness_pytester, add_scenario):
     text = (SAMPLES / "tiny_match.toml").read_text()

@@ -34,6 +34,7 @@ def test_a_scenario_file_named_on_the_command_line_is_collected_outside_a_scenar
     assert not [item for item in walked if item.path.suffix == ".toml"]  # a folder walk keeps the old rule
 
 
+@pytest.mark.slow
 def test_pytest_in_a_folder_without_conftest_collects_a_named_scenario_through_the_entry_point(tmp_path: Path):
     # collection is the claim (running items is the plugin's own tests' job): no conftest, no -p, no PYTHONPATH
     (tmp_path / "mine.toml").write_text(sample_text("tiny_match"))

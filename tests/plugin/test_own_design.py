@@ -145,6 +145,7 @@ def test_no_faults_leaves_out_a_scenario_that_injects_one_outside_the_faults_fol
     assert code == 2 and "every scenario under" in err and "injects a fault (--no-faults leaves them out)" in err
 
 
+@pytest.mark.slow
 def test_a_printed_reproduce_line_reruns_exactly_that_run_with_the_same_verdict(own_designs, capsys, write_scenario):
     write_scenario(own_designs, "tiny_match")
     (own_designs / "conftest.py").write_text('pytest_plugins = ["harness.plugin"]\n')

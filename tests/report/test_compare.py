@@ -295,6 +295,7 @@ def test_the_schema_spells_no_expectation_as_the_cases_do():
 # ---- what a review must catch -------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_an_expectation_edited_to_hide_a_new_divergence_is_headlined_and_fails_the_command(sample_views, tmp_path):
     # the user's path: two results files, the command in a subprocess, its exit status and its first lines
     match = pick(sample_views, MATCH_E)
