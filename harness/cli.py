@@ -385,7 +385,12 @@ def _unrecognized(parser: argparse.ArgumentParser, extra: Sequence[str]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args, extra = build_parser().parse_known_args(argv)
+    parser = build_parser()
+    given = list(sys.argv[1:] if argv is None else argv)
+    commands = _commands(parser)
+    if given and not given[0].startswith("-") and given[0] not in commands:
+        parser.error(unknown_name("command", given[0], commands))  # argparse's own message guesses nothing
+    args, extra = parser.parse_known_args(argv)
     if extra:  # the subcommand's own usage, not the top-level one argparse would print
         args.parser.error(_unrecognized(args.parser, extra))
     if getattr(args, "report_dir_default", None) and not args.report_dir:
@@ -398,6 +403,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             signum = exc.signum if isinstance(exc, Terminated) else signal.SIGINT
             print(f"\ninterrupted ({signal.Signals(signum).name})", file=sys.stderr)
             return 128 + signum
+
+
+def _commands(parser: argparse.ArgumentParser) -> list[str]:
+    return [name for action in parser._actions if isinstance(action, argparse._SubParsersAction)
+            for name in action.choices]
 
 
 if __name__ == "__main__":

@@ -77,6 +77,16 @@ def test_an_option_error_names_the_kind_of_name_a_close_match_and_the_subcommand
     assert message in err and "<" not in err.split("error: ", 1)[1], err
 
 
+def test_a_mistyped_command_gets_a_close_match(capsys):
+    from harness.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["rnu", "scenarios"])
+    assert exit_.value.code == 2
+    assert "unknown command 'rnu' (did you mean 'run'?); known commands: run, report, compare, list" in \
+        capsys.readouterr().err
+
+
 @pytest.mark.parametrize(("option", "message"), [
     ("--harness-design=stale_stat", "--harness-design: unknown design 'stale_stat' (did you mean 'stale_state'?)"),
     ("--harness-backend=torch_nativ", "--harness-backend: unknown backend 'torch_nativ' (did you mean 'torch_native'?)"),
