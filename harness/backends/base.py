@@ -307,6 +307,9 @@ class AttentionBackend(ABC):
     """seq_len of a graph batch's padding rows: one token (the dummy slot) reads no garbage and plans as a
     one-token request where a planner needs a last page of at least one token, as FlashInfer's does"""
     component: ClassVar[Component] = Component.ATTENTION_BACKEND
+    reference_backend: ClassVar[str | None] = None
+    """the backend whose eager run judges this one's runs, for a backend that cannot be its own reference
+    (the installed SGLang's torch-native backend, whose read path is under test); None: its own"""
     builder_cls: ClassVar[type[AttentionMetadataBuilder]]
     impl_cls: ClassVar[type[AttentionImpl]]
 
