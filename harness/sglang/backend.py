@@ -105,12 +105,16 @@ class InstalledTorchNativeImpl(AttentionImpl):
         super().__init__(**kwargs)
         stack = installed_stack(self.pool)
         spec = self.model_spec
-        # SGLang's sliding_window_size is the window without the query's own key
+        # SGLang's sliding_window_size is the window without the query's own key (-1: full attention)
+        windows = [spec.layer_window(i) for i in range(spec.num_layers)]
+        if 1 in windows:  # RadixAttention stores ``sliding_window_size or -1``: a window of 0 would read everything
+            raise ValueError("a window of one key is SGLang's sliding_window_size 0, which RadixAttention takes for "
+                             "full attention")
         self.layers = [
             stack.api.RadixAttention(spec.num_heads, spec.head_dim, scaling=spec.head_dim ** -0.5,
                                      num_kv_heads=spec.num_kv_heads, layer_id=i,
-                                     sliding_window_size=-1 if spec.layer_window(i) is None else spec.layer_window(i) - 1)
-            for i in range(spec.num_layers)
+                                     sliding_window_size=-1 if w is None else w - 1)
+            for i, w in enumerate(windows)
         ]
         self.api = stack.api
 

@@ -9,12 +9,12 @@ makes it: ``swa_out_cache_loc`` is the batch's ``out_cache_loc`` translated thro
 once, as an int64 scatter index. A forward is the harness backend's per-forward metadata object (eager
 builds a new one each forward); a new pool is a new run.
 
-``skip_metadata_refresh`` is a fault on that refresh, a patch for a run's child process only (the caller
-forks, applies it, runs): after a run's first forward the metadata is never rebuilt, so each later forward
-finds the first one's ``swa_out_cache_loc``. When that batch was longer, the tensor passes the function's
-length assert (``>= len(out_cache_loc)``) and is sliced: the layer writes at another batch's SWA slots with
-no error. Only eager forwards are modelled: a graph replay reuses its captured metadata object, which the
-real backend refills in ``init_forward_metadata_out_graph`` and this adapter does not.
+``skip_metadata_refresh`` is a fault on that refresh (the catalog's ``sglang_skip_metadata_refresh``, entered
+around a run in its own process): after a run's first forward the metadata is never rebuilt, so each later
+forward finds the first one's ``swa_out_cache_loc``. When that batch was longer, the tensor passes the
+function's length assert (``>= len(out_cache_loc)``) and is sliced: the layer writes at another batch's SWA
+slots with no error. Only eager forwards are modelled: a graph replay reuses its captured metadata object,
+which the real backend refills in ``init_forward_metadata_out_graph`` and this adapter does not.
 
 ``installed_plan`` is the location plan of 0.5.23 as a design: the installed ``KVIndexTranslator`` makes one
 ``KVLocPlan`` per scheduler iteration and every forward of it takes its columns of the plan's SWA ids.
@@ -26,6 +26,7 @@ from __future__ import annotations
 import types
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import torch
 
@@ -91,7 +92,8 @@ class _PlanAdapter:
             req_to_token=stack.req_to_token_pool.req_to_token, token_to_kv_pool_allocator=stack.allocator,
             token_to_kv_pool=stack.kv_pool, page_size=stack.page_size, device=str(stack.device))
         self.iteration: KVLocPlan | None = None
-        self.plan: object = None
+        self.plan: Any = None
+        """the installed ``KVLocPlan`` of that iteration"""
 
     def swa_ids(self, forward_batch: ForwardBatch) -> torch.Tensor:
         """This forward's columns of the iteration's SWA write ids, as ``KVIndexTranslator.write_ids`` gives
@@ -105,7 +107,7 @@ class _PlanAdapter:
                 req_pool_indices=forward_batch.req_pool_indices, seq_lens=forward_batch.seq_lens,
                 seq_lens_cpu=forward_batch.seq_lens.cpu(), write_virtual=harness_plan.write_ids("full"))
         forward = types.SimpleNamespace(out_cache_loc=None)
-        self.plan.bind(forward, self.translator, cols=self.api.TokenSpan(*forward_batch.kv_loc_cols))  # type: ignore[attr-defined]
+        self.plan.bind(forward, self.translator, cols=self.api.TokenSpan(*forward_batch.kv_loc_cols))
         ids = self.translator.write_ids(forward, self.api.IdSpaceKind.SLIDING_WINDOW)
         n = forward_batch.out_cache_loc.shape[0]
         # the consumer's length check, as _get_layer_cache_loc makes it: at least one id per token, the rest cut
