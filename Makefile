@@ -74,7 +74,7 @@ SGLANG_PY := $(SGLANG_VENV)/bin/python
 SGLANG_STAMP := $(SGLANG_VENV)/.installed
 SGLANG_IMPORT_DEPS := numpy orjson psutil pybase64 requests triton packaging pillow starlette msgspec pydantic \
 	pyzmq tqdm ipython aiohttp transformers dill sentencepiece compressed-tensors gguf openai partial-json-parser \
-	einops uvicorn fastapi
+	einops uvicorn fastapi apache-tvm-ffi
 
 sglang-venv: $(SGLANG_STAMP)
 

@@ -31,3 +31,12 @@ def _is_declared_backend(obj: object) -> str | None:
 def backend_class(name: str) -> type[AttentionBackend]:
     """The backend class a registered name or a ``package.module:Class`` path names; KeyError otherwise."""
     return cast("type[AttentionBackend]", load_named(name, BACKENDS, kind="backend", check=_is_declared_backend))
+
+
+def reference_backend(name: str) -> str:
+    """The backend whose eager run is the reference for runs of backend ``name`` (its declared
+    ``reference_backend``, or itself); a name that does not load is its own (its cases are skipped)."""
+    try:
+        return backend_class(name).reference_backend or name
+    except KeyError:
+        return name

@@ -9,9 +9,12 @@ that calls ``sys.exit()`` is a finding about the design.
 from __future__ import annotations
 
 from collections import Counter
+from contextlib import ExitStack
 
+from ..imports import load_named
 from ..runners.observations import ForwardRecord
 from ..runspec import RunSpec
+from ..serving.faults import patches_of
 from ..serving.scheduler import ScheduledStep, StepEnd
 from ..serving.timeline import LiveToken, TokenKey
 from .assemble import RunParts, assemble
@@ -21,7 +24,25 @@ from .snapshot import KVSnapshot, SnapshotRecorder
 
 
 def execute(spec: RunSpec) -> RunResult:
-    """Run the timeline; an exception ends the run and is returned, never raised."""
+    """Run the timeline; an exception ends the run and is returned, never raised. The faults that patch code
+    the harness does not own (``Fault.patch``) are entered around the run, here, in the run's process."""
+    with ExitStack() as patched:
+        try:
+            for name in patches_of(spec.faults):
+                patched.enter_context(load_named(name, {}, kind="fault patch", check=_callable)())
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - a patch that cannot apply fails its run, like the subject
+            return RunResult(spec=spec, snapshots=(), error=RunError(type=type(exc).__name__, message=str(exc),
+                                                                     step=None))
+        return _execute(spec)
+
+
+def _callable(obj: object) -> str | None:
+    return None if callable(obj) else "is not callable"
+
+
+def _execute(spec: RunSpec) -> RunResult:
     snapshots: list[KVSnapshot] = []
     steps: list[StepRecord] = []
     step_index: int | None = None

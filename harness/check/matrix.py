@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from ..backends.registry import reference_backend
 from ..runspec import Outcome, RunSpec
 from ..scenario.spec import ScenarioSpec
 from .case import Case, CaseResult
@@ -35,8 +36,8 @@ def scenario_reference(scenario: ScenarioSpec, *, backend: str, device: str = "c
     With ``isolate`` it runs in a child process (a third-party backend may crash or hang too) and comes back
     to the cache here, so that case runs forked afterwards inherit it.
     """
-    spec = scenario.run_spec(design=scenario.designs[0], mode=scenario.modes[0], backend=backend, device=device,
-                             with_faults=False).reference()
+    spec = scenario.run_spec(design=scenario.designs[0], mode=scenario.modes[0], backend=reference_backend(backend),
+                             device=device, with_faults=False).reference()
     if spec not in _REFERENCES:
         if isolate and _forkable(spec.device):
             outcome = run_one_isolated(execute, spec, timeout_s=timeout_s or scenario.timeout_s)

@@ -3,11 +3,15 @@
 Each fault is checked where it acts (``name in self.faults``), at the place the real bug lived; this
 module is the only list of them. A component takes the faults it knows from here by its ``Component``
 (``faults_acting_on``), so adding a fault is one entry here plus the ``if`` where it acts.
+
+A fault on code the harness does not own (the installed SGLang) has no ``if`` to live in: it names a
+``patch`` instead, a context manager the run driver enters around the run in the run's own process.
 """
 
 from __future__ import annotations
 
 import enum
+from collections.abc import Collection
 from dataclasses import dataclass
 
 
@@ -22,6 +26,8 @@ class Component(enum.StrEnum):
     """its SWA eviction (which slots it frees after a step) and what it hands the prefix cache"""
     PREFIX_CACHE = "prefix cache"
     """the SWA radix cache: what a prompt matches, and what cache pressure evicts"""
+    INSTALLED_SGLANG = "installed SGLang"
+    """the installed SGLang's own code under the SGLang target (``harness/sglang``): its faults are patches"""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -38,6 +44,10 @@ class Fault:
     """acts only in a run that keeps a prefix cache (``eviction.prefix_cache``)"""
     needs_drafts: bool = False
     """acts only in a run that speculates (``timeline.draft_steps`` > 0), whose radix keys are EAGLE's bigrams"""
+    patch: str | None = None
+    """``package.module:function``, a context manager that applies the fault to code the harness does not own;
+    ``check/drive.execute`` enters it around the run, in the run's process (a forked child under ``harness run``
+    and the scenario items). None: a switch inside a component of the harness"""
 
 
 FAULTS: dict[str, Fault] = {
@@ -189,6 +199,23 @@ FAULTS: dict[str, Fault] = {
                       "extend queries attend to every key of their pages, the tokens before the window included, "
                       "while decode wrappers keep W - 1",
               reference="SGLang PR 31501 (pass the sliding window to the SWA prefill wrapper's plan)"),
+        # patches on the installed SGLang 0.5.23 (the SGLang target: serving = "sglang")
+        Fault(name="sglang_evict_one_page_too_far", acts_on=Component.INSTALLED_SGLANG, modes=("eager",),
+              patch="harness.sglang.faults:evict_one_page_too_far",
+              summary="the installed free_swa_out_of_window_slots is called with a sliding window one page short: "
+                      "its frontier runs a page past the window and the oldest key still inside it loses its SWA "
+                      "slot, which SGLang's allocator hands out again",
+              reference="SGLang PR 22470 (the frontier over-evicting); PR 23982 (slots freed inside the window)"),
+        Fault(name="sglang_skip_metadata_refresh", acts_on=Component.INSTALLED_SGLANG, modes=("eager",),
+              patch="harness.sglang.designs:skip_metadata_refresh",
+              summary="the TRTLLMMHAMetadata the installed _get_layer_cache_loc reads is built for a run's first "
+                      "forward only: a longer batch's swa_out_cache_loc passes its length assert and is sliced",
+              reference="SGLang PR 24138 (the function's metadata seam); PR 27617 (the per-forward refill)"),
+        Fault(name="sglang_reuse_plan", acts_on=Component.INSTALLED_SGLANG, modes=("eager",),
+              patch="harness.sglang.faults:reuse_previous_plan",
+              summary="the installed KVIndexTranslator hands each iteration's KVLocPlan the previous plan's "
+                      "sliding-window ids: a memo keyed by sub-pool outlives its iteration",
+              reference="SGLang PR 35245 and PR 37307 (KVLocPlan's per-iteration memo)"),
     )
 }
 
@@ -196,3 +223,8 @@ FAULTS: dict[str, Fault] = {
 def faults_acting_on(component: Component) -> frozenset[str]:
     """The names of the catalog's faults whose switch sits in ``component``."""
     return frozenset(name for name, fault in FAULTS.items() if fault.acts_on is component)
+
+
+def patches_of(names: Collection[str]) -> list[str]:
+    """The ``patch`` import paths of the named catalog faults that have one, in catalog order."""
+    return [f.patch for name, f in FAULTS.items() if name in names and f.patch is not None]

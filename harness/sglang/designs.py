@@ -9,12 +9,16 @@ makes it: ``swa_out_cache_loc`` is the batch's ``out_cache_loc`` translated thro
 once, as an int64 scatter index. A forward is the harness backend's per-forward metadata object (eager
 builds a new one each forward); a new pool is a new run.
 
-``skip_metadata_refresh`` is a fault on that refresh, a patch for a run's child process only (the caller
-forks, applies it, runs): after a run's first forward the metadata is never rebuilt, so each later forward
-finds the first one's ``swa_out_cache_loc``. When that batch was longer, the tensor passes the function's
-length assert (``>= len(out_cache_loc)``) and is sliced: the layer writes at another batch's SWA slots with
-no error. Only eager forwards are modelled: a graph replay reuses its captured metadata object, which the
-real backend refills in ``init_forward_metadata_out_graph`` and this adapter does not.
+``skip_metadata_refresh`` is a fault on that refresh (the catalog's ``sglang_skip_metadata_refresh``, entered
+around a run in its own process): after a run's first forward the metadata is never rebuilt, so each later
+forward finds the first one's ``swa_out_cache_loc``. When that batch was longer, the tensor passes the
+function's length assert (``>= len(out_cache_loc)``) and is sliced: the layer writes at another batch's SWA
+slots with no error. Only eager forwards are modelled: a graph replay reuses its captured metadata object,
+which the real backend refills in ``init_forward_metadata_out_graph`` and this adapter does not.
+
+``installed_plan`` is the location plan of 0.5.23 as a design: the installed ``KVIndexTranslator`` makes one
+``KVLocPlan`` per scheduler iteration and every forward of it takes its columns of the plan's SWA ids.
+``faults.reuse_previous_plan`` patches the translator to serve the previous iteration's SWA ids.
 """
 
 from __future__ import annotations
@@ -22,12 +26,15 @@ from __future__ import annotations
 import types
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import torch
 
 from ..serving.batch import BackendMetadata, ForwardBatch
+from ..serving.loc_plan import KVLocPlan
 from ..serving.pool import HybridSWAKVPool
 from .installed import load
+from .stack import installed_stack
 
 
 class _Adapter:
@@ -72,6 +79,56 @@ def trtllm_layer_cache_loc(
             _adapter.refresh = not _skip_refresh
     layer = types.SimpleNamespace(layer_id=layer_id)
     return _adapter.backend._get_layer_cache_loc(layer, forward_batch)
+
+
+class _PlanAdapter:
+    """One run's installed ``KVIndexTranslator`` and the iteration its plan was last built for."""
+
+    def __init__(self, pool: HybridSWAKVPool) -> None:
+        stack = installed_stack(pool)
+        self.api = stack.api
+        self.pool = pool
+        self.translator = stack.api.KVIndexTranslator(
+            req_to_token=stack.req_to_token_pool.req_to_token, token_to_kv_pool_allocator=stack.allocator,
+            token_to_kv_pool=stack.kv_pool, page_size=stack.page_size, device=str(stack.device))
+        self.iteration: KVLocPlan | None = None
+        self.plan: Any = None
+        """the installed ``KVLocPlan`` of that iteration"""
+
+    def swa_ids(self, forward_batch: ForwardBatch) -> torch.Tensor:
+        """This forward's columns of the iteration's SWA write ids, as ``KVIndexTranslator.write_ids`` gives
+        them to trtllm_mha, flashinfer and triton (padded with the sink to ``out_cache_loc``'s length)."""
+        harness_plan = forward_batch.kv_loc_plan
+        if harness_plan is None:
+            raise RuntimeError("the batch carries no kv_loc_plan: the scheduler builds one per iteration")
+        if harness_plan is not self.iteration:  # a new iteration: a new plan, as the scheduler's translator makes
+            self.iteration = harness_plan
+            self.plan = self.translator.plan(
+                req_pool_indices=forward_batch.req_pool_indices, seq_lens=forward_batch.seq_lens,
+                seq_lens_cpu=forward_batch.seq_lens.cpu(), write_virtual=harness_plan.write_ids("full"))
+        forward = types.SimpleNamespace(out_cache_loc=None)
+        self.plan.bind(forward, self.translator, cols=self.api.TokenSpan(*forward_batch.kv_loc_cols))
+        ids = self.translator.write_ids(forward, self.api.IdSpaceKind.SLIDING_WINDOW)
+        n = forward_batch.out_cache_loc.shape[0]
+        # the consumer's length check, as _get_layer_cache_loc makes it: at least one id per token, the rest cut
+        if ids.shape[0] < n:
+            raise RuntimeError(f"the installed plan holds {ids.shape[0]} SWA ids for {n} tokens")
+        return ids[:n]
+
+
+_plans: _PlanAdapter | None = None
+
+
+def installed_plan(
+    forward_batch: ForwardBatch, pool: HybridSWAKVPool, metadata: BackendMetadata, layer_id: int
+) -> torch.Tensor:
+    """The SWA write ids of the installed ``KVLocPlan``: one plan per scheduler iteration from the installed
+    ``KVIndexTranslator``, translated once per sub-pool and shared by every forward of the iteration (SGLang
+    0.5.23, PRs 35245, 37307). Needs ``serving = "sglang"``."""
+    global _plans
+    if _plans is None or _plans.pool is not pool:
+        _plans = _PlanAdapter(pool)
+    return _plans.swa_ids(forward_batch)
 
 
 @contextmanager

@@ -16,6 +16,7 @@ test (``harness.sglang.differential``) compares the two step by step.
 
 from __future__ import annotations
 
+import sys
 import types
 
 import torch
@@ -33,6 +34,8 @@ class InstalledSGLangEviction(EvictionPolicy):
                  prefix_sharing: bool = False) -> None:
         super().__init__(spec, window=window, page_size=page_size, prefix_sharing=prefix_sharing)
         self._api = load()
+        # looked up at each call, as SGLang's prefix caches import it at theirs: a fault patches the module
+        self._common = sys.modules[self._api.free_swa_out_of_window_slots.__module__]
         from sglang.srt.mem_cache.unified_cache.component_type import ComponentType  # noqa: PLC0415
         self._swa = ComponentType.SWA
         # SGLang's sliding_window_size is the window without the query's own key
@@ -55,7 +58,7 @@ class InstalledSGLangEviction(EvictionPolicy):
         kv.set_evicted_seqlen(self._swa, evicted)
         # the request's row as positions, so the slots the function would free name the positions themselves
         rows = types.SimpleNamespace(req_to_token=torch.arange(pre_len + 1, dtype=torch.int64)[None])
-        self._api.free_swa_out_of_window_slots(
+        self._common.free_swa_out_of_window_slots(
             types.SimpleNamespace(kv=kv), pre_len, sliding_window_size=self.sliding_window_size,
             page_size=self.page_size, req_to_token_pool=rows, token_to_kv_pool_allocator=None,
             supports_prefix_sharing=self.prefix_sharing, eviction_interval=interval,

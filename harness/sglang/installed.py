@@ -137,6 +137,10 @@ class SGLangAPI:
     ForwardMode: type
     forward_context: Any
     ForwardContext: type
+    KVIndexTranslator: type
+    """the translator whose per-iteration ``KVLocPlan`` resolves write ids per sub-pool"""
+    IdSpaceKind: type
+    TokenSpan: type
     module: types.ModuleType
     """``sglang`` itself, for the paths of modules a fault patches"""
 
@@ -153,6 +157,7 @@ _SIGNATURES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("TorchNativeAttnBackend", ("model_runner",)),
     ("RadixAttention", ("num_heads", "head_dim", "scaling", "num_kv_heads", "layer_id", "sliding_window_size")),
     ("KVWriteLoc", ("loc", "swa_loc")),
+    ("KVIndexTranslator", ("req_to_token", "token_to_kv_pool_allocator", "token_to_kv_pool", "page_size", "device")),
 )
 _METHODS: tuple[tuple[str, str], ...] = (
     ("SWATokenToKVPoolAllocator", "alloc"), ("SWATokenToKVPoolAllocator", "alloc_extend"),
@@ -163,6 +168,7 @@ _METHODS: tuple[tuple[str, str], ...] = (
     ("TorchNativeAttnBackend", "init_forward_metadata"),
     ("TorchNativeAttnBackend", "_run_sdpa_forward_decode"), ("TorchNativeAttnBackend", "_run_sdpa_forward_extend"),
     ("TRTLLMHAAttnBackend", "_get_layer_cache_loc"),
+    ("KVIndexTranslator", "plan"), ("KVIndexTranslator", "write_ids"),
 )
 
 _loaded: SGLangAPI | None = None
@@ -188,6 +194,8 @@ def load() -> SGLangAPI:
     from sglang.srt.managers.schedule_batch import ReqKvInfo
     from sglang.srt.mem_cache.allocator.swa import SWATokenToKVPoolAllocator
     from sglang.srt.mem_cache.common import free_kv_row_segments, free_swa_out_of_window_slots
+    from sglang.srt.mem_cache.kv_index_translator import KVIndexTranslator
+    from sglang.srt.mem_cache.kv_loc_plan import IdSpaceKind, TokenSpan
     from sglang.srt.mem_cache.memory_pool import KVWriteLoc, MHATokenToKVPool, ReqToTokenPool
     from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
     from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
@@ -200,7 +208,8 @@ def load() -> SGLangAPI:
         free_kv_row_segments=free_kv_row_segments,
         TorchNativeAttnBackend=TorchNativeAttnBackend, TRTLLMHAAttnBackend=TRTLLMHAAttnBackend,
         TRTLLMMHAMetadata=TRTLLMMHAMetadata, RadixAttention=RadixAttention, ForwardBatch=ForwardBatch,
-        ForwardMode=ForwardMode, forward_context=forward_context, ForwardContext=ForwardContext, module=sglang,
+        ForwardMode=ForwardMode, forward_context=forward_context, ForwardContext=ForwardContext,
+        KVIndexTranslator=KVIndexTranslator, IdSpaceKind=IdSpaceKind, TokenSpan=TokenSpan, module=sglang,
     )
     problems = signature_problems(api)
     if problems:

@@ -11,12 +11,7 @@ graph engine stay the harness's: they write and read the installed pool's buffer
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
 
-from ..check.case import Case, CaseResult
-from ..check.matrix import run_case, scenario_reference
-from ..check.workers import WorkerDied, run_one_isolated
 from ..scenario.spec import ScenarioSpec
 from ..serving.eviction import EvictionSpec
 from ..serving.stack import StackSpec
@@ -44,18 +39,3 @@ def not_expressible(scenario: ScenarioSpec) -> str | None:
     moved = on_sglang(scenario)
     return unsupported(StackSpec(pool=moved.pool, layer_is_swa=tuple(moved.model.layer_is_swa), num_kv_heads=1,
                                  head_dim=1), prefix_cache=moved.eviction.prefix_cache)
-
-
-def run_case_in_child(case: Case, *, patch: Callable[[], AbstractContextManager[object]] | None = None) -> CaseResult:
-    """``run_case`` in a forked child with ``patch()`` (a fault on real code) entered there only, so the
-    parent's SGLang stays unpatched; the reference run is computed here first and inherited."""
-    scenario_reference(case.scenario, backend=case.backend, device=case.device)
-
-    def run(c: Case) -> CaseResult:
-        with patch() if patch is not None else nullcontext():
-            return run_case(c)
-
-    outcome = run_one_isolated(run, case, timeout_s=case.timeout_s)
-    if isinstance(outcome, WorkerDied):
-        raise RuntimeError(f"{case.name}: {outcome.reason}")
-    return outcome

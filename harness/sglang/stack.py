@@ -14,6 +14,7 @@ expressible against 0.5.23 through this stack and ``unsupported()`` says why.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 
 import torch
@@ -49,6 +50,19 @@ def unsupported(spec: StackSpec, *, prefix_cache: bool = False) -> str | None:
         return "models of one layer kind: the adapter builds SWAKVPool for hybrid models (full and sliding-window " \
                "layers) only"
     return None
+
+
+_BUILT: weakref.WeakKeyDictionary[HybridSWAKVPool, SGLangStack] = weakref.WeakKeyDictionary()
+
+
+def installed_stack(pool: HybridSWAKVPool) -> SGLangStack:
+    """The SGLang stack whose view ``pool`` is: what a backend over the installed pool (``backend.py``) builds
+    SGLang's own objects from. ValueError for a pool of another stack."""
+    stack = _BUILT.get(pool)
+    if stack is None:
+        raise ValueError("this backend runs the installed SGLang's code over its own pool: it needs serving = "
+                         "\"sglang\" (the pool given is another stack's)")
+    return stack
 
 
 class _RealRows(ReqToTokenPool):
@@ -113,7 +127,9 @@ class SGLangStack(ServingStack):
         view.full_k_buffer, view.full_v_buffer = list(full.k_buffer), list(full.v_buffer)
         view.swa_k_buffer, view.swa_v_buffer = list(swa.k_buffer), list(swa.v_buffer)
         view.full_to_swa_index_mapping = allocator.full_to_swa_index_mapping
-        return cls(api=api, spec=spec, kv_pool=kv_pool, allocator=allocator, rows=_RealRows(real_rows), view=view)
+        stack = cls(api=api, spec=spec, kv_pool=kv_pool, allocator=allocator, rows=_RealRows(real_rows), view=view)
+        _BUILT[view] = stack
+        return stack
 
     def poison(self) -> None:
         self.pool.poison()

@@ -1,17 +1,28 @@
 """One fault catalog: every component takes its switches from it, and a fault that cannot act is refused."""
 
+import contextlib
+import dataclasses
+import sys
 from pathlib import Path
 
 import pytest
 
 from harness.backends.registry import BACKENDS, backend_class
+from harness.check.drive import execute
+from harness.imports import load_named
 from harness.runners.decode_graph import DecodeGraphRunner
 from harness.runners.piecewise import PiecewisePrefillRunner
-from harness.scenario import ScenarioError, load_scenario
+from harness.runspec import RunSpec
+from harness.scenario import ScenarioError, load_all, load_scenario
 from harness.serving.faults import FAULTS, Component, faults_acting_on
+from harness.serving.model import model_spec
+from harness.serving.pool import PoolSpec
 from harness.serving.prefix_cache import SWARadixCache
 from harness.serving.scheduler import Scheduler
 from harness.serving.speculative import SpeculativeWorker
+from harness.serving.timeline import RequestSpec, TimelineSpec
+
+SGLANG_SCENARIOS = Path(__file__).resolve().parents[1] / "sglang" / "sglang_scenarios"
 
 COMPONENTS = {
     Component.SCHEDULER: Scheduler,
@@ -24,9 +35,44 @@ COMPONENTS = {
 
 
 def test_every_catalog_fault_is_known_by_exactly_one_component():
-    owners = {name: [c for c in COMPONENTS if name in faults_acting_on(c)] for name in FAULTS}
+    owners = {name: [c for c in COMPONENTS if name in faults_acting_on(c)] for name in FAULTS
+              if FAULTS[name].patch is None}
     assert all(len(found) == 1 for found in owners.values()), owners
     assert set().union(*(faults_acting_on(c) for c in Component)) == set(FAULTS)
+
+
+def test_a_fault_on_the_installed_sglang_is_a_patch_and_only_such_a_fault_is():
+    patched = {name for name, fault in FAULTS.items() if fault.patch is not None}
+    assert patched == faults_acting_on(Component.INSTALLED_SGLANG) != set()
+    for name in patched:  # importable without SGLang: each imports it only when entered
+        assert callable(load_named(FAULTS[name].patch, {}, kind="fault patch", check=lambda obj: None)), name
+
+
+def test_every_patch_fault_is_flagged_by_an_sglang_scenario_and_matches_without_it():
+    specs, errors = load_all([SGLANG_SCENARIOS])
+    assert not errors, "\n".join(str(e) for e in errors)
+    for name in faults_acting_on(Component.INSTALLED_SGLANG):
+        flagged = [(s.name, e.design) for s in specs if name in s.faults for e in s.expectations
+                   if e.without_faults == "match" and e.verdict in ("diverge", "error", "invariant")]
+        assert flagged, f"no SGLang scenario flags {name} and expects a match once it is switched off"
+
+
+def test_a_patch_is_entered_around_the_run_and_left_after_it(monkeypatch):
+    entered = []
+
+    @contextlib.contextmanager
+    def patch():
+        entered.append("in")
+        yield
+        entered.append("out")
+
+    monkeypatch.setattr(sys.modules[__name__], "_patch", patch, raising=False)
+    fault = dataclasses.replace(FAULTS["sglang_reuse_plan"], name="probe", patch=f"{__name__}:_patch")
+    monkeypatch.setitem(FAULTS, "probe", fault)
+    result = execute(RunSpec(model=model_spec("gpt-oss-mini"), pool=PoolSpec(full_size=32, swa_size=16),
+                             timeline=TimelineSpec(requests=(RequestSpec(rid="a", prompt_len=3, output_len=1),)),
+                             faults=frozenset({"probe"})))
+    assert result.error is None and entered == ["in", "out"]
 
 
 def test_each_component_class_takes_its_switches_from_the_catalog():

@@ -32,7 +32,8 @@ def test_library_has_at_least_fifteen_scenarios_in_named_families(library):
 
 
 def test_every_fault_is_flagged_somewhere_and_matches_without_it(library):
-    for fault in FAULTS:
+    # a patch on the installed SGLang is flagged by the SGLang target's scenarios (test_fault_catalog.py)
+    for fault in (f for f, spec in FAULTS.items() if spec.patch is None):
         flagged = [
             (s.name, e.design)
             for s in library if fault in s.faults

@@ -1,0 +1,63 @@
+"""Faults on the installed SGLang's own code: patches, each a context manager that a catalog fault names
+(``Fault.patch`` in ``serving/faults.py``) and the run driver enters around one run in that run's process (a
+forked child under ``harness run`` and the scenario items), so the parent's SGLang stays as installed.
+
+Each re-creates a bug family that exists in 0.5.23's code paths the adapter drives; the third,
+``skip_metadata_refresh``, lives beside the design it breaks (``designs.py``).
+"""
+
+from __future__ import annotations
+
+import sys
+import weakref
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from .installed import load
+
+
+@contextmanager
+def evict_one_page_too_far() -> Iterator[None]:
+    """The installed ``free_swa_out_of_window_slots`` called with a sliding window one page short: its frontier
+    runs one page past the window (SGLang PR 22470's over-eviction), and the oldest key still inside a
+    request's window loses its SWA slot. Patched where SGLang's callers look it up (its module)."""
+    api = load()
+    common = sys.modules[api.free_swa_out_of_window_slots.__module__]
+    original = common.free_swa_out_of_window_slots
+
+    def one_page_short(req, pre_len, *, sliding_window_size, page_size, **kwargs):  # noqa: ANN001, ANN202
+        return original(req, pre_len, sliding_window_size=sliding_window_size - page_size, page_size=page_size,
+                        **kwargs)
+
+    common.free_swa_out_of_window_slots = one_page_short
+    try:
+        yield
+    finally:
+        common.free_swa_out_of_window_slots = original
+
+
+@contextmanager
+def reuse_previous_plan() -> Iterator[None]:
+    """The installed ``KVIndexTranslator.plan`` hands each new iteration's ``KVLocPlan`` the previous plan's
+    sliding-window ids: the plan memoizes one id tensor per sub-pool keyed by the sub-pool's ``IdSpace.key``,
+    not by the batch, so a memo that outlives its iteration is served as this one's (PRs 35245, 37307). A longer
+    stale tensor passes the consumer's length check and is cut; a shorter one is padded with the sink."""
+    api = load()
+    translator_cls = api.KVIndexTranslator
+    original = translator_cls.plan
+    last: weakref.WeakKeyDictionary[object, object] = weakref.WeakKeyDictionary()
+
+    def plan(self, **kwargs):  # noqa: ANN001, ANN202
+        new = original(self, **kwargs)
+        previous = last.get(self)
+        space = self.space(api.IdSpaceKind.SLIDING_WINDOW)
+        if previous is not None and space is not None and space.key in previous._write_ids:
+            new._write_ids[space.key] = previous._write_ids[space.key]
+        last[self] = new
+        return new
+
+    translator_cls.plan = plan
+    try:
+        yield
+    finally:
+        translator_cls.plan = original
