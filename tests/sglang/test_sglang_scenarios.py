@@ -19,7 +19,7 @@ from harness.sglang.library import on_sglang
 SCENARIOS = sorted((Path(__file__).parent / "sglang_scenarios").glob("*.toml"))
 
 
-@pytest.mark.parametrize("path", SCENARIOS, ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", SCENARIOS, ids=lambda p: p.stem.replace("_", "-"))  # -k with a scenario name selects its file, not this
 def test_every_case_gives_its_expected_verdict_and_the_reference_is_certified(path):
     scenario = on_sglang(load_scenario(path))
     runnable = [c for c in cases(scenario) if c.unsupported is None]
