@@ -8,6 +8,9 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 GPU_STAMP := $(VENV)/.installed-gpu
 PYTEST_WORKERS ?= auto
+# the test targets start many interpreters (xdist workers, CLI subprocesses): let them share compiled bytecode
+# (in __pycache__/, ignored by git) where the environment turned that off
+TEST_ENV := env -u PYTHONDONTWRITEBYTECODE
 
 .PHONY: venv test test-slow test-all test-gpu gpu-plan gpu-durations sglang-venv test-sglang report screenshots chromium bench clean
 
@@ -22,15 +25,15 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 # everything but what is marked slow (tests/README.md says what is): every library scenario with every design
 # and mode on its first backend, and the harness's own tests; CI runs test-slow after it
 test: $(STAMP) chromium
-	$(PY) -m pytest -n $(PYTEST_WORKERS) -m "not slow"
+	$(TEST_ENV) $(PY) -m pytest -n $(PYTEST_WORKERS) -m "not slow"
 
 # what test leaves out: the library's cells on its scenarios' other backends, and the tests marked slow
 test-slow: $(STAMP) chromium
-	$(PY) -m pytest -n $(PYTEST_WORKERS) -m slow
+	$(TEST_ENV) $(PY) -m pytest -n $(PYTEST_WORKERS) -m slow
 
 # test and test-slow in one session
 test-all: $(STAMP) chromium
-	$(PY) -m pytest -n $(PYTEST_WORKERS)
+	$(TEST_ENV) $(PY) -m pytest -n $(PYTEST_WORKERS)
 
 # the gpu extra (flashinfer-python) and the ci extra (pytest-split, pytest-timeout) on top of the base install,
 # once per change of pyproject.toml

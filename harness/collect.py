@@ -18,6 +18,7 @@ import pytest
 from .check.case import Case, CaseResult, cases
 from .check.oracle import certify, dense_oracle
 from .check.matrix import run_cases, scenario_reference
+from .check.workers import DIST_INPUT
 from .report.build import case_view
 from .runners.registry import runner_option
 from .report.session import RECORD_ATTRIBUTE
@@ -85,9 +86,10 @@ class ScenarioFile(pytest.File):
 def _mark(item: pytest.Item, case: Case) -> None:
     if case.device == "cuda" or case.engine == "cuda":
         item.add_marker("gpu")
-    if case.backend in case.scenario.backends[1:]:
-        # the scenario's other backends read the same pools by other routes: their cells run in the full
-        # suite (make test-all, CI), and the quick one (make test) keeps every design and mode on the first
+    if case.backend in case.scenario.backends[1:] or (case.scenario.faults and not case.with_faults):
+        # the scenario's other backends read the same pools by other routes, and a fault scenario's clean
+        # reruns show the fault is what it catches: both run in the full suite (make test-slow, CI), and the
+        # quick one (make test) keeps every scenario as written, every design and mode, on its first backend
         item.add_marker("slow")
     if case.unsupported is not None:
         item.add_marker(pytest.mark.skip(reason=case.unsupported))
@@ -138,8 +140,8 @@ class _Batches:
         self._ahead: dict[str, CaseResult] = {}
         self._position: dict[str, int] | None = None
         # under pytest-xdist a file's items share a child only where the file's items all go to one worker
-        dist = getattr(session.config.option, "dist", "no")
-        self._together = not hasattr(session.config, "workerinput") or dist in ("loadfile", "loadscope")
+        workerinput = getattr(session.config, "workerinput", None)
+        self._together = workerinput is None or workerinput.get(DIST_INPUT) in ("loadfile", "loadscope")
 
     def result(self, item: ScenarioItem) -> CaseResult:
         if (ahead := self._ahead.pop(item.nodeid, None)) is not None:

@@ -12,7 +12,7 @@ import pytest
 # light imports only: every pytest session loads this plugin (the repository's root conftest does), and its
 # options, refusals and an xdist controller need no torch, pandas or scenario machinery; those come with
 # the first scenario file collected or the first result gathered
-from .check.workers import terminate_like_ctrl_c
+from .check.workers import DIST_INPUT, terminate_like_ctrl_c
 from .imports import is_import_path, name_type, unknown_name
 from .report.files import destination_problems
 from .report.session import RECORD_ATTRIBUTE
@@ -125,6 +125,13 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
         # extra report attributes are serialized with the report: this is how a record leaves an xdist worker
         setattr(report, RECORD_ATTRIBUTE, record)
     return report
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node) -> None:
+    # pytest-xdist sets a worker's own --dist to "no": tell it the controller's, so that a scenario file's items
+    # share a child process there only where the whole file goes to that worker (collect._Batches)
+    node.workerinput[DIST_INPUT] = getattr(node.config.option, "dist", "no")
 
 
 @pytest.hookimpl(optionalhook=True, trylast=True)
