@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import ctypes
 import faulthandler
-import gc
 import io
 import multiprocessing
 import os
@@ -292,15 +291,7 @@ def _start(indices: list[int], fn: Callable[[Any], Any], args: list[Any], timeou
     sys.stdout.flush()
     sys.stderr.flush()
     proc = _CTX.Process(target=_child, args=(child_conn, out, os.getpid(), fn, args, held), daemon=True)
-    # The child's garbage collector would walk every object this process holds (a pytest session holds
-    # millions), writing to each: the kernel then copies the page of each, which cost a scenario's runs under
-    # pytest a third of their time. Objects frozen here are left out of the child's collections; this process
-    # unfreezes them at once (the Python documentation's pattern for fork without exec).
-    gc.freeze()
-    try:
-        proc.start()
-    finally:
-        gc.unfreeze()
+    proc.start()
     try:
         # set here as well as in the child, so the group exists whichever runs first (killpg needs it)
         os.setpgid(proc.pid, proc.pid)
