@@ -372,14 +372,15 @@ class FlashInferImpl(AttentionImpl):
         return out.view(t, -1)
 
 
-def missing_requirements() -> tuple[str, ...]:
-    """What this machine lacks to run FlashInfer's kernels; empty when it has both."""
+def missing_requirements(backend: str = "flashinfer") -> tuple[str, ...]:
+    """What this machine lacks to run FlashInfer's kernels (for ``backend``, which runs them); empty when it
+    has both."""
     out = []
     if importlib.util.find_spec("flashinfer") is None:
-        out.append("backend flashinfer needs flashinfer-python, the optional extra gpu (make test-gpu, or "
+        out.append(f"backend {backend} needs flashinfer-python, the optional extra gpu (make test-gpu, or "
                    "pip install -e '.[gpu]')")
     if not torch.cuda.is_available():
-        out.append("backend flashinfer needs a CUDA GPU; this machine has none")
+        out.append(f"backend {backend} needs a CUDA GPU; this machine has none")
     return tuple(out)
 
 

@@ -21,7 +21,6 @@ and imports FlashInfer only inside the op's CUDA kernel.
 
 from __future__ import annotations
 
-import importlib.util
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +30,7 @@ from ..runspec import Device
 from ..serving.batch import ForwardBatch
 from .base import AttentionBackend, AttentionBatch, GraphSupport, KVLayout
 from .flashinfer import FlashInferImpl, FlashInferMetadata, FlashInferMetadataBuilder, kernel_problems
+from .flashinfer import missing_requirements as flashinfer_requirements
 from .page_table import build_page_table, swa_page_translation, translate_pages
 
 OP_NAME = "harness_trtllm::paged_decode"
@@ -204,12 +204,8 @@ class TrtllmMHAImpl(FlashInferImpl):
 
 def missing_requirements() -> tuple[str, ...]:
     """What this machine lacks to run the TRT-LLM decode kernel; empty when it has it."""
-    out = []
-    if importlib.util.find_spec("flashinfer") is None:
-        out.append("backend trtllm_mha needs flashinfer-python, the optional extra gpu (make test-gpu, or "
-                   "pip install -e '.[gpu]')")
+    out = list(flashinfer_requirements("trtllm_mha"))
     if not torch.cuda.is_available():
-        out.append("backend trtllm_mha needs a CUDA GPU; this machine has none")
         return tuple(out)
     major, minor = torch.cuda.get_device_capability()
     if (major, minor) < _MIN_CAPABILITY:

@@ -10,6 +10,7 @@ GPU). The test marked ``gpu`` runs the kernel.
 from __future__ import annotations
 
 import ast
+import importlib.util
 import dataclasses
 from pathlib import Path
 
@@ -114,7 +115,7 @@ def test_the_op_declares_that_it_writes_out_and_only_out_and_has_cpu_and_cuda_ke
 
 # ---- the declaration -----------------------------------------------------------------------------------
 def _gpu(monkeypatch, capability, name="NVIDIA GPU"):
-    monkeypatch.setattr(trt_module.importlib.util, "find_spec", lambda module: object())
+    monkeypatch.setattr(importlib.util, "find_spec", lambda module: object())
     monkeypatch.setattr(trt_module.torch.cuda, "is_available", lambda: capability is not None)
     monkeypatch.setattr(trt_module.torch.cuda, "get_device_capability", lambda *a: capability)
     monkeypatch.setattr(trt_module.torch.cuda, "get_device_name", lambda *a: name)
@@ -142,7 +143,7 @@ def test_the_backend_refuses_float32_models_and_names_a_missing_flashinfer(monke
     reasons = TrtllmMHABackend.unsupported(mode="eager", device="cuda", page_size=16, model=PRESETS["gpt-oss-mini"],
                                            kv_dtype="float32")
     assert any(r.startswith("backend trtllm_mha: FlashInfer has no float32 kernels") for r in reasons)
-    monkeypatch.setattr(trt_module.importlib.util, "find_spec", lambda module: None)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda module: None)
     assert trt_module.missing_requirements() == (
         "backend trtllm_mha needs flashinfer-python, the optional extra gpu (make test-gpu, or "
         "pip install -e '.[gpu]')",)
