@@ -19,7 +19,6 @@ reference. Eager only: SGLang runs torch_native without CUDA graphs, and its gra
 from __future__ import annotations
 
 import types
-from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -154,10 +153,8 @@ class InstalledTorchNativeAttn(AttentionBackend):
     reference_backend = "torch_native"
 
     @classmethod
-    def unsupported(cls, *, mode: str, device: str, kv_write: str = KVWrite.PLAIN, page_size: int = 1,
-                    kv_layout: str = KVLayout.NHD, faults: Collection[str] = ()) -> tuple[str, ...]:
-        reasons = super().unsupported(mode=mode, device=device, kv_write=kv_write, page_size=page_size,
-                                      kv_layout=kv_layout, faults=faults)
+    def unsupported(cls, *, mode: str, device: str, **case: Any) -> tuple[str, ...]:
+        reasons = super().unsupported(mode=mode, device=device, **case)
         if mode == Mode.EAGER:
             return reasons
         # the generic line names the missing graph support; this one says why SGLang has none here
