@@ -20,6 +20,8 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet $(if $(CONSTRAINTS),-c $(CONSTRAINTS)) -e .
+	@# compile the project's modules once, as pytest rewrites them, so the test processes start from bytecode
+	-@$(TEST_ENV) $(PY) -m pytest --collect-only -q >/dev/null 2>&1
 	touch $(STAMP)
 
 # everything but what is marked slow (tests/README.md says what is): every library scenario with every design
