@@ -316,11 +316,13 @@ def _answer(run: _Running) -> tuple[Any, bool]:
     except (EOFError, OSError):
         run.end()
         return _death(run.proc), True
-    if len(run.indices) == 1:
+    result = value if kind == "ok" else WorkerDied(f"the task raised {value}")
+    last = len(run.indices) == 1
+    if last:
         run.end()
-        return (value if kind == "ok" else WorkerDied(f"the task raised {value}")), True
-    run.read_output(drain=True)  # what the task printed came before its result
-    return (value if kind == "ok" else WorkerDied(f"the task raised {value}")), False
+    else:
+        run.read_output(drain=True)  # what the task printed came before its result
+    return result, last
 
 
 def _kill(run: _Running) -> WorkerDied:
