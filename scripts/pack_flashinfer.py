@@ -123,8 +123,10 @@ def probe_generators(checkout: Path, flashinfer_path: Path | None, arch: str) ->
         env = {**os.environ, "FLASHINFER_WORKSPACE_BASE": workspace, "FLASHINFER_CUDA_ARCH_LIST": arch,
                "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
         done = subprocess.run([sys.executable, "-c", _PROBE], env=env, capture_output=True, text=True, timeout=600)
-        if done.returncode != 0:
-            raise SystemExit(f"FlashInfer's generators failed:\n{done.stderr[-3000:]}")
+        if done.returncode != 0:  # the probe's last line says what; its traceback is FlashInfer's business
+            last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+            raise SystemExit(f"FlashInfer's generators failed ({last}); run {sys.executable} -c 'import flashinfer' "
+                             "to see why")
         return json.loads(done.stdout)
 
 
@@ -187,13 +189,72 @@ def pack(out: Path, *, checkout: Path, wheel: Path | None, arch: str, limit: int
     return manifest
 
 
+_ARCH = re.compile(r"\d{1,3}\.\d[af]?")
+"""one entry of FLASHINFER_CUDA_ARCH_LIST: major.minor, optionally a (arch-specific) or f (family) features"""
+
+
+def _arch_list(text: str) -> str:
+    entries = text.replace(",", " ").split()
+    bad = [e for e in entries if not _ARCH.fullmatch(e)]
+    if not entries or bad:
+        raise argparse.ArgumentTypeError(f"expected CUDA architectures like '9.0' or '8.0 9.0a', got {text!r}")
+    return " ".join(entries)
+
+
+def wheel_problem(wheel: Path) -> str | None:
+    """Why ``wheel`` is not a FlashInfer wheel to pack from; None when it is one."""
+    if not wheel.is_file():
+        return f"--wheel {wheel}: no such file"
+    if not zipfile.is_zipfile(wheel):
+        return f"--wheel {wheel}: not a wheel (not a zip archive)"
+    try:
+        with zipfile.ZipFile(wheel) as z:
+            names = set(z.namelist())
+    except (OSError, zipfile.BadZipFile) as exc:
+        return f"--wheel {wheel}: unreadable ({exc})"
+    if "flashinfer/__init__.py" not in names:
+        return f"--wheel {wheel}: holds no flashinfer package (flashinfer/__init__.py); a flashinfer-python wheel?"
+    return None
+
+
+def environment_problems(wheel: Path | None) -> list[str]:
+    """What this environment lacks to pack (FlashInfer where no wheel is given, the runtime packages, ninja),
+    before the generators run for a minute and fail on it."""
+    out = []
+    if wheel is None and importlib.util.find_spec("flashinfer") is None:
+        out.append("flashinfer-python is not installed here: install it (make test-gpu's extra gpu) or give --wheel")
+    out += [f"{name} is not installed here: install it to pack it" for name in RUNTIME_PACKAGES
+            if importlib.util.find_spec(name) is None]
+    if shutil.which("ninja") is None and shutil.which("ninja", path=sysconfig.get_path("scripts")) is None:
+        out.append("no ninja binary here (pip install ninja): FlashInfer's JIT runs it")
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=Path("flashinfer-pack.tar.gz"))
+    parser = argparse.ArgumentParser(prog="scripts/pack_flashinfer.py", description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("flashinfer-pack.tar.gz"), help="the archive to write")
     parser.add_argument("--wheel", type=Path, help="a downloaded flashinfer-python wheel (default: the installed one)")
-    parser.add_argument("--arch", default="9.0", help="FLASHINFER_CUDA_ARCH_LIST for the generators (9.0: H100/H200)")
+    parser.add_argument("--arch", type=_arch_list, default="9.0",
+                        help="FLASHINFER_CUDA_ARCH_LIST for the generators (9.0: H100/H200)")
     args = parser.parse_args(argv)
-    manifest = pack(args.out, checkout=Path(__file__).resolve().parents[1], wheel=args.wheel, arch=args.arch)
+    checkout = Path(__file__).resolve().parents[1]
+    sys.path.insert(0, str(checkout))
+    from harness.gpuci.options import output_file_problem
+
+    if (problem := output_file_problem(args.out)) is not None:
+        parser.error(problem)
+    if args.wheel is not None and (problem := wheel_problem(args.wheel)) is not None:
+        parser.error(problem)
+    if problems := environment_problems(args.wheel):
+        for line in problems:
+            print(f"{parser.prog}: {line}", file=sys.stderr)
+        return 1
+    try:
+        manifest = pack(args.out, checkout=checkout, wheel=args.wheel, arch=args.arch)
+    except OSError as exc:  # a full disk or a file-size limit while writing the archive
+        print(f"{parser.prog}: writing {args.out} failed: {exc.strerror or exc}", file=sys.stderr)
+        args.out.unlink(missing_ok=True)
+        return 1
     print(f"{args.out}: {manifest['archive_bytes'] / 2**20:.1f} MiB ({manifest['unpacked_bytes'] / 2**20:.1f} MiB "
           f"unpacked, {manifest['files']} files), flashinfer {manifest['flashinfer']}, {manifest['python']}, "
           f"{len(manifest['modules'])} kernel modules")

@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .machine import REQUIRE_GPU_ENV, Machine, gpu_required, probe
-from .plan import Settings, Step, ci_plan
+from .options import output_folder_problem, seconds, step_seconds
+from .plan import STEP_NAMES, Settings, Step, ci_plan
 
 _NO_TESTS_COLLECTED = 5
 """pytest's exit status when the selection is empty"""
@@ -160,17 +161,6 @@ def _finish(tee: _Tee, out: Path, results: Sequence[StepResult]) -> None:
     tee.line(f"log: {tee.file.name}; table: {out / 'summary.md'}")
 
 
-def _step_timeout(text: str) -> tuple[str, float]:
-    name, sep, seconds = text.partition("=")
-    try:
-        value = float(seconds)
-    except ValueError:
-        value = -1.0
-    if not sep or value <= 0:
-        raise argparse.ArgumentTypeError(f"expected STEP=SECONDS, got {text!r}")
-    return name, value
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m harness.gpuci", description=__doc__.splitlines()[0].split(": ", 1)[1])
     p.add_argument("--out", type=Path, default=Path("reports/gpu"), help="log, JUnit files, reports, summary.md")
@@ -184,15 +174,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers-per-gpu", type=int, default=1, help="pytest-xdist workers pinned to each GPU")
     p.add_argument("--no-flashinfer", action="store_true", help="leave the FlashInfer backend out (no JIT build)")
     p.add_argument("-k", dest="keyword", help="pytest -k for the scenario steps (e.g. torch_native)")
-    p.add_argument("--test-timeout", type=float, default=600.0, help="seconds per test (pytest-timeout)")
-    p.add_argument("--total-timeout", type=float, default=5400.0, help="seconds for the whole run")
-    p.add_argument("--step-timeout", type=_step_timeout, action="append", default=[], metavar="STEP=SECONDS",
-                   help="one step's limit (repeatable)")
+    p.add_argument("--test-timeout", type=seconds, default=600.0, help="seconds per test (pytest-timeout)")
+    p.add_argument("--total-timeout", type=seconds, default=5400.0, help="seconds for the whole run")
+    p.add_argument("--step-timeout", type=step_seconds(STEP_NAMES), action="append", default=[],
+                   metavar="STEP=SECONDS", help=f"one step's limit (repeatable; steps: {', '.join(STEP_NAMES)})")
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not args.dry_run and (problem := output_folder_problem(args.out)) is not None:
+        parser.error(problem)  # before any step: the log and JUnit files of an hour's run go there
     has_timeout = importlib.util.find_spec("pytest_timeout") is not None
     if args.splits is not None and importlib.util.find_spec("pytest_split") is None and not args.dry_run:
         print("--splits needs pytest-split, the optional extra ci (make test-gpu installs it)", file=sys.stderr)

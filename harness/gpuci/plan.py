@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["DURATIONS", "Settings", "Step", "ci_plan"]
+__all__ = ["DURATIONS", "STEP_NAMES", "Settings", "Step", "ci_plan"]
 
 DURATIONS = Path("tests/gpu_durations.json")
 """pytest-split's durations, recorded from a GPU run (``make gpu-durations``)"""
@@ -77,6 +77,8 @@ class Settings:
 # generous defaults for a CI machine; gpu_check.sh and CI matrices cut them with --step-timeout
 _STEP_TIMEOUTS = {"jit": 1200.0, "gpu-tests": 1800.0, "graphs": 900.0, "scenarios-cuda": 3600.0,
                   "scenarios-tape": 3600.0, "agree": 120.0}
+STEP_NAMES = tuple(_STEP_TIMEOUTS)
+"""the steps a ``--step-timeout`` may name"""
 
 
 def _pytest(s: Settings, name: str, selection: Sequence[str], *extra: str, store_durations: bool) -> tuple[str, ...]:

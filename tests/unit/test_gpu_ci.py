@@ -180,3 +180,49 @@ def test_the_bare_machine_check_without_a_gpu_fails_with_the_reason_and_writes_i
     assert "FAILED: no CUDA device visible to torch: this check needs a GPU" in done.stdout
     assert "| machine | failed | 0 | no CUDA device |" in (tmp_path / "results.md").read_text()
     assert "torch " in (tmp_path / "gpu_check.log").read_text()  # the environment block came first
+
+
+@pytest.mark.parametrize("argv, problem", [
+    (["--step-timeout", "jti=5"], "unknown step 'jti' (did you mean 'jit'?); known steps: jit, gpu-tests"),
+    (["--step-timeout", "jit"], "expected STEP=SECONDS, got 'jit'"),
+    (["--step-timeout", "agree=nan"], "agree: expected a positive, finite number of seconds, got 'nan'"),
+    (["--total-timeout", "-1"], "--total-timeout: expected a positive, finite number of seconds, got '-1'"),
+    (["--total-timeout", "inf"], "expected a positive, finite number of seconds, got 'inf'"),
+    (["--test-timeout", "nan"], "--test-timeout: expected a positive, finite number of seconds, got 'nan'"),
+    (["--test-timeout", "ten"], "expected a number of seconds, got 'ten'"),
+])
+def test_gpu_ci_refuses_a_limit_that_never_applies_with_one_line_and_exit_2(argv, problem, capsys):
+    with pytest.raises(SystemExit) as stop:
+        gpuci.main(argv)
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert problem in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("where", ["file", "below_file", "dev_full"])
+def test_gpu_ci_refuses_an_out_it_cannot_write_before_any_step(where, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(gpuci, "probe", lambda: pytest.fail("probed the machine before checking --out"))
+    a_file = tmp_path / "results"
+    a_file.write_text("")
+    out = {"file": a_file, "below_file": a_file / "gpu", "dev_full": Path("/dev/full")}[where]
+    with pytest.raises(SystemExit) as stop:
+        gpuci.main(["--out", str(out)])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith(f"python -m harness.gpuci: error: --out {out}: ") and "not a folder" in err
+
+
+def test_gpu_ci_refuses_an_out_on_a_full_disk(tmp_path):
+    # a file-size limit below the probe's write stands in for a full disk: the write fails with EFBIG
+    import resource
+    import subprocess
+    import sys
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1024, 1024))
+
+    done = subprocess.run([sys.executable, "-m", "harness.gpuci", "--out", str(tmp_path / "gpu")], cwd=ROOT,
+                          capture_output=True, text=True, preexec_fn=limit, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert f"--out {tmp_path / 'gpu'}: cannot write in {tmp_path / 'gpu'} (File too large)" in done.stderr
+    assert "Traceback" not in done.stderr

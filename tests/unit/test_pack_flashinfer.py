@@ -51,3 +51,44 @@ def test_the_pack_takes_the_include_closure_of_what_the_generators_read_and_noth
 def test_an_include_cycle_ends(tmp_path):
     files = _tree(tmp_path, {"a.h": '#include "b.h"\n', "b.h": '#include "a.h"\n'})
     assert pack.include_closure([files / "a.h"], []) == {(files / "a.h").resolve(), (files / "b.h").resolve()}
+
+
+def _refusal(argv: list[str], capsys) -> str:
+    import pytest
+
+    with pytest.raises(SystemExit) as stop:
+        pack.main(argv)
+    assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return err.strip().splitlines()[-1]
+
+
+def test_the_packer_refuses_a_missing_or_junk_wheel_in_one_line(tmp_path, capsys):
+    import zipfile
+
+    assert _refusal(["--wheel", str(tmp_path / "none.whl")], capsys).endswith("none.whl: no such file")
+    junk = tmp_path / "junk.whl"
+    junk.write_bytes(b"not a zip")
+    assert _refusal(["--wheel", str(junk)], capsys).endswith("not a wheel (not a zip archive)")
+    other = tmp_path / "other-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(other, "w") as z:
+        z.writestr("other/__init__.py", "")
+    assert "holds no flashinfer package" in _refusal(["--wheel", str(other)], capsys)
+
+
+def test_the_packer_refuses_an_out_or_arch_it_cannot_use(tmp_path, capsys):
+    (tmp_path / "a_file").write_text("")
+    assert _refusal(["--out", str(tmp_path)], capsys).endswith("is a folder; name the file to write")
+    assert _refusal(["--out", "/dev/full"], capsys).endswith("/dev/full: is not a regular file")
+    assert "is not a folder" in _refusal(["--out", str(tmp_path / "a_file" / "pack.tgz")], capsys)
+    assert "expected CUDA architectures like '9.0'" in _refusal(["--arch", "sm90"], capsys)
+    assert pack._arch_list("8.0, 9.0a 10.0f") == "8.0 9.0a 10.0f"
+
+
+def test_the_packer_names_what_this_environment_lacks_before_running_the_generators(monkeypatch, tmp_path, capsys):
+    monkeypatch.setattr(pack.importlib.util, "find_spec", lambda name: None)
+    assert pack.main(["--out", str(tmp_path / "p.tgz")]) == 1
+    err = capsys.readouterr().err
+    assert "flashinfer-python is not installed here: install it" in err and "or give --wheel" in err
+    assert "tvm_ffi is not installed here" in err and "Traceback" not in err
