@@ -214,6 +214,7 @@ def test_gpu_ci_refuses_an_out_it_cannot_write_before_any_step(where, tmp_path, 
 
 def test_gpu_ci_refuses_an_out_on_a_full_disk(tmp_path):
     # a file-size limit below the probe's write stands in for a full disk: the write fails with EFBIG
+    import os
     import resource
     import subprocess
     import sys
@@ -221,8 +222,10 @@ def test_gpu_ci_refuses_an_out_on_a_full_disk(tmp_path):
     def limit() -> None:
         resource.setrlimit(resource.RLIMIT_FSIZE, (1024, 1024))
 
+    # no bytecode written under the limit: a .pyc cut short there would break every later import of the module
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
     done = subprocess.run([sys.executable, "-m", "harness.gpuci", "--out", str(tmp_path / "gpu")], cwd=ROOT,
-                          capture_output=True, text=True, preexec_fn=limit, timeout=120)
+                          capture_output=True, text=True, preexec_fn=limit, timeout=120, env=env)
     assert done.returncode == 2, done.stderr
     assert f"--out {tmp_path / 'gpu'}: cannot write in {tmp_path / 'gpu'} (File too large)" in done.stderr
     assert "Traceback" not in done.stderr
