@@ -92,6 +92,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import itertools
+import keyword
 from collections.abc import Callable, Iterable, Mapping
 from contextlib import AbstractContextManager, ExitStack
 from dataclasses import dataclass
@@ -341,6 +342,13 @@ def _plan_kind(step: OpStep) -> str:
     return "skip: empty" if all(t.untyped_storage().nbytes() == 0 for t in outs) else "skip: view"
 
 
+_CLONE = torch.ops.aten.clone.default
+
+
+def _boxed(op: Any) -> Any:
+    return getattr(op, "_op", op)
+
+
 def _plan_call(step: OpStep, kind: str) -> _Call:
     func = step.func
     if kind == "out":
@@ -348,6 +356,15 @@ def _plan_call(step: OpStep, kind: str) -> _Call:
         assert plan is not None
         bound = _bind_out(plan, step)
         assert bound is not None
+        if bound[0] is _boxed(plan.op):
+            # no public binding takes this op's out=, and the boxed call costs more than the op at these sizes
+            # (most such .out overloads compute and copy anyway): copy a clone's source straight in, compute
+            # any other through its functional binding and copy the result in
+            if func is _CLONE and isinstance(step.args[0], torch.Tensor):
+                return (step.outputs[0].copy_, (step.args[0],), {})
+            if _fast_callable(func, step.args, step.kwargs) is not _boxed(func):
+                return (_compute_then_copy(func, step.args, step.kwargs, ((0, step.outputs[0]),)), (), {}) \
+                    if len(step.outputs) == 1 else bound
         return bound
     if kind == "rerun":
         return (_fast_callable(func, step.args, step.kwargs), step.args, step.kwargs)
@@ -439,7 +456,42 @@ def _reuse_memory(rec: Recorder, steps: list[OpStep | IslandStep], kinds: list[s
     return reused
 
 
-_Segment = tuple[tuple[_Call, ...], Callable[[], None] | None]
+_Segment = tuple[Callable[[], None], Callable[[], None] | None]
+_FLAT_CODE: dict[str, Any] = {}
+
+
+def _flat(ops: tuple[_Call, ...]) -> Callable[[], None]:
+    """One generated function calling every op of a segment in turn, its arguments bound as globals.
+
+    A straight line of calls costs the interpreter less than a loop unpacking ``(call, args, kwargs)``
+    and spreading them; graphs of one shape (a runner's buckets) share the compiled code.
+    """
+    scope: dict[str, Any] = {}
+    lines = ["def run():"]
+    for i, (call, args, kwargs) in enumerate(ops):
+        scope[f"f{i}"] = call
+        parts = []
+        for j, a in enumerate(args):
+            scope[f"a{i}_{j}"] = a
+            parts.append(f"a{i}_{j}")
+        if kwargs:
+            if all(k.isidentifier() and not keyword.iskeyword(k) for k in kwargs):
+                for k, v in kwargs.items():
+                    scope[f"k{i}_{k}"] = v
+                    parts.append(f"{k}=k{i}_{k}")
+            else:
+                scope[f"k{i}"] = kwargs
+                parts.append(f"**k{i}")
+        lines.append(f"    f{i}({', '.join(parts)})")
+    if not ops:
+        lines.append("    pass")
+    source = "\n".join(lines)
+    code = _FLAT_CODE.get(source)
+    if code is None:
+        code = _FLAT_CODE[source] = compile(source, "<tape replay>", "exec")
+    exec(code, scope)  # noqa: S102 - generated from positions and schema argument names
+    return scope["run"]
+
 
 
 @dataclass(slots=True)
@@ -467,12 +519,12 @@ def _compile(rec: Recorder, pool: TapePool) -> _Compiled:
     for step, kind in zip(steps, kinds):
         if isinstance(step, IslandStep):
             into = tuple(rec.pin_of(t) for t in step.statics)
-            segments.append((tuple(ops), island_runner(step, into)))
+            segments.append((_flat(tuple(ops)), island_runner(step, into)))
             ops = []
         elif kind in _RUNS:
             ops.append(_plan_call(step, kind))
     if ops or not segments:
-        segments.append((tuple(ops), None))
+        segments.append((_flat(tuple(ops)), None))
     watched = {k for k in (storage_key(t) for t in rec.inputs.values()) if k is not None}
     homes = Homes(rec.pins_by_key, skip=private | rec.old_block_keys, watched=watched, captured=rec.fresh)
     notes = tuple(f"{kind}: the old block into the reallocated one" if i in rec.block_copies
@@ -586,8 +638,7 @@ class TapeGraph:
             self._homes.before_replay(any(st.kind == "memory" for st in stale))
         for ops, island in self._segments:
             with _below_autograd():
-                for call, args, kwargs in ops:
-                    call(*args, **kwargs)
+                ops()
             if island is not None:
                 island()
         self.stale = stale
