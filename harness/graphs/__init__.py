@@ -9,7 +9,9 @@ threads included (``_refusals.py``), what ``torch.cuda`` answers about capture
 (``_cuda_queries.py``) and the input audit (``_audit.py``, with the module roots
 of ``_module_roots.py``), so they warm up, refuse and report the same things.
 The tape alone keeps the program's storages it binds where capture found them
-(``_homes.py``).
+(``_homes.py``).  A run (``engine.run()``, ``region.py``) captures the regions a
+program opens itself with ``torch.cuda.graph``; on the tape the ``torch.cuda``
+names such code asks are served by ``_tape_device.py``.
 """
 
 from .engine import (
@@ -17,6 +19,7 @@ from .engine import (
     CaptureError,
     GraphEngine,
     GraphInput,
+    GraphRun,
     InputAudit,
     StaleInput,
     eager_island,
@@ -29,6 +32,7 @@ __all__ = [
     "CapturedGraph",
     "GraphEngine",
     "GraphInput",
+    "GraphRun",
     "InputAudit",
     "StaleInput",
     "eager_island",

@@ -81,6 +81,7 @@ from ._refusals import (
     _tls,
     capturing_globally,
     check_op,
+    refuse_nested,
 )
 
 CAPTURE_ERROR_MODES = ("global", "thread_local", "relaxed")
@@ -188,8 +189,7 @@ class Recorder:
 
     @contextmanager
     def active(self) -> Iterator[None]:
-        if getattr(_tls, "recorder", None) is not None:
-            raise RuntimeError("graph captures do not nest: a capture is already running on this thread")
+        refuse_nested("CUDAGraph.capture_begin")
         _tls.recorder = self
         previous = getattr(_tls, "island_host", None)
         _tls.island_host = self if self.island_impl is not None else None  # engine.eager_island looks here
@@ -294,6 +294,14 @@ class Recorder:
                 e = self._new(t, True, key)
                 if key is not None:
                     self.fresh[key] = e[_PIN]
+
+    def live_fresh(self) -> list[torch.Tensor]:
+        """Tensors this recording produced over storages it allocated that the program still holds."""
+        found = []
+        for ref, produced, _, _, key in self._seen.values():
+            if produced and key is not None and key in self.fresh and (t := ref()) is not None:
+                found.append(t)
+        return found
 
     def held_keys(self) -> set[StorageKey]:
         """Storages that a program tensor still alive aliases (record mode; the program can read them)."""

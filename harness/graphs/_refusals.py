@@ -397,6 +397,14 @@ def check_op(func: Any, rule: Rule | None, gen_pos: int | None, args: tuple[Any,
             raise CaptureError(str(func), user_location(), TABLE[SEEDED].why)
 
 
+def refuse_nested(op: str) -> None:
+    """Raise ``CaptureError`` when a capture is already open on this thread, as CUDA refuses a second one."""
+    if getattr(_tls, "recorder", None) is not None:
+        raise CaptureError(op, user_location(), "a capture is already open on this thread: captures do not nest "
+                           "(CUDA refuses to begin a capture on a capturing stream, and the synchronize that "
+                           "torch.cuda.graph opens with)")
+
+
 # ---------------------------------------------------------------- Python-level hooks
 
 

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from ._islands import island_outputs
-from ._refusals import _tls
+from ._refusals import _tls, refuse_nested
 
 WARMUP_RUNS = 2
 """Eager runs before capture, for both engines."""
@@ -78,8 +78,7 @@ def island_identity(fn: Callable[..., Any]) -> Any:
 
 def warm_up(fn: Callable[[], object], islands: WarmIslands | None) -> None:
     """Run ``fn`` ``WARMUP_RUNS`` times for real: plain eager runs, islands eager, every write kept."""
-    if getattr(_tls, "recorder", None) is not None:
-        raise RuntimeError("graph captures do not nest: a capture is already running on this thread")
+    refuse_nested("GraphEngine.capture")  # the inner capture's warm-up would run under the outer recorder
     previous = getattr(_tls, "island_host", None)
     _tls.island_host = islands
     try:

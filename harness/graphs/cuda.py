@@ -31,18 +31,21 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Iterable, Mapping
+from contextlib import AbstractContextManager, ExitStack
 from typing import Any
 
 import torch
 
 from ._audit import StaleWatch, build_audit
 from ._islands import island_runner, static_outputs
-from ._ops import poison_storage, storage_key
+from ._ops import poison_storage
 from ._record import IslandStep, Recorder, check_capture_error_mode
+from ._refusals import CaptureError, refuse_nested
 from ._warm_up import WarmIslands, island_identity, no_cycle_collection, warm_up
 from .engine import InputAudit, StaleInput
+from .region import GraphRun, open_run, original
 
-__all__ = ["CudaEngine", "CudaGraph"]
+__all__ = ["CudaCapture", "CudaEngine", "CudaGraph"]
 
 # Indirection so CPU tests can drive the orchestration with a stand-in backend.
 _cuda: Any = torch.cuda
@@ -60,7 +63,7 @@ class _Segments:
         self._open: Any = None
 
     def begin(self) -> None:
-        graph = _cuda.CUDAGraph()
+        graph = original(_cuda, "CUDAGraph")()  # during a run torch.cuda.CUDAGraph is the region's stand-in
         graph.capture_begin(pool=self._pool, capture_error_mode=self._mode)
         self._open = graph
 
@@ -105,34 +108,116 @@ class CudaGraph:
         self,
         *,
         label: str,
-        audit: InputAudit,
-        watch: StaleWatch,
+        rec: Recorder,
         graphs: tuple[Any, ...],
         islands: tuple[IslandStep, ...],
         outputs: tuple[torch.Tensor, ...],
+        pool: object,
     ) -> None:
         self.label = label
-        self.audit = audit
-        self._watch = watch
+        self.pool = pool
         runners: list[Callable[[], None] | None] = [island_runner(s) for s in islands]
         runners.append(None)
+        self._graphs = graphs
         self._segments = tuple(zip(graphs, runners))
         self._outputs = outputs
+        self._reads = tuple(rec.inputs.values())
+        self._audit_notes = tuple(rec.notes)
+        self.stale: tuple[StaleInput, ...] = ()
+        self.audit, self._watch = InputAudit(inputs=()), StaleWatch([], [], [])
 
     @property
     def outputs(self) -> tuple[torch.Tensor, ...]:
         return self._outputs
 
+    @property
+    def reads(self) -> tuple[torch.Tensor, ...]:
+        """Every tensor the graph reads that capture did not allocate, in first-read order."""
+        return self._reads
+
+    def register(self, *, roots: Mapping[str, object], static_inputs: Iterable[torch.Tensor]) -> InputAudit:
+        """Name what the graph reads from ``roots``, mark ``static_inputs`` registered, and watch them at replay."""
+        self.audit, self._watch = build_audit(self._reads, roots, tuple(static_inputs), notes=self._audit_notes)
+        return self.audit
+
     def replay(self) -> tuple[StaleInput, ...]:
+        if not self._segments:
+            raise RuntimeError(f"graph {self.label!r} was reset: capture it again before replaying it")
         stale = self._watch.check()
         for graph, island in self._segments:
             graph.replay()
             if island is not None:
                 island()
+        self.stale = stale
         return stale
+
+    def reset(self) -> None:
+        for graph in self._graphs:
+            graph.reset()
+        self._graphs, self._segments = (), ()
 
     def __repr__(self) -> str:
         return f"CudaGraph(label={self.label!r}, segments={len(self._segments)})"
+
+
+class CudaCapture:
+    """One open capture on a device: real capture on the current stream, the checking recorder above it.
+
+    Both the callable form and a region (``region.RegionGraph``) capture through it.
+    """
+
+    def __init__(self, *, label: str, pool: object = None, capture_error_mode: str = "global",
+                 islands: WarmIslands | None = None) -> None:
+        check_capture_error_mode(capture_error_mode)
+        self.label = label
+        self.pool = pool
+        self._segments = _Segments(pool, islands, capture_error_mode)
+        self._rec = Recorder(capturing=True, capture_error_mode=capture_error_mode,
+                             island_impl=self._segments.island if islands is not None else None)
+        self._scope = ExitStack()
+
+    def begin(self) -> None:
+        refuse_nested("CUDAGraph.capture_begin")  # before CUDA sees a second capture on a capturing stream
+        self._scope.enter_context(no_cycle_collection())
+        try:
+            self._segments.begin()
+            self._scope.enter_context(self._rec.active())
+        except BaseException:
+            self._segments.abort()
+            self._scope.close()
+            raise
+
+    def end(self, outputs: tuple[torch.Tensor, ...] = (), *, roots: Mapping[str, object] | None = None,
+            static_inputs: Iterable[torch.Tensor] = ()) -> CudaGraph:
+        rec = self._rec
+        try:
+            self._scope.close()  # leaves the recorder; a capture another thread invalidated fails here
+            self._segments.end()
+        except BaseException:
+            self._segments.abort()
+            raise
+        # Capture computed nothing; make that loud until the first replay.
+        with torch.no_grad():
+            for t in rec.live_fresh():
+                poison_storage(t)
+            for step in self._segments.islands:
+                for t in step.statics:
+                    poison_storage(t)
+        graphs = tuple(self._segments.graphs)
+        if self.pool is None and graphs:
+            self.pool = graphs[0].pool()
+        graph = CudaGraph(label=self.label, rec=rec, graphs=graphs, islands=tuple(self._segments.islands),
+                          outputs=outputs, pool=self.pool)
+        graph.register(roots=roots or {}, static_inputs=static_inputs)
+        return graph
+
+    def abort(self) -> None:
+        try:
+            self._scope.close()
+        except CaptureError:  # an invalidated capture: the error that ended it matters
+            pass
+        finally:
+            self._segments.abort()
 
 
 class CudaEngine:
@@ -148,6 +233,16 @@ class CudaEngine:
         if self._pool is None:
             self._pool = _cuda.graph_pool_handle()
             self._stream = _cuda.Stream()
+
+    def run(self) -> AbstractContextManager[GraphRun]:
+        """Capture the regions a program opens with the real ``torch.cuda`` on this thread (``region.py``)."""
+        if not _cuda.is_available():
+            raise RuntimeError("the cuda graph engine needs a CUDA device; use the tape engine instead")
+        return open_run(self, ("CUDAGraph",))
+
+    def open_region(self, *, label: str, pool: object = None, capture_error_mode: str = "global") -> CudaCapture:
+        """A capture a program opens itself (``torch.cuda.CUDAGraph.capture_begin``), on its current stream."""
+        return CudaCapture(label=label, pool=pool, capture_error_mode=capture_error_mode)
 
     @no_cycle_collection()
     def capture(
@@ -174,37 +269,15 @@ class CudaEngine:
             _cuda.current_stream().wait_stream(stream)
             _cuda.synchronize()
 
-        segments = _Segments(self._pool, warm, capture_error_mode)
-        rec = Recorder(capturing=True, capture_error_mode=capture_error_mode,
-                       island_impl=segments.island if islands else None)
+        region = CudaCapture(label=label, pool=self._pool, capture_error_mode=capture_error_mode, islands=warm)
         with _cuda.stream(stream):
-            segments.begin()
+            region.begin()
             try:
-                with rec.active():
-                    result = fn()
-                outputs = static_outputs(result)
-                segments.end()
+                outputs = static_outputs(fn())
             except BaseException:
-                segments.abort()
+                region.abort()
                 raise
+            graph = region.end(outputs, roots=roots, static_inputs=static)
         _cuda.current_stream().wait_stream(stream)
-
-        # Capture computed nothing; make that loud until the first replay.
-        with torch.no_grad():
-            for t in outputs:
-                if storage_key(t) in rec.fresh:
-                    poison_storage(t)
-            for step in segments.islands:
-                for t in step.statics:
-                    poison_storage(t)
         _cuda.synchronize()
-
-        audit, watch = build_audit(tuple(rec.inputs.values()), roots, static, notes=rec.notes)
-        return CudaGraph(
-            label=label,
-            audit=audit,
-            watch=watch,
-            graphs=tuple(segments.graphs),
-            islands=tuple(segments.islands),
-            outputs=outputs,
-        )
+        return graph

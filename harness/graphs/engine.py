@@ -1,7 +1,8 @@
 """The graph-engine interface shared by the ``tape`` and ``cuda`` engines.
 
 A graph engine captures a Python callable that runs torch ops over static
-tensors and replays it later.  Engines are generic: they know nothing about
+tensors and replays it later, or, during a run, the capture regions a program
+opens itself with ``torch.cuda.graph`` (``region.py``).  Engines are generic: they know nothing about
 KV pools, attention or runners.  Everything a caller needs is here; the
 engines themselves live in :mod:`harness.graphs.tape` and
 :mod:`harness.graphs.cuda`.
@@ -10,7 +11,8 @@ engines themselves live in :mod:`harness.graphs.tape` and
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from ._module_roots import module_roots
@@ -24,6 +26,7 @@ __all__ = [
     "CapturedGraph",
     "GraphEngine",
     "GraphInput",
+    "GraphRun",
     "InputAudit",
     "StaleInput",
     "eager_island",
@@ -89,14 +92,39 @@ class InputAudit:
 @runtime_checkable
 class CapturedGraph(Protocol):
     label: str
+    """the caller's name for it; a region's is the source line that opened it"""
     audit: InputAudit
+    stale: tuple[StaleInput, ...]
+    """what the latest replay found"""
+
+    @property
+    def reads(self) -> tuple[torch.Tensor, ...]:
+        """Every tensor the graph reads that capture did not allocate, in first-read order."""
+        ...
+
+    def register(self, *, roots: Mapping[str, object], static_inputs: Iterable[torch.Tensor]) -> InputAudit:
+        """Name what the graph reads from ``roots`` and mark ``static_inputs`` registered (a region's, after it ends)."""
+        ...
 
     def replay(self) -> tuple[StaleInput, ...]: ...
+
+    def reset(self) -> None:
+        """Free the graph; replaying it afterwards is an error."""
+        ...
 
 
 @runtime_checkable
 class GraphEngine(Protocol):
     name: str
+
+    def run(self) -> AbstractContextManager[GraphRun]:
+        """Serve ``torch.cuda``'s graph API on this thread to code that opens its own capture regions.
+
+        Each ``torch.cuda.graph(...)`` block (or ``CUDAGraph.capture_begin``/``capture_end`` pair) the
+        code runs is captured as ``capture`` captures a callable, without the warm-up, and lands in
+        ``GraphRun.regions`` (``region.py``).
+        """
+        ...
 
     def capture(
         self,
@@ -115,6 +143,18 @@ class GraphEngine(Protocol):
         and ``"relaxed"`` let other threads be.
         """
         ...
+
+
+@dataclass(eq=False)
+class GraphRun:
+    """What one run (``GraphEngine.run()``) captured: every region, in the order their captures ended."""
+
+    engine: GraphEngine
+    regions: list[CapturedGraph] = field(default_factory=list)
+    device: Any = None
+    """the device the tape plays (``_tape_device.TapeDeviceState``); None on the cuda engine"""
+    _open: list[Any] = field(default_factory=list)  # the run's graphs whose capture is open (region.RegionGraph)
+
 
 
 class _IslandHost(Protocol):

@@ -1,4 +1,8 @@
-"""Graph engines by name: the one module that knows both engines."""
+"""Graph engines by name: the one module that knows both engines.
+
+Each engine serves both forms of capture: ``capture(fn, ...)`` for a callable, and ``run()`` for code that
+opens its own ``torch.cuda.graph`` regions (``region.py``).
+"""
 
 from __future__ import annotations
 

@@ -91,7 +91,10 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import itertools
+import keyword
 from collections.abc import Callable, Iterable, Mapping
+from contextlib import AbstractContextManager, ExitStack
 from dataclasses import dataclass
 from typing import Any
 
@@ -102,11 +105,14 @@ from ._audit import StaleWatch, build_audit
 from ._homes import Homes
 from ._islands import island_outputs, island_runner, static_outputs
 from ._ops import StorageKey, flat_outputs, poison_storage, storage_key
-from ._record import IslandStep, OpStep, Recorder
+from ._record import IslandStep, OpStep, Recorder, check_capture_error_mode
+from ._refusals import CaptureError
+from ._tape_device import NAMES, TapeDevice, TapeDeviceState, TapePool, refuse_default_stream
 from ._warm_up import WarmIslands, no_cycle_collection, warm_up
 from .engine import InputAudit, StaleInput
+from .region import GraphRun, open_run
 
-__all__ = ["TapeEngine", "TapeGraph"]
+__all__ = ["TapeCapture", "TapeEngine", "TapeGraph", "TapePool"]
 
 _Call = tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]
 _OPTION_ARGS = frozenset({"dtype", "layout", "device", "pin_memory"})
@@ -336,6 +342,13 @@ def _plan_kind(step: OpStep) -> str:
     return "skip: empty" if all(t.untyped_storage().nbytes() == 0 for t in outs) else "skip: view"
 
 
+_CLONE = torch.ops.aten.clone.default
+
+
+def _boxed(op: Any) -> Any:
+    return getattr(op, "_op", op)
+
+
 def _plan_call(step: OpStep, kind: str) -> _Call:
     func = step.func
     if kind == "out":
@@ -343,6 +356,15 @@ def _plan_call(step: OpStep, kind: str) -> _Call:
         assert plan is not None
         bound = _bind_out(plan, step)
         assert bound is not None
+        if bound[0] is _boxed(plan.op):
+            # no public binding takes this op's out=, and the boxed call costs more than the op at these sizes
+            # (most such .out overloads compute and copy anyway): copy a clone's source straight in, compute
+            # any other through its functional binding and copy the result in
+            if func is _CLONE and isinstance(step.args[0], torch.Tensor):
+                return (step.outputs[0].copy_, (step.args[0],), {})
+            if _fast_callable(func, step.args, step.kwargs) is not _boxed(func):
+                return (_compute_then_copy(func, step.args, step.kwargs, ((0, step.outputs[0]),)), (), {}) \
+                    if len(step.outputs) == 1 else bound
         return bound
     if kind == "rerun":
         return (_fast_callable(func, step.args, step.kwargs), step.args, step.kwargs)
@@ -375,12 +397,17 @@ class _Buffer:
         self.storage, self.nbytes, self.device, self.last, self.owner = storage, storage.nbytes(), storage.device, last, owner
 
 
+_TIES = itertools.count()  # heap and sort tie-breakers, unique across the graphs of a pool
+
+
 def _reuse_memory(rec: Recorder, steps: list[OpStep | IslandStep], kinds: list[str],
-                  private: set[StorageKey]) -> dict[int, list[torch.Tensor]]:
+                  private: set[StorageKey], pool: TapePool) -> dict[int, list[torch.Tensor]]:
     """Give each private storage a buffer, reusing the memory of storages whose last reader has run.
 
-    Returns, per step index, the tensors that first owned the memory the step's outputs took over.
-    Storages no replayed op touches are emptied.
+    The pool's free buffers (of earlier graphs captured into it) are free from the start; at the end
+    every buffer this graph used is free again for the pool's next capture.  Returns, per step index,
+    the tensors that first owned the memory the step's outputs took over.  Storages no replayed op
+    touches are emptied.
     """
     defined: dict[StorageKey, int] = {}
     last: dict[StorageKey, int] = {}
@@ -400,8 +427,8 @@ def _reuse_memory(rec: Recorder, steps: list[OpStep | IslandStep], kinds: list[s
                     last[k] = i
     reused: dict[int, list[torch.Tensor]] = {}
     busy: list[tuple[int, int, _Buffer]] = []  # (last use, tie-breaker, buffer)
-    free: dict[torch.device, list[tuple[int, int, _Buffer]]] = {}  # per device, sorted by size
-    for n, (k, d) in enumerate(sorted(defined.items(), key=lambda kv: kv[1])):
+    free = pool.free
+    for k, d in sorted(defined.items(), key=lambda kv: kv[1]):
         pins = rec.pins_by_key.get(k, [])
         if k not in last:  # nothing replayed touches it: hold no memory for it
             for p in pins:
@@ -423,11 +450,48 @@ def _reuse_memory(rec: Recorder, steps: list[OpStep | IslandStep], kinds: list[s
             buf.last = last[k]
         else:
             buf = _Buffer(storage, last[k], own)
-        heapq.heappush(busy, (buf.last, n, buf))
+        heapq.heappush(busy, (buf.last, next(_TIES), buf))
+    for _, m, done in busy:  # the graph's replay has ended: its memory is the pool's again
+        bisect.insort(free.setdefault(done.device, []), (done.nbytes, m, done))
     return reused
 
 
-_Segment = tuple[tuple[_Call, ...], Callable[[], None] | None]
+_Segment = tuple[Callable[[], None], Callable[[], None] | None]
+_FLAT_CODE: dict[str, Any] = {}
+
+
+def _flat(ops: tuple[_Call, ...]) -> Callable[[], None]:
+    """One generated function calling every op of a segment in turn, its arguments bound as globals.
+
+    A straight line of calls costs the interpreter less than a loop unpacking ``(call, args, kwargs)``
+    and spreading them; graphs of one shape (a runner's buckets) share the compiled code.
+    """
+    scope: dict[str, Any] = {}
+    lines = ["def run():"]
+    for i, (call, args, kwargs) in enumerate(ops):
+        scope[f"f{i}"] = call
+        parts = []
+        for j, a in enumerate(args):
+            scope[f"a{i}_{j}"] = a
+            parts.append(f"a{i}_{j}")
+        if kwargs:
+            if all(k.isidentifier() and not keyword.iskeyword(k) for k in kwargs):
+                for k, v in kwargs.items():
+                    scope[f"k{i}_{k}"] = v
+                    parts.append(f"{k}=k{i}_{k}")
+            else:
+                scope[f"k{i}"] = kwargs
+                parts.append(f"**k{i}")
+        lines.append(f"    f{i}({', '.join(parts)})")
+    if not ops:
+        lines.append("    pass")
+    source = "\n".join(lines)
+    code = _FLAT_CODE.get(source)
+    if code is None:
+        code = _FLAT_CODE[source] = compile(source, "<tape replay>", "exec")
+    exec(code, scope)  # noqa: S102 - generated from positions and schema argument names
+    return scope["run"]
+
 
 
 @dataclass(slots=True)
@@ -438,13 +502,13 @@ class _Compiled:
     homes: Homes
 
 
-def _compile(rec: Recorder) -> _Compiled:
+def _compile(rec: Recorder, pool: TapePool) -> _Compiled:
     steps = rec.steps
     # storages reallocated during capture stay where they are: steps on both sides of the op bind them
     private = set(rec.fresh) - rec.held_keys() - rec.relocated
     kinds = ["island" if isinstance(step, IslandStep) else _plan_kind(step) for step in steps]
     _drop_dead(steps, kinds, private)
-    reused = _reuse_memory(rec, steps, kinds, private)
+    reused = _reuse_memory(rec, steps, kinds, private, pool)
     with torch.no_grad():
         for k, pin in rec.fresh.items():
             # a pin moved onto another storage's memory, or emptied, leaves the poisoning to that memory's owner
@@ -455,12 +519,12 @@ def _compile(rec: Recorder) -> _Compiled:
     for step, kind in zip(steps, kinds):
         if isinstance(step, IslandStep):
             into = tuple(rec.pin_of(t) for t in step.statics)
-            segments.append((tuple(ops), island_runner(step, into)))
+            segments.append((_flat(tuple(ops)), island_runner(step, into)))
             ops = []
         elif kind in _RUNS:
             ops.append(_plan_call(step, kind))
     if ops or not segments:
-        segments.append((tuple(ops), None))
+        segments.append((_flat(tuple(ops)), None))
     watched = {k for k in (storage_key(t) for t in rec.inputs.values()) if k is not None}
     homes = Homes(rec.pins_by_key, skip=private | rec.old_block_keys, watched=watched, captured=rec.fresh)
     notes = tuple(f"{kind}: the old block into the reallocated one" if i in rec.block_copies
@@ -520,43 +584,71 @@ class TapeGraph:
         self,
         *,
         label: str,
-        audit: InputAudit,
-        watch: StaleWatch,
+        rec: Recorder,
         compiled: _Compiled,
-        steps: tuple[OpStep | IslandStep, ...],
-        serials: Mapping[int, int],
-        input_names: Mapping[int, str],
         outputs: tuple[torch.Tensor, ...],
+        pool: TapePool,
     ) -> None:
         self.label = label
-        self.audit = audit
-        self._watch = watch
+        self.pool = pool
         self._segments = compiled.segments
         self._notes = compiled.notes
         self._reused = compiled.reused
         self._homes = compiled.homes
         self._check_homes = compiled.homes.checks_every_replay
-        self._steps = steps
+        self._steps = tuple(rec.steps)
+        serials = dict(rec.serial_of_pin)
+        for step in rec.steps:
+            if isinstance(step, IslandStep):
+                for t in (*step.args, *step.kwargs.values(), *step.statics):
+                    if isinstance(t, torch.Tensor) and (serial := rec.serial_of(t)) is not None:
+                        serials[id(t)] = serial
         self._serials = serials
-        self._input_names = input_names
+        self._reads = tuple(rec.inputs.values())
+        self._read_serials = tuple(rec.serial_of(t) for t in self._reads)
+        self._audit_notes = tuple(rec.notes)
+        self._rerun_ops = tuple(rec.rerun_ops)
         self._outputs = outputs
+        self.stale: tuple[StaleInput, ...] = ()
+        self.audit, self._watch, self._input_names = InputAudit(inputs=()), StaleWatch([], [], []), {}
 
     @property
     def outputs(self) -> tuple[torch.Tensor, ...]:
-        """The static outputs ``fn`` returned at capture (the same objects forever)."""
+        """The static outputs ``fn`` returned at capture (the same objects forever); a region's are its program's."""
         return self._outputs
 
+    @property
+    def reads(self) -> tuple[torch.Tensor, ...]:
+        """Every tensor the graph reads that capture did not allocate, in first-read order."""
+        return self._reads
+
+    def register(self, *, roots: Mapping[str, object], static_inputs: Iterable[torch.Tensor]) -> InputAudit:
+        """Name what the graph reads from ``roots``, mark ``static_inputs`` registered, and watch them at replay."""
+        self.audit, self._watch = build_audit(self._reads, roots, tuple(static_inputs), notes=self._audit_notes,
+                                              rerun_ops=self._rerun_ops)
+        self._input_names = {serial: entry.path or f"in{k}"
+                             for k, (serial, entry) in enumerate(zip(self._read_serials, self.audit.inputs))}
+        return self.audit
+
     def replay(self) -> tuple[StaleInput, ...]:
+        if self._segments is None:
+            raise RuntimeError(f"graph {self.label!r} was reset: capture it again before replaying it")
         stale = self._watch.check()
         if stale or self._check_homes:
             self._homes.before_replay(any(st.kind == "memory" for st in stale))
         for ops, island in self._segments:
             with _below_autograd():
-                for call, args, kwargs in ops:
-                    call(*args, **kwargs)
+                ops()
             if island is not None:
                 island()
+        self.stale = stale
         return stale
+
+    def reset(self) -> None:
+        """Free the tape (``CUDAGraph.reset()``); its memory stays with its pool."""
+        self._segments = None  # type: ignore[assignment]
+        self._steps = ()
+        self._notes = ()
 
     def trace(self) -> str:
         """One line per recorded step: the call, its outputs, and what replay does."""
@@ -590,8 +682,65 @@ def _tape_island(rec: Recorder, fn: Callable[..., Any], args: tuple[Any, ...], k
     return statics[0] if single else statics
 
 
+class TapeCapture:
+    """One open capture on the tape: the recorder under the program from ``begin`` to ``end``.
+
+    ``end`` undoes what capture wrote and compiles the tape; both the callable form and a region
+    (``region.RegionGraph``) capture through it.
+    """
+
+    def __init__(self, *, label: str, pool: object = None, capture_error_mode: str = "global",
+                 islands: WarmIslands | None = None) -> None:
+        if pool is not None and not isinstance(pool, TapePool):
+            raise TypeError(f"pool must be a tape graph's pool() or a graph_pool_handle() of a tape run, got {pool!r}")
+        self.label = label
+        self.pool: TapePool = pool if pool is not None else TapePool()
+        self._rec = Recorder(undo=True, record=True, capturing=True, capture_error_mode=capture_error_mode,
+                             island_impl=_tape_island if islands is not None else None)
+        self._scope = ExitStack()
+
+    def begin(self) -> None:
+        self._scope.enter_context(no_cycle_collection())
+        try:
+            self._scope.enter_context(self._rec.active())
+        except BaseException:
+            self._scope.close()
+            raise
+
+    def end(self, outputs: tuple[torch.Tensor, ...] = (), *, roots: Mapping[str, object] | None = None,
+            static_inputs: Iterable[torch.Tensor] = ()) -> TapeGraph:
+        rec = self._rec
+        try:
+            self._scope.close()  # leaves the recorder; a capture another thread invalidated fails here
+        finally:
+            rec.restore()
+        with no_cycle_collection():
+            compiled = _compile(rec, self.pool)
+            self.pool.graphs += 1
+            graph = TapeGraph(label=self.label, rec=rec, compiled=compiled, outputs=outputs, pool=self.pool)
+            graph.register(roots=roots or {}, static_inputs=static_inputs)
+        return graph
+
+    def abort(self) -> None:
+        try:
+            self._scope.close()
+        except CaptureError:  # an invalidated capture: the error that ended it matters
+            pass
+        finally:
+            self._rec.restore()
+
+
 class TapeEngine:
     name = "tape"
+
+    def run(self, *, device: TapeDevice = TapeDevice()) -> AbstractContextManager[GraphRun]:
+        """Serve ``torch.cuda``'s graph API, streams and device queries from the tape on this thread (``region.py``)."""
+        return open_run(self, NAMES, TapeDeviceState(device))
+
+    def open_region(self, *, label: str, pool: object = None, capture_error_mode: str = "global") -> TapeCapture:
+        """A capture a program opens itself (``torch.cuda.CUDAGraph.capture_begin``), on the run's capture stream."""
+        refuse_default_stream()
+        return TapeCapture(label=label, pool=pool, capture_error_mode=capture_error_mode)
 
     @no_cycle_collection()
     def capture(
@@ -605,33 +754,14 @@ class TapeEngine:
         capture_error_mode: str = "global",
     ) -> TapeGraph:
         static = tuple(static_inputs)
-        rec = Recorder(undo=True, record=True, capturing=True, capture_error_mode=capture_error_mode,
-                       island_impl=_tape_island if islands else None)
-        warm_up(fn, WarmIslands() if islands else None)
+        check_capture_error_mode(capture_error_mode)
+        warm = WarmIslands() if islands else None
+        warm_up(fn, warm)
+        region = TapeCapture(label=label, capture_error_mode=capture_error_mode, islands=warm)
+        region.begin()
         try:
-            with rec.active():
-                result = fn()
-            outputs = static_outputs(result)
-        finally:
-            rec.restore()
-        del result
-        inputs = tuple(rec.inputs.values())
-        audit, watch = build_audit(inputs, roots, static, notes=rec.notes, rerun_ops=rec.rerun_ops)
-        compiled = _compile(rec)
-        serials = dict(rec.serial_of_pin)
-        for step in rec.steps:
-            if isinstance(step, IslandStep):
-                for t in (*step.args, *step.kwargs.values(), *step.statics):
-                    if isinstance(t, torch.Tensor) and (serial := rec.serial_of(t)) is not None:
-                        serials[id(t)] = serial
-        input_names = {rec.serial_of(t): entry.path or f"in{k}" for k, (t, entry) in enumerate(zip(inputs, audit.inputs))}
-        return TapeGraph(
-            label=label,
-            audit=audit,
-            watch=watch,
-            compiled=compiled,
-            steps=tuple(rec.steps),
-            serials=serials,
-            input_names=input_names,
-            outputs=outputs,
-        )
+            outputs = static_outputs(fn())
+        except BaseException:
+            region.abort()
+            raise
+        return region.end(outputs, roots=roots, static_inputs=static)

@@ -40,6 +40,12 @@ class _FakeGraph:
     def replay(self) -> None:
         self._fake.log.append(("replay", self.index))
 
+    def pool(self):
+        return ("pool of", self.index)
+
+    def reset(self) -> None:
+        self._fake.log.append(("reset", self.index))
+
 
 class _FakeCuda:
     def __init__(self) -> None:
@@ -246,3 +252,34 @@ def test_audit_with_islands_agrees_with_tape(fake):
     audits = [capture(fn, engine=e, roots={"s": s}, static=[s.x], islands=True).audit for e in ("tape", "cuda")]
     assert audits[0] == audits[1]
     assert [i.path for i in audits[1].unregistered] == ["s.meta"]
+
+
+def test_a_region_on_the_cuda_engine_captures_one_real_graph_checked_like_the_callable_form(fake):
+    s = SimpleNamespace(x=torch.ones(2))
+    real_graph_class = torch.cuda.CUDAGraph
+    with get_engine("cuda").run() as run:
+        assert torch.cuda.CUDAGraph is not real_graph_class  # the stand-in, over the backend's graphs
+        graph = torch.cuda.CUDAGraph()
+        graph.capture_begin(pool=("shared",))
+        y = s.x * 2
+        graph.capture_end()
+        other = torch.cuda.CUDAGraph()
+        other.capture_begin()
+        with pytest.raises(CaptureError, match="_local_scalar_dense"):
+            s.x.sum().item()
+        other.reset()  # abandons the open capture
+        third = torch.cuda.CUDAGraph()
+        third.capture_begin()
+        z = s.x + 1
+        third.capture_end()
+    assert torch.cuda.CUDAGraph is real_graph_class
+    graph.replay()
+    assert graph.pool() == ("shared",) and third.pool() == ("pool of", 2)
+    assert fake.log == [("begin", 0, ("shared",)), ("end", 0), ("begin", 1, None), ("end", 1),
+                        ("begin", 2, None), ("end", 2), ("replay", 0)]
+    assert torch.isnan(y).all() and torch.isnan(z).all()  # what the capture computed is poisoned
+    assert [g.label.split(": ", 1)[1] for g in run.regions] == ["graph.capture_begin(pool=(\"shared\",))",
+                                                                 "third.capture_begin()"]
+    assert [i.shape for i in run.regions[0].reads] == [(2,)]
+    assert run.regions[0].register(roots={"s": s}, static_inputs=[]).inputs[0].path == "s.x"
+    assert no_modes_active()
