@@ -44,6 +44,7 @@ from .report.bench import (
 )
 from .runners.base import Runner, RunnerContext
 from .runners.eager import EagerRunner
+from .runners.speculative import SpeculativeWorker
 from .runspec import GraphSpec, RunSpec
 from .serving.batch import ForwardBatch
 from .serving.model import PRESETS, model_spec
@@ -93,11 +94,11 @@ def _decode_case(preset: str, bucket: int, real: int, engine: str, device: str, 
                                   backend=backend, dtype=dtype))
     eager = _eager_over(session)
     while (step := session.scheduler.next_step()) is not None and step.kind != "decode":
-        session.worker.run(eager.forward, step.batch)
+        SpeculativeWorker(eager).run(step.batch)
         session.scheduler.finish_step()  # frees the SWA slots of tokens that left the window
     if step is None or step.batch.batch_size != real:
         raise RuntimeError(f"{preset}: expected a decode batch of {real} requests, got {step}")
-    return session.runner, eager, step.batch
+    return session.runner.dispatch(step.batch).runner, eager, step.batch
 
 
 def _prefill_case(preset: str, bucket: int, engine: str, device: str) -> tuple[Runner, EagerRunner, ForwardBatch]:
@@ -107,7 +108,7 @@ def _prefill_case(preset: str, bucket: int, engine: str, device: str) -> tuple[R
     step = session.scheduler.next_step()
     if step is None or step.kind != "extend" or step.batch.num_tokens != bucket:
         raise RuntimeError(f"{preset}: expected an extend batch of {bucket} tokens, got {step}")
-    return session.runner, _eager_over(session), step.batch
+    return session.runner.dispatch(step.batch).runner, _eager_over(session), step.batch
 
 
 # ---- timing -----------------------------------------------------------------------------------------
