@@ -12,6 +12,9 @@ takes its kind. Each forward's record names the graph it used (``GraphKey.name``
 Which runners a mode registers is ``registry.GRAPH_RUNNERS``; ``RunSpec.runner`` replaces them. A runner that
 declares no ``covers`` takes every forward itself, as a runner did before there was a dispatcher.
 
+A full graph (``GraphCover.captures_attention``) is picked only for shapes the backend's ``GraphSupport``
+covers (``covers_shape``): a two-token decode graph needs ``UNIFORM_BATCH``.
+
 A draft batch's forwards are decode-shaped (one token per request per draft step): the speculative worker
 (``speculative.py``) steps the draft loop and dispatches each step as a decode forward.
 """
@@ -26,6 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..backends.base import GraphSupport
 from ..runspec import Mode, RunSpec
 from ..serving.batch import ForwardBatch, ForwardMode
 from .base import Runner, RunnerContext
@@ -85,6 +89,9 @@ class GraphCover:
     tokens_per_request: int | None
     """tokens every request adds; None: any mix (the buckets count tokens then, rows otherwise)"""
     buckets: tuple[int, ...]
+    captures_attention: bool = True
+    """the graphs capture attention whole (full graphs), so the backend's ``GraphSupport`` must cover the
+    shape; False where attention stays an eager island between the captured pieces (piecewise graphs)"""
 
     def takes(self, batch: BatchDescriptor) -> bool:
         """Whether the forward is of the kind these graphs are for, whatever its size."""
@@ -140,14 +147,18 @@ class GraphDispatcher:
         runners = [runner_class(name).for_run(ctx, spec, eager=eager) for name in names]
         takes_all = [r for r in runners if covers_of(r) is None]
         return cls(eager=eager, runners=[r for r in runners if covers_of(r) is not None],
-                   takes_all=takes_all[0] if takes_all else None)
+                   takes_all=takes_all[0] if takes_all else None, graph_support=ctx.backend.graph_support)
 
-    def __init__(self, *, eager: Runner, runners: Sequence[Runner] = (), takes_all: Runner | None = None) -> None:
+    def __init__(self, *, eager: Runner, runners: Sequence[Runner] = (), takes_all: Runner | None = None,
+                 graph_support: GraphSupport = GraphSupport.FULL) -> None:
         self.eager = eager
         self.runners = tuple(runners)
         self.takes_all = takes_all
         """a runner that declares no covers: every forward is its own, graphs or not"""
-        self._covers = tuple((runner, cover) for runner in self.runners for cover in covers_of(runner) or ())
+        # a full graph of a shape the backend cannot capture whole (two tokens per request over a decode-only
+        # backend) is never picked: vLLM's dispatcher asks the backend's AttentionCGSupport the same
+        self._covers = tuple((runner, cover) for runner in self.runners for cover in covers_of(runner) or ()
+                             if not cover.captures_attention or graph_support.covers_shape(cover.tokens_per_request))
         self._log: list[ForwardRecord] = []
         self._fallbacks = 0
 

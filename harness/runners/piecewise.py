@@ -49,7 +49,8 @@ class PiecewisePrefillRunner(GraphRunner):
     ) -> None:
         super().__init__(ctx, eager=eager, engine=engine, buckets=buckets, faults=faults)
         # extend batches of any mix of lengths, bucketed by tokens
-        self.covers = (GraphCover(forward_mode=ForwardMode.EXTEND, tokens_per_request=None, buckets=self.buckets),)
+        self.covers = (GraphCover(forward_mode=ForwardMode.EXTEND, tokens_per_request=None, buckets=self.buckets,
+                                  captures_attention=False),)
         n, dev = self.buckets[-1], self.pool.device
         self.input_ids = torch.zeros(n, dtype=torch.int64, device=dev)
         self.positions = torch.zeros(n, dtype=torch.int64, device=dev)

@@ -9,6 +9,8 @@ import dataclasses
 import pytest
 import torch
 
+from harness.backends.base import GraphSupport
+from harness.backends.registry import BACKENDS, backend_class
 from harness.check.assemble import assemble
 from harness.check.drive import execute
 from harness.runners.decode_graph import DecodeGraphRunner
@@ -28,13 +30,16 @@ class TwoTokenDecodeRunner:
     """Decode batches of two tokens per request, bucketed by requests like the decode graphs. It captures
     nothing: it runs each batch it takes as the extend it is, on the eager runner, and keeps their sizes."""
 
+    captures_attention = False
+
     @classmethod
     def for_run(cls, ctx, spec, *, eager):
         return cls(eager, spec.graphs.decode_buckets)
 
     def __init__(self, eager, buckets):
         self.eager = eager
-        self.covers = (GraphCover(forward_mode=ForwardMode.DECODE, tokens_per_request=2, buckets=buckets),)
+        self.covers = (GraphCover(forward_mode=ForwardMode.DECODE, tokens_per_request=2, buckets=buckets,
+                                  captures_attention=self.captures_attention),)
         self.taken: list[int] = []
         self._log: list[ForwardRecord] = []
 
@@ -53,11 +58,25 @@ class TwoTokenDecodeRunner:
         return None
 
 
-def _spec(mode: str, *, requests: int = 2, decode_buckets=(1, 2), prefill_buckets=(8, 16)) -> RunSpec:
+class FullTwoTokenDecodeRunner(TwoTokenDecodeRunner):
+    """The same runner declaring full graphs (attention captured): only a backend whose graph support covers
+    two tokens per request (``UNIFORM_BATCH``) may be handed to it."""
+
+    captures_attention = True
+
+
+class UniformBatchBackend(backend_class("torch_native")):
+    """The torch-native backend declaring full graphs for uniform batches."""
+
+    name = "uniform_batch"
+    graph_support = GraphSupport.UNIFORM_BATCH
+
+
+def _spec(mode: str, *, requests: int = 2, decode_buckets=(1, 2), prefill_buckets=(8, 16), **kw) -> RunSpec:
     timeline = TimelineSpec(requests=tuple(RequestSpec(rid=f"r{i}", prompt_len=5 + i, output_len=4)
                                            for i in range(requests)), seed=5)
     return RunSpec(model=model_spec("gpt-oss-mini"), pool=PoolSpec(full_size=96, swa_size=64), timeline=timeline,
-                   mode=mode, graphs=GraphSpec(decode_buckets=decode_buckets, prefill_buckets=prefill_buckets))
+                   mode=mode, graphs=GraphSpec(decode_buckets=decode_buckets, prefill_buckets=prefill_buckets), **kw)
 
 
 def _two_token_decode(parts, seq_lens: dict[int, int]):
@@ -112,6 +131,21 @@ def test_without_the_registration_a_two_token_decode_runs_eagerly():
     batch = _two_token_decode(parts, _through_one_decode(parts))
     chosen = parts.runner.dispatch(batch)
     assert isinstance(chosen.runner, EagerRunner) and chosen.key is None and not chosen.fallback
+
+
+@pytest.mark.parametrize("backend, taken", [("torch_native", False), ("uniform_batch", True)])
+def test_a_full_two_token_graph_is_picked_only_over_a_backend_whose_graph_support_covers_it(monkeypatch, backend,
+                                                                                              taken):
+    monkeypatch.setitem(GRAPH_RUNNERS, Mode.FULL,
+                        (*GRAPH_RUNNERS[Mode.FULL], f"{__name__}:FullTwoTokenDecodeRunner"))
+    monkeypatch.setitem(BACKENDS, "uniform_batch", f"{__name__}:UniformBatchBackend")
+    parts = assemble(_spec("full", backend=backend))
+    full = parts.runner.runners[1]
+    batch = _two_token_decode(parts, _through_one_decode(parts))
+    assert (parts.runner.dispatch(batch).runner is full) is taken
+    # one token per request: the decode graphs, over either backend
+    assert isinstance(parts.runner.runners[0], DecodeGraphRunner)
+    assert [f.graph for f in parts.runner.forward_log()] == ["eager", "decode/bs2"]
 
 
 def test_a_two_token_decode_larger_than_every_bucket_falls_back_to_eager(two_token_runner):
