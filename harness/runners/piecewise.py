@@ -120,6 +120,8 @@ class PiecewisePrefillRunner(GraphRunner):
                 out_cache_loc=self.out_cache_loc[:bucket],
                 req_to_token_pool=self.req_to_token_pool,
                 pool=self.pool,
+                # a runner holds the pool, not the stack; every token of this batch writes the dummy slot
+                translate=self.pool.translate_loc_from_full_to_swa,
             ),
             bucket,
         )

@@ -91,6 +91,7 @@ def _two_token_decode(parts, seq_lens: dict[int, int]):
         forward_mode=ForwardMode.DECODE, input_ids=torch.ones(2 * len(rows), dtype=torch.int64), positions=positions,
         req_pool_indices=torch.tensor(rows, dtype=torch.int64), prefix_lens=prefix, extend_lens=[2] * len(rows),
         out_cache_loc=locs, req_to_token_pool=parts.stack.req_to_token_pool, pool=parts.stack.pool,
+        translate=parts.stack.translate,
     )
 
 
