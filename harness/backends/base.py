@@ -416,7 +416,6 @@ class AttentionBackend(ABC):
             raise RuntimeError(f"backend {self.name}: forward before init_forward_metadata")
         return self.impl.forward(q, k, v, layer_id, forward_batch, self.forward_metadata)
 
-    # declared here, after the entry points, so that adding it moved no line a run's error frames name
     reference_backend: ClassVar[str | None] = None
     """the backend whose eager run judges this one's runs, for a backend that cannot be its own reference
     (the installed SGLang's torch-native backend, whose read path is under test); None: its own"""
