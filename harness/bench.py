@@ -31,12 +31,12 @@ from pathlib import Path
 
 import torch
 
+from .bench_rows import GPU_GOAL_MAX_BS, GPU_GOAL_SPEEDUP, BenchRow, GpuBenchRow
 from .check.diffbench import measure_diff
 from .check.assemble import RunParts, assemble
 from .report.bench import (
     DIFF_BEGIN,
     DIFF_END,
-    BenchRow,
     render_diff_markdown,
     render_markdown,
     render_terminal,
@@ -249,32 +249,6 @@ def run_bench(*, repeats: int = 60, out: Path = Path("BENCHMARKS.md")) -> int:
 
 
 # ---- on a GPU: decode replay against eager, FlashInfer against torch-native -----------------------------
-
-GPU_GOAL_SPEEDUP = 2.0
-"""a CUDA-graph decode replay should be at least this much faster than the eager step, up to ``GPU_GOAL_MAX_BS``"""
-GPU_GOAL_MAX_BS = 8
-
-
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class GpuBenchRow:
-    backend: str
-    dtype: str
-    bucket: int
-    eager_ms: float
-    replay_ms: float
-
-    @property
-    def speedup(self) -> float:
-        """Eager time over replay time."""
-        return self.eager_ms / self.replay_ms if self.replay_ms > 0 else float("inf")
-
-    @property
-    def goal(self) -> str:
-        """Whether the row meets the replay goal (buckets past ``GPU_GOAL_MAX_BS`` have none)."""
-        if self.bucket > GPU_GOAL_MAX_BS:
-            return "n/a"
-        return "met" if self.speedup >= GPU_GOAL_SPEEDUP else "missed"
-
 
 def measure_gpu(*, preset: str = "gpt-oss-mini", buckets: Sequence[int] = DECODE_BUCKETS, repeats: int = 30,
                 backends: Sequence[tuple[str, str | None]] = (("torch_native", None), ("torch_native", "bfloat16"),
