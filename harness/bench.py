@@ -250,6 +250,7 @@ def run_bench(*, repeats: int = 60, out: Path = Path("BENCHMARKS.md")) -> int:
 
 # ---- on a GPU: decode replay against eager, FlashInfer against torch-native -----------------------------
 
+
 def measure_gpu(*, preset: str = "gpt-oss-mini", buckets: Sequence[int] = DECODE_BUCKETS, repeats: int = 30,
                 backends: Sequence[tuple[str, str | None]] = (("torch_native", None), ("torch_native", "bfloat16"),
                                                               ("flashinfer", "bfloat16"))) -> list[GpuBenchRow]:
