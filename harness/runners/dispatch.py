@@ -188,13 +188,19 @@ class GraphDispatcher:
                                            rows=chosen.rows, graph=EAGER))
             return chosen.runner.forward(batch)
         mark = len(chosen.runner.forward_log())
-        hidden = chosen.runner.forward(batch)
-        log = chosen.runner.forward_log()
-        ran = log[-1] if len(log) > mark else ForwardRecord(path=ForwardPath.EAGER, rows=chosen.rows)
-        if ran.graph is None:
-            ran = dataclasses.replace(ran, graph=chosen.key.name if chosen.key is not None else EAGER)
-        self._log.append(ran)
-        return hidden
+        done = False
+        try:
+            hidden = chosen.runner.forward(batch)
+            done = True
+            return hidden
+        finally:
+            # what the runner logged of this forward, even of one that raised; a runner that logs nothing of a
+            # forward that returned gets the record the dispatcher's choice gives
+            ran = list(chosen.runner.forward_log()[mark:])
+            if not ran and done:
+                ran = [ForwardRecord(path=ForwardPath.EAGER, rows=chosen.rows)]
+            name = chosen.key.name if chosen.key is not None else EAGER
+            self._log.extend(r if r.graph is not None else dataclasses.replace(r, graph=name) for r in ran)
 
     def forward_log(self) -> Sequence[ForwardRecord]:
         return self._log
