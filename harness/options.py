@@ -53,7 +53,8 @@ SHARED_OPTIONS: dict[str, SharedOption] = {o.name: o for o in (
                  help="what designs added by import path should give: one verdict for every run, or like:DESIGN, "
                       "what each scenario expects of DESIGN in that run (default: {expect_default}); a fault "
                       "scenario also runs them with the faults off"),
-    SharedOption(name="timeout", metavar="SECONDS", help="each run's time limit (default: the scenario's run.timeout_s)"),
+    SharedOption(name="timeout", metavar="SECONDS",
+                 help="each run's time limit (default: the scenario's run.timeout_s)"),
     SharedOption(name="backend", metavar="BACKEND", repeatable=True,
                  help="add this backend (an import path 'package.module:Class') to every scenario that does not list "
                       "it, each run expected to give what the "
