@@ -14,7 +14,8 @@ from collections.abc import Callable, Iterable, Mapping
 
 
 def is_import_path(name: str) -> bool:
-    """``package.module:attr``, as opposed to a registered short name."""
+    """``package.module:attr``, as opposed to a registered short name: the one way a scenario, the command
+    line or a plugin option names code outside the harness."""
     module, sep, attr = name.partition(":")
     return bool(sep) and all(p.isidentifier() for p in module.split(".")) and attr.isidentifier()
 

@@ -14,35 +14,26 @@ import pytest
 # the first scenario file collected or the first result gathered
 from .check.workers import DIST_INPUT, terminate_like_ctrl_c
 from .imports import is_import_path, name_type, unknown_name
+from .options import add_plugin_option
 from .report.files import destination_problems
 from .report.session import RECORD_ATTRIBUTE
 from .report.text import printable
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
+    from .check.expect import EXPECT_DEFAULT  # no torch: the command line imports it before parsing
+
     group = parser.getgroup("harness", "SWA CUDA-graph harness")
-    group.addoption("--harness-device", type=name_type("device", ("cpu", "cuda")), metavar="{cpu,cuda}",
-                    default="cpu", help="device scenario runs use (cuda items are marked gpu)")
-    group.addoption("--harness-engine", type=name_type("engine", ("tape", "cuda")), metavar="{tape,cuda}",
-                    default=None, help="graph engine for scenario runs (default: tape on cpu, cuda on cuda)")
-    group.addoption("--harness-timeout", type=float, metavar="SECONDS", default=None,
-                    help="each scenario run's time limit (default: the scenario's run.timeout_s)")
-    group.addoption("--harness-design", action="append", default=[], metavar="package.module:function",
-                    help="add this design to every scenario that does not list it (repeatable)")
-    group.addoption("--harness-expect", default=None, metavar="VERDICT|like:DESIGN",
-                    help="what added designs should give: one verdict for every item, or like:DESIGN, what each "
-                         "scenario expects of DESIGN there (default: like:forward_batch); a fault "
-                         "scenario also runs "
-                         "them with the faults off")
-    group.addoption("--harness-backend", action="append", default=[], metavar="package.module:Class",
-                    help="add this backend to every scenario that does not list it, each item expected to give what "
-                         "the scenario expects of its design (repeatable)")
-    group.addoption("--harness-runner", action="append", default=[], metavar="MODE=package.module:Class",
-                    help="run this mode with this runner instead of the built-in one (repeatable, one per mode)")
-    group.addoption("--harness-json", metavar="FILE", default=None,
-                    help="write one JSON record per scenario run (every xdist worker's) to FILE")
-    group.addoption("--harness-report", metavar="DIR", default=None,
-                    help="write the HTML report (index.html, a page per scenario, results.json/.csv) to DIR")
+    # the options the command line shares, described once (options.py); what is the plugin's own: types, defaults
+    add_plugin_option(group, "device", type=name_type("device", ("cpu", "cuda")), default="cpu")
+    add_plugin_option(group, "engine", type=name_type("engine", ("tape", "cuda")), default=None)
+    add_plugin_option(group, "timeout", type=float, default=None)
+    add_plugin_option(group, "design", default=[])
+    add_plugin_option(group, "expect", default=None, help_values={"expect_default": EXPECT_DEFAULT})
+    add_plugin_option(group, "backend", default=[])
+    add_plugin_option(group, "runner", default=[])
+    add_plugin_option(group, "json", default=None)
+    add_plugin_option(group, "report", default=None)
 
 
 def pytest_configure(config: pytest.Config) -> None:

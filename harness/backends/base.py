@@ -166,7 +166,11 @@ class GraphSupport(enum.IntEnum):
 
     def covers(self, batch: AttentionBatch) -> bool:
         """Whether a full graph of a backend with this support may capture a forward of ``batch`` whole."""
-        per_request = batch.tokens_per_request
+        return self.covers_shape(batch.tokens_per_request)
+
+    def covers_shape(self, per_request: int | None) -> bool:
+        """The same for a forward whose requests each add ``per_request`` tokens (None: a mix), as the graph
+        dispatcher (``runners/dispatch.py``) asks it before it hands a forward to a full graph."""
         if self >= GraphSupport.FULL:
             return True
         if self >= GraphSupport.UNIFORM_BATCH:
@@ -412,7 +416,6 @@ class AttentionBackend(ABC):
             raise RuntimeError(f"backend {self.name}: forward before init_forward_metadata")
         return self.impl.forward(q, k, v, layer_id, forward_batch, self.forward_metadata)
 
-    # declared here, after the entry points, so that adding it moved no line a run's error frames name
     reference_backend: ClassVar[str | None] = None
     """the backend whose eager run judges this one's runs, for a backend that cannot be its own reference
     (the installed SGLang's torch-native backend, whose read path is under test); None: its own"""

@@ -1,5 +1,6 @@
-"""The composition root of one run: the serving stack, model, backend, scheduler and runner a ``RunSpec``
-names, each found through its registry, wired together once.
+"""The composition root of one run: the serving stack, model, backend, scheduler and runners a ``RunSpec``
+names, each found through its registry, wired together once: the graph dispatcher over the mode's runners
+(``runners/dispatch.py``), and the speculative worker over the dispatcher.
 
 Nothing else in the harness constructs these pieces for a run, so a new serving stack, eviction policy,
 backend or runner reaches every run (the CLI, pytest, the benchmark) through its registry name alone.
@@ -13,15 +14,15 @@ import torch
 
 from ..backends.base import AttentionBackend
 from ..backends.registry import backend_class
-from ..runners.base import Runner, RunnerContext
-from ..runners.registry import runner_class
-from ..runspec import Mode, RunSpec
+from ..runners.base import RunnerContext
+from ..runners.dispatch import GraphDispatcher
+from ..runners.speculative import SpeculativeWorker
+from ..runspec import RunSpec
 from ..serving.designs import resolve_design
 from ..serving.model import SyntheticModel
 from ..serving.pool import HybridSWAKVPool, ReqToTokenPool
 from ..serving.registry import eviction_policy, stack_class
 from ..serving.scheduler import Scheduler
-from ..serving.speculative import SpeculativeWorker
 from ..serving.stack import ServingStack, StackSpec
 
 
@@ -34,7 +35,8 @@ class RunParts:
     stack: ServingStack
     scheduler: Scheduler
     backend: AttentionBackend
-    runner: Runner
+    runner: GraphDispatcher
+    """what the run calls: it picks the graph runner (or the eager one) of each forward"""
     worker: SpeculativeWorker
 
     @property
@@ -47,7 +49,7 @@ class RunParts:
 
     def run_batch(self, batch) -> list[torch.Tensor]:
         """Hidden states of every forward the batch takes (one per draft step for a draft batch)."""
-        return self.worker.run(self.runner.forward, batch)
+        return self.worker.run(batch)
 
 
 def assemble(spec: RunSpec) -> RunParts:
@@ -75,14 +77,6 @@ def assemble(spec: RunSpec) -> RunParts:
         faults=spec.faults,
     )
     ctx = RunnerContext(model=model, backend=backend, pool=stack.pool, req_to_token_pool=stack.req_to_token_pool)
-    runner = make_runner(spec, ctx)
+    runner = GraphDispatcher.for_run(ctx, spec)
     stack.poison()
-    return RunParts(spec, model, stack, scheduler, backend, runner, SpeculativeWorker(spec.faults))
-
-
-def make_runner(spec: RunSpec, ctx: RunnerContext) -> Runner:
-    """The runner the spec names (its mode's built-in one by default), over an eager runner to fall back on."""
-    eager = runner_class(Mode.EAGER).for_run(ctx, spec)
-    if spec.runner is None and spec.mode == Mode.EAGER:
-        return eager
-    return runner_class(spec.runner or Mode(spec.mode).value).for_run(ctx, spec, eager=eager)
+    return RunParts(spec, model, stack, scheduler, backend, runner, SpeculativeWorker(runner, spec.faults))

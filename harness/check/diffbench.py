@@ -44,6 +44,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..bench_rows import DiffBenchRow
 from ..runspec import RunSpec
 from ..serving.model import ModelSpec
 from ..serving.pool import PoolSpec, poison_
@@ -53,36 +54,7 @@ from .result import RunResult
 from .snapshot import WholeStep, snapshots_of
 from .verdict import judge
 
-__all__ = ["DiffBenchRow", "measure_diff"]
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class DiffBenchRow:
-    case: str
-    """"copy", "clone", "identical", "P% of slots mismatched" or "N mismatched slots\""""
-    cache_bytes: int
-    """one snapshot: both pools, every layer, K and V"""
-    steps: int
-    """snapshots per run diffed (copy and clone handle one)"""
-    live_slots: int
-    """(pool, slot) pairs compared per step: full-pool live tokens plus SWA in-window tokens"""
-    mismatched_slots: int
-    """differing (pool, slot) pairs planted; 0 for copy, clone and identical"""
-    found_slots: int
-    """``DiffResult.mismatched_slots`` (equals the request when the diff is right)"""
-    mismatches: int
-    """``DiffResult.total``: bad (layer, slot) rows over all steps"""
-    classes: tuple[tuple[str, int], ...]
-    seconds: float
-    """best of the rounds"""
-    vs_copy: float
-    """throughput relative to ``copy``: (steps x copy seconds) / seconds"""
-    vs_clone: float
-    """throughput relative to ``clone``"""
-    peak_bytes: int | None
-    """largest resident-set growth during one call, None where it cannot be measured"""
-    judge_seconds: float | None = None
-    """best time of ``verdict.judge`` on the same runs; None for copy and clone"""
+__all__ = ["measure_diff"]
 
 
 @dataclass(frozen=True, slots=True)

@@ -189,7 +189,7 @@ def _graph(obs: GraphObservations | None) -> GraphView | None:
         eager_fallbacks=obs.eager_fallbacks,
         findings=tuple(FindingView(kind=str(f.kind), graph=f.graph, path=f.path, dtype=f.dtype, shape=tuple(f.shape),
                                    replays=f.replays, captured=f.captured, now=f.now) for f in obs.findings),
-        rerun_ops=tuple(obs.rerun_ops), notes=tuple(obs.notes),
+        rerun_ops=tuple(obs.rerun_ops), notes=tuple(obs.notes), forwards=tuple(obs.forwards),
     )
 
 

@@ -93,6 +93,7 @@ def forward_label(forwards: Sequence[ForwardView]) -> tuple[str, str, str]:
         text = (f"{f.rows}/{f.bucket}" if padded else f"R{f.bucket}") + times
         tip = (f"replayed the bucket-{f.bucket} graph with {f.rows} real rows"
                + (f" ({f.bucket - f.rows} padded)" if padded else "")
+               + (f", graph {f.graph}" if f.graph else "")
                + (", captured on demand just before" if f.captured else "")
                + (f"; {len(forwards)} forwards (draft steps)" if times else ""))
         return ("C" if f.captured else "") + text, PATH_COLOURS["padded" if padded else "replay"], tip

@@ -89,7 +89,7 @@ class RunSection:
     cause: tuple[FindingRow, ...]
     """the findings shown beside the first divergence, each linking to its row of the input audit"""
     cause_label: str
-    """which graphs' audit ``cause`` comes from: ``the graph step 1 replayed (decode bs=4)``"""
+    """which graphs' audit ``cause`` comes from: ``the graph step 1 replayed (decode/bs4)``"""
     graph: GraphView | None
     graph_stats: tuple[tuple[str, str], ...]
     failed_in: str | None

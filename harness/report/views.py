@@ -80,6 +80,8 @@ class GraphView:
     """custom ops the engine replays by calling them again (their work is invisible to the dispatcher)"""
     notes: tuple[str, ...] = ()
     """what the engine could not model and says so (a capture-query guard that cannot see the capture)"""
+    forwards: tuple[tuple[str, int], ...] = ()
+    """(graph name, forwards that used it): ``decode/bs4``, ``eager`` for the forwards no graph took"""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -118,7 +120,7 @@ class ForwardView:
     captured: bool
     """replayed right after an on-demand capture"""
     graph: str | None = None
-    """the replayed graph's label (``decode bs=4``), as the input audit's findings name it"""
+    """the graph the forward used (``decode/bs4``, ``eager``), as the input audit's findings name a replayed one"""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -244,6 +246,7 @@ class CaseView:
             g["findings"] = tuple(FindingView(**{**f, "shape": tuple(f["shape"])}) for f in g["findings"])
             for name in ("rerun_ops", "notes"):
                 g[name] = tuple(g.get(name, ()))
+            g["forwards"] = tuple((str(name), int(n)) for name, n in g.get("forwards", ()))
             data["graph"] = GraphView(**g)
         if data.get("setup"):
             setup = dict(data["setup"])

@@ -14,13 +14,14 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from ..backends.registry import BACKENDS, backend_class
+from ..imports import is_import_path
 from ..runspec import Problem
 from ..serving.faults import FAULTS, Component
 from ..serving.registry import EVICTION_POLICIES
 from .dry_run import dry_run
 from .names import look_alike_note, skeleton
 from .schema import parse, read_document
-from .spec import ScenarioSpec, is_import_path
+from .spec import ScenarioSpec
 from .toml_access import Reader
 
 SCENARIO_ROOT_DEFAULT = "scenarios"

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..imports import is_import_path
 from ..runspec import (
     TIMEOUT_DEFAULT_S,
     TIMEOUT_MAX_S,
@@ -99,12 +100,6 @@ def _pick(by_mode: tuple[tuple[Mode, Outcome], ...], mode: str, default: Outcome
         if name == mode:
             return verdict
     return default
-
-
-def is_import_path(name: str) -> bool:
-    """``package.module:attribute``: the one way a scenario names code outside the harness."""
-    module, sep, attr = name.partition(":")
-    return bool(sep) and all(p.isidentifier() for p in module.split(".")) and attr.isidentifier()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

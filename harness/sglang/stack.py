@@ -208,11 +208,6 @@ class SGLangStack(ServingStack):
     def free_slots(self) -> tuple[frozenset[int], frozenset[int]]:
         return self._free_of(self.allocator.full_attn_allocator), self._free_of(self.allocator.swa_attn_allocator)
 
-    def free_lists(self) -> tuple[list[int], list[int]]:
-        """The full and SWA free lists in the order SGLang hands them out (slots at page 1, pages otherwise)."""
-        return ([int(i) for i in self.allocator.full_attn_allocator.free_pages.tolist()],
-                [int(i) for i in self.allocator.swa_attn_allocator.free_pages.tolist()])
-
     # ---- internals -------------------------------------------------------------------------------------
     def _free_of(self, inner: object) -> frozenset[int]:
         p = self.page_size

@@ -22,7 +22,7 @@ def setup():
     batch = make_forward_batch(
         forward_mode=ForwardMode.EXTEND, input_ids=torch.zeros(3, dtype=torch.int64), positions=torch.arange(3),
         req_pool_indices=torch.tensor([row]), prefix_lens=[0], extend_lens=[3], out_cache_loc=locs,
-        req_to_token_pool=r2t, pool=pool,
+        req_to_token_pool=r2t, pool=pool, translate=pool.translate_loc_from_full_to_swa,
     )
     return spec, pool, r2t, alloc, batch
 
@@ -90,7 +90,8 @@ def test_untranslated_writes_at_the_full_slots_and_asserts_past_the_swa_pool(set
     past = make_forward_batch(
         forward_mode=ForwardMode.DECODE, input_ids=torch.zeros(1, dtype=torch.int64), positions=torch.tensor([3]),
         req_pool_indices=batch.req_pool_indices, prefix_lens=[3], extend_lens=[1],
-        out_cache_loc=torch.tensor([pool.swa_size]), req_to_token_pool=r2t, pool=pool)
+        out_cache_loc=torch.tensor([pool.swa_size]), req_to_token_pool=r2t, pool=pool,
+        translate=pool.translate_loc_from_full_to_swa)
     with pytest.raises(RuntimeError, match=r"device-side assert: out-of-bounds index into the SWA pool \(16 slots\)"):
         DESIGNS["untranslated"](past, pool, _Md(), 0)
 

@@ -12,6 +12,7 @@ from harness.check.drive import execute
 from harness.imports import load_named
 from harness.runners.decode_graph import DecodeGraphRunner
 from harness.runners.piecewise import PiecewisePrefillRunner
+from harness.runners.speculative import SpeculativeWorker
 from harness.runspec import RunSpec
 from harness.scenario import ScenarioError, load_all, load_scenario
 from harness.serving.faults import FAULTS, Component, faults_acting_on
@@ -19,7 +20,6 @@ from harness.serving.model import model_spec
 from harness.serving.pool import PoolSpec
 from harness.serving.prefix_cache import SWARadixCache
 from harness.serving.scheduler import Scheduler
-from harness.serving.speculative import SpeculativeWorker
 from harness.serving.timeline import RequestSpec, TimelineSpec
 
 SGLANG_SCENARIOS = Path(__file__).resolve().parents[1] / "sglang" / "sglang_scenarios"
@@ -84,7 +84,8 @@ def test_each_component_class_takes_its_switches_from_the_catalog():
 
 
 def test_a_worker_ignores_faults_that_are_not_its_own():
-    assert SpeculativeWorker({"no_zero_swa_pad", "stale_swa_after_reassign"}).faults == {"stale_swa_after_reassign"}
+    worker = SpeculativeWorker(object(), {"no_zero_swa_pad", "stale_swa_after_reassign"})  # runs nothing
+    assert worker.faults == {"stale_swa_after_reassign"}
 
 
 def test_a_fault_that_cannot_act_in_any_mode_is_a_load_error(tmp_path: Path):

@@ -19,6 +19,7 @@ FORBIDDEN = {
     "check": {"report", "collect", "plugin", "cli", "bench"},
     "report": {"collect", "plugin", "cli", "bench"},
     "imports": {"serving", "graphs", "backends", "runners", "check", "scenario", "report", "runspec"},
+    "options": {"serving", "graphs", "backends", "runners", "check", "scenario", "report", "runspec", "imports"},
 }
 
 

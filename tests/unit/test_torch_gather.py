@@ -107,7 +107,7 @@ def _forward(backend_name: str, pool, r2t, row, locs):
     batch = make_forward_batch(forward_mode=ForwardMode.DECODE, input_ids=torch.zeros(1, dtype=torch.int64),
                                positions=torch.tensor([len(locs) - 1]), req_pool_indices=torch.tensor([row]),
                                prefix_lens=[len(locs) - 1], extend_lens=[1], out_cache_loc=locs[-1:],
-                               req_to_token_pool=r2t, pool=pool)
+                               req_to_token_pool=r2t, pool=pool, translate=pool.translate_loc_from_full_to_swa)
     backend.init_forward_metadata(batch)
     gen = torch.Generator().manual_seed(3)
     hq, hkv, d = SPEC.num_heads, SPEC.num_kv_heads, SPEC.head_dim
