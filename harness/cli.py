@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import difflib
 import enum
 import os
@@ -26,6 +27,7 @@ from .runners.registry import runner_option
 from .runspec import TIMEOUT_MAX_S, Device, Engine, Mode
 from .serving.designs import DESIGNS
 from .serving.faults import FAULTS
+from .serving.registry import STACKS
 
 if TYPE_CHECKING:
     from .check.case import Case
@@ -45,6 +47,8 @@ def _load(args: argparse.Namespace) -> tuple[list[ScenarioSpec], list[ScenarioEr
 
 
 def _select(args: argparse.Namespace, specs: list[ScenarioSpec]) -> list[ScenarioSpec]:
+    if args.serving is not None:  # what the scenarios run on, not which of them run: before the filters
+        specs = [dataclasses.replace(s, serving=args.serving) for s in specs]
     if args.fault:
         specs = [s for s in specs if set(s.faults) & set(args.fault)]
     if args.no_faults:  # by what a scenario does, not where it lives: faults act outside scenarios/faults/ too
@@ -262,6 +266,9 @@ def _add_matrix_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--runner", action="append", type=_runner, metavar="MODE=package.module:Class",
                    help="run this mode with this runner instead of the built-in one, expected to give what the "
                         "scenarios expect in that mode (repeatable, one per mode; the contract: docs/design.md)")
+    p.add_argument("--serving", type=_serving, metavar="STACK",
+                   help="run every selected scenario on this serving stack instead of its [serving] stack: a "
+                        "registered one (miniature, or a target's: sglang) or an import path 'package.module:Class'")
     p.add_argument("--fault", action="append", type=name_type("fault", sorted(FAULTS)), metavar="FAULT",
                    help="only scenarios that inject this fault (repeatable; the faults column of list)")
     p.add_argument("--no-faults", action="store_true",
@@ -289,6 +296,13 @@ def _design(text: str) -> str:
         return text
     raise argparse.ArgumentTypeError(unknown_name("design", text, DESIGNS,
                                                   also="an import path 'package.module:function'"))
+
+
+def _serving(text: str) -> str:
+    if text in STACKS or is_import_path(text):
+        return text
+    raise argparse.ArgumentTypeError(unknown_name("serving stack", text, STACKS,
+                                                  also="an import path 'package.module:Class'"))
 
 
 def _backend(text: str) -> str:

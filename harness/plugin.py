@@ -37,6 +37,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--harness-backend", action="append", default=[], metavar="package.module:Class",
                     help="add this backend to every scenario that does not list it, each item expected to give what "
                          "the scenario expects of its design (repeatable)")
+    group.addoption("--harness-serving", default=None, metavar="STACK",
+                    help="run every scenario on this serving stack instead of its [serving] stack: a registered one "
+                         "(miniature, or a target's: sglang) or an import path 'package.module:Class'")
     group.addoption("--harness-runner", action="append", default=[], metavar="MODE=package.module:Class",
                     help="run this mode with this runner instead of the built-in one (repeatable, one per mode)")
     group.addoption("--harness-json", metavar="FILE", default=None,
@@ -145,13 +148,18 @@ def pytest_xdist_setupnodes(config: pytest.Config, specs) -> None:
 
 
 def _check_added_names(config: pytest.Config) -> None:
-    """A usage error for a design or backend that is neither registered nor an import path, before collection."""
+    """A usage error for a design, backend or serving stack that is neither registered nor an import path,
+    before collection."""
     from .backends.registry import BACKENDS
     from .serving.designs import DESIGNS
+    from .serving.registry import STACKS
 
     for option, kind, known, also in (("harness_design", "design", DESIGNS, "an import path 'package.module:function'"),
-                                      ("harness_backend", "backend", BACKENDS, "an import path 'package.module:Class'")):
-        for name in config.getoption(option, None) or ():
+                                      ("harness_backend", "backend", BACKENDS, "an import path 'package.module:Class'"),
+                                      ("harness_serving", "serving stack", STACKS,
+                                       "an import path 'package.module:Class'")):
+        given = config.getoption(option, None) or ()
+        for name in [given] if isinstance(given, str) else given:
             if name not in known and not is_import_path(name):
                 raise pytest.UsageError(f"--{option.replace('_', '-')}: {unknown_name(kind, name, known, also=also)}")
 
