@@ -17,7 +17,7 @@ from ..backends.base import AttentionBackend
 from ..backends.registry import BACKENDS, backend_class
 from ..runspec import TIMEOUT_DEFAULT_S, Device, Engine, RunSpec
 from ..scenario.spec import ScenarioSpec
-from ..serving.designs import DESIGNS
+from ..serving.designs import DESIGN_REGISTRY
 from ..serving.registry import EVICTION_POLICIES, OPTIONAL_STACKS, STACKS
 from .expect import EXPECT_DEFAULT, LIKE, NO_EXPECTATION, expect_problem  # noqa: F401 - case's vocabulary too
 from .judgement import Judgement
@@ -57,7 +57,7 @@ class Case:
         """Every part of the run is the harness's own code: design, backend, runner, serving stack and eviction
         policy are registered names, none an import path or an optional install. Such runs are trusted to
         leave their process as they found it, so they may share a child process (``matrix.run_cases``)."""
-        return (self.design in DESIGNS and self.backend in BACKENDS and self.runner is None
+        return (self.design in DESIGN_REGISTRY and self.backend in BACKENDS and self.runner is None
                 and self.scenario.serving in STACKS and self.scenario.serving not in OPTIONAL_STACKS
                 and self.scenario.eviction.policy in EVICTION_POLICIES)
 
