@@ -31,7 +31,7 @@ from ..runspec import (
 from ..serving.designs import DEFAULT_DESIGNS
 from ..serving.eviction import EvictionSpec
 from ..serving.model import PRESETS, ModelSpec, model_spec
-from ..serving.pool import PoolSpec
+from ..serving.pool import FREE_ORDERS, PoolSpec
 from ..serving.timeline import RequestSpec, TimelineSpec
 from .toml_access import (
     Check,
@@ -269,7 +269,8 @@ def _read_serving(r: Reader, table: dict) -> tuple[str, str | None]:
     r.known_keys(table, "serving", _SERVING_KEYS)
     default = ScenarioSpec.__dataclass_fields__["serving"].default
     stack = r.value(table, "serving", "stack", string(nonempty=True), default)
-    free_order = r.value(table, "serving", "free_order", string(), None)
+    # checked here, not by the pool's rules: a problem names the key the file has
+    free_order = r.value(table, "serving", "free_order", choice(FREE_ORDERS), None)
     return (default if stack is None else stack.strip()), free_order
 
 

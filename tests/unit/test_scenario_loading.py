@@ -467,12 +467,12 @@ def test_serving_table_problems_name_the_key_and_what_was_expected(tmp_path):
     text = "\n".join(problems_of(path))
     assert (f"{path}: serving.stack: unknown serving stack 'sglnag' (did you mean 'sglang'?); known serving stacks: "
             "miniature, sglang, or an import path 'package.module:Class'") in text
-    assert f"{path}: serving.free_order: expected a string, got integer 3" in text
+    assert f"{path}: serving.free_order: expected one of 'lowest', 'fifo', 'lifo', got integer 3" in text
     assert f"{path}: serving.kind: unknown key; expected one of stack, free_order" in text
     assert_problem(write(tmp_path, name="b", graphs='[serving]\nstack = "not a name"\n'), "serving.stack",
                    "expected a serving stack's name or an import path 'package.module:Class', got 'not a name'")
-    assert_problem(write(tmp_path, name="c", graphs='[serving]\nfree_order = "highest"\n'), "pool.free_order",
-                   "expected one of")
+    assert_problem(write(tmp_path, name="c", graphs='[serving]\nfree_order = "highest"\n'), "serving.free_order",
+                   "expected one of 'lowest', 'fifo', 'lifo', got string 'highest'")
     assert_problem(write(tmp_path, name="d", pool="[pool]\nfull_size = 64\nswa_size = 32\nfree_order = \"fifo\"\n",
                          graphs='[serving]\nfree_order = "fifo"\n'), "serving.free_order: given in [pool] too")
     # the old docs' spelling, a top-level string
