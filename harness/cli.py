@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import difflib
 import enum
 import os
@@ -27,6 +28,7 @@ from .runners.registry import runner_option
 from .runspec import TIMEOUT_MAX_S, Device, Engine, Mode
 from .serving.designs import DESIGNS
 from .serving.faults import FAULTS
+from .serving.registry import STACKS
 
 if TYPE_CHECKING:
     from .check.case import Case
@@ -46,6 +48,8 @@ def _load(args: argparse.Namespace) -> tuple[list[ScenarioSpec], list[ScenarioEr
 
 
 def _select(args: argparse.Namespace, specs: list[ScenarioSpec]) -> list[ScenarioSpec]:
+    if args.serving is not None:  # what the scenarios run on, not which of them run: before the filters
+        specs = [dataclasses.replace(s, serving=args.serving) for s in specs]
     if args.fault:
         specs = [s for s in specs if set(s.faults) & set(args.fault)]
     if args.no_faults:  # by what a scenario does, not where it lives: faults act outside scenarios/faults/ too
@@ -254,6 +258,7 @@ def _add_matrix_options(p: argparse.ArgumentParser) -> None:
                    help="only this mode (repeatable)")
     add_cli_option(p, "backend", type=_backend)
     add_cli_option(p, "runner", type=_runner)
+    add_cli_option(p, "serving", type=_serving)
     p.add_argument("--fault", action="append", type=name_type("fault", sorted(FAULTS)), metavar="FAULT",
                    help="only scenarios that inject this fault (repeatable; the faults column of list)")
     p.add_argument("--no-faults", action="store_true",
@@ -278,6 +283,13 @@ def _design(text: str) -> str:
         return text
     raise argparse.ArgumentTypeError(unknown_name("design", text, DESIGNS,
                                                   also="an import path 'package.module:function'"))
+
+
+def _serving(text: str) -> str:
+    if text in STACKS or is_import_path(text):
+        return text
+    raise argparse.ArgumentTypeError(unknown_name("serving stack", text, STACKS,
+                                                  also="an import path 'package.module:Class'"))
 
 
 def _backend(text: str) -> str:

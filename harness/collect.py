@@ -8,6 +8,7 @@ backend's declaration) is skipped with the reason; one whose backend runs only o
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -66,6 +67,8 @@ class ScenarioFile(pytest.File):
         except ScenarioError as err:
             yield BadScenarioItem.from_parent(self, name=f"{printable(self.path.stem)}[load]", error=err)
             return
+        if (stack := getattr(self.config.option, "harness_serving", None)) is not None:
+            scenario = dataclasses.replace(scenario, serving=stack)  # --harness-serving: what every scenario runs on
         device, engine, timeout_s = harness_options(self.config)
         seen_backends: set[str] = set()
         for case in cases(scenario, engine=engine, device=device, timeout_s=timeout_s, **added_options(self.config)):

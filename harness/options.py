@@ -64,6 +64,9 @@ SHARED_OPTIONS: dict[str, SharedOption] = {o.name: o for o in (
     SharedOption(name="runner", metavar="MODE=package.module:Class", repeatable=True,
                  help="run this mode with this runner instead of the built-in one, expected to give what the "
                       "scenarios expect in that mode (repeatable, one per mode; the contract: docs/design.md)"),
+    SharedOption(name="serving", metavar="STACK",
+                 help="run every scenario on this serving stack instead of its [serving] stack: a registered one "
+                      "(miniature, or a target's: sglang) or an import path 'package.module:Class'"),
     SharedOption(name="engine", metavar="{tape,cuda}", help="graph engine (default: tape on cpu, cuda on cuda)"),
     SharedOption(name="device", metavar="{cpu,cuda}",
                  help="where the runs' tensors live (default: cpu; cuda needs a CUDA device, and marks pytest's "

@@ -31,6 +31,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     add_plugin_option(group, "design", default=[])
     add_plugin_option(group, "expect", default=None, help_values={"expect_default": EXPECT_DEFAULT})
     add_plugin_option(group, "backend", default=[])
+    add_plugin_option(group, "serving", default=None)
     add_plugin_option(group, "runner", default=[])
     add_plugin_option(group, "json", default=None)
     add_plugin_option(group, "report", default=None)
@@ -136,13 +137,18 @@ def pytest_xdist_setupnodes(config: pytest.Config, specs) -> None:
 
 
 def _check_added_names(config: pytest.Config) -> None:
-    """A usage error for a design or backend that is neither registered nor an import path, before collection."""
+    """A usage error for a design, backend or serving stack that is neither registered nor an import path,
+    before collection."""
     from .backends.registry import BACKENDS
     from .serving.designs import DESIGNS
+    from .serving.registry import STACKS
 
     for option, kind, known, also in (("harness_design", "design", DESIGNS, "an import path 'package.module:function'"),
-                                      ("harness_backend", "backend", BACKENDS, "an import path 'package.module:Class'")):
-        for name in config.getoption(option, None) or ():
+                                      ("harness_backend", "backend", BACKENDS, "an import path 'package.module:Class'"),
+                                      ("harness_serving", "serving stack", STACKS,
+                                       "an import path 'package.module:Class'")):
+        given = config.getoption(option, None) or ()
+        for name in [given] if isinstance(given, str) else given:
             if name not in known and not is_import_path(name):
                 raise pytest.UsageError(f"--{option.replace('_', '-')}: {unknown_name(kind, name, known, also=also)}")
 

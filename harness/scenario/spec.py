@@ -126,7 +126,8 @@ class ScenarioSpec:
     timeout_s: float = TIMEOUT_DEFAULT_S
     """each run's time limit; past it the run is an ``error`` verdict and the others go on"""
     serving: str = "miniature"
-    """the serving stack under test (``serving/registry.py``)"""
+    """the serving stack under test (``[serving] stack``): a name in ``serving/registry.py`` (a target package
+    registers its own) or ``package.module:Class``"""
     eviction: EvictionSpec = EvictionSpec()
     """the SWA eviction policy and its knobs"""
 
@@ -186,6 +187,9 @@ class ScenarioSpec:
         out.extend(_list_problems("graphs.modes", self.modes, lambda k, v: choice_problem(k, v, Mode)))
         out.extend(_list_problems("run.designs", self.designs, _design_problem))
         out.extend(_list_problems("run.backends", self.backends, _backend_problem))
+        if not (self.serving.isidentifier() or is_import_path(self.serving)):
+            out.append(Problem("serving.stack", f"expected a serving stack's name or an import path "
+                                                f"'package.module:Class', got {self.serving!r}"))
         out.extend(_list_problems("run.faults", self.faults, self._fault_problem, nonempty=False))
         out.extend(self._expectation_problems())
         if not 0 < self.timeout_s <= TIMEOUT_MAX_S:

@@ -2,7 +2,7 @@
 layers run as SGLang ``RadixAttention`` over the real backend, which writes and reads the real pool.
 
 Name it in a scenario as ``backends = ["harness.sglang.backend:InstalledTorchNativeAttn"]``, under
-``serving = "sglang"`` (it needs the installed pool it reads: ``stack.installed_stack``). Per forward the
+``[serving] stack = "sglang"`` (it needs the installed pool it reads: ``stack.installed_stack``). Per forward the
 builder makes SGLang's ``ForwardBatch`` by hand (its seven required fields and the extend lengths) and calls
 the real ``init_forward_metadata``, which translates ``out_cache_loc`` into the backend's
 ``swa_out_cache_loc``. Per layer the implementation maps the design under test onto that write seam (an SWA

@@ -60,8 +60,8 @@ def installed_stack(pool: HybridSWAKVPool) -> SGLangStack:
     SGLang's own objects from. ValueError for a pool of another stack."""
     stack = _BUILT.get(pool)
     if stack is None:
-        raise ValueError("this backend runs the installed SGLang's code over its own pool: it needs serving = "
-                         "\"sglang\" (the pool given is another stack's)")
+        raise ValueError("this backend runs the installed SGLang's code over its own pool: it needs [serving] "
+                         "stack = \"sglang\" in the scenario (the pool given is another stack's)")
     return stack
 
 

@@ -10,7 +10,7 @@ from harness.check.assemble import assemble
 from harness.runspec import GraphSpec, RunSpec
 from harness.serving.model import model_spec
 from harness.serving.pool import PoolSpec
-from harness.serving.workloads import heterogeneous_decode, heterogeneous_prefill  # noqa: F401  (the flows import them from here)
+from workloads import heterogeneous_decode, heterogeneous_prefill  # noqa: F401  (the flows import them from here)
 
 
 def spec_for(preset: str, timeline_fn, mode: str, design: str = "forward_batch", **kw) -> RunSpec:

@@ -102,3 +102,32 @@ def test_third_party_design_by_import_path():
         resolve_design("nope")
     with pytest.raises(DesignImportError, match="cannot be imported"):
         resolve_design("no.such.module:fn")
+
+
+def test_the_readme_design_table_is_the_declarations():
+    from pathlib import Path
+
+    from harness.serving.designs import DESIGN_RECORDS
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    table = readme[readme.index("| design | declared | rule | stands for |"):].split("\n\n", 1)[0]
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in table.splitlines()[2:]]
+    assert [r[0].strip("`") for r in rows] == [d.name for d in DESIGN_RECORDS], "README's design table and DESIGN_RECORDS disagree"
+    for row, d in zip(rows, DESIGN_RECORDS):
+        kind = row[1].split("; ")
+        assert kind[0] == ("sound" if d.sound else "known-wrong"), d.name
+        assert ("needs a plan" in row[1]) is d.needs_plan and ("opt-in" in row[1]) is d.opt_in, d.name
+        assert row[2] == d.rule and row[3] == d.reference, d.name
+
+
+def test_defaults_leave_out_the_opt_in_designs_and_a_declared_import_path_keeps_its_record():
+    from harness.serving.designs import DEFAULT_DESIGNS, DESIGN_RECORDS, declare, declared
+
+    assert DEFAULT_DESIGNS == tuple(d.name for d in DESIGN_RECORDS if not d.opt_in)
+    assert declared("translate").sound and declared("harness.serving.designs:translate") is None
+
+    @declare(sound=False, rule="r", reference="ref")
+    def mine(forward_batch, pool, metadata, layer_id):
+        return forward_batch.out_cache_loc
+
+    assert mine.design.name.endswith(":mine") and mine.design.fn is mine and not mine.design.sound

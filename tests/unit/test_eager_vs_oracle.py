@@ -9,7 +9,7 @@ from harness.runspec import RunSpec
 from harness.serving.model import PRESETS, SyntheticModel, model_spec
 from harness.serving.pool import PoolSpec
 from harness.serving.timeline import RequestSpec, TimelineSpec
-from harness.serving.workloads import (
+from workloads import (
     chunked_decode,
     continuous_batching,
     prefill_lengths,

@@ -43,7 +43,7 @@ def test_every_catalog_fault_is_known_by_exactly_one_component():
 
 def test_a_fault_on_the_installed_sglang_is_a_patch_and_only_such_a_fault_is():
     patched = {name for name, fault in FAULTS.items() if fault.patch is not None}
-    assert patched == faults_acting_on(Component.INSTALLED_SGLANG) != set()
+    assert patched == faults_acting_on(Component.TARGET) != set()
     for name in patched:  # importable without SGLang: each imports it only when entered
         assert callable(load_named(FAULTS[name].patch, {}, kind="fault patch", check=lambda obj: None)), name
 
@@ -51,7 +51,7 @@ def test_a_fault_on_the_installed_sglang_is_a_patch_and_only_such_a_fault_is():
 def test_every_patch_fault_is_flagged_by_an_sglang_scenario_and_matches_without_it():
     specs, errors = load_all([SGLANG_SCENARIOS])
     assert not errors, "\n".join(str(e) for e in errors)
-    for name in faults_acting_on(Component.INSTALLED_SGLANG):
+    for name in faults_acting_on(Component.TARGET):
         flagged = [(s.name, e.design) for s in specs if name in s.faults for e in s.expectations
                    if e.without_faults == "match" and e.verdict in ("diverge", "error", "invariant")]
         assert flagged, f"no SGLang scenario flags {name} and expects a match once it is switched off"

@@ -14,7 +14,7 @@ from harness.check.snapshot import WholeStep, replay, snapshots_of
 from harness.runspec import RunSpec
 from harness.serving.model import SyntheticModel, model_spec
 from harness.serving.pool import PoolSpec, dequantize_fp8
-from harness.serving.workloads import chunked_decode, continuous_batching
+from workloads import chunked_decode, continuous_batching
 
 
 def literal_certify(snapshots, oracle, *, model, kv_dtype, kv_scales, max_problems=5) -> Certification:
