@@ -92,7 +92,12 @@ def _nonempty(value: Any) -> str | None:
 
 _COUNT = _between(0, COUNT_LIMIT)
 _STEP = _between(0, _STEP_LIMIT)
-_POOLS = _choice("full", "swa", "hidden")
+def _group_name(value: Any) -> str | None:
+    # a stack names its own KV groups ("full" and "swa" for SGLang's); "hidden" is a hidden state's record
+    return None if value.isidentifier() and len(value) <= 64 else "expected a KV group's name (an identifier)"
+
+
+_POOLS = _group_name
 _OUTCOMES = tuple(Outcome)
 
 # (view, field) -> the rule beyond its type; applied to each item of a tuple field
@@ -125,7 +130,7 @@ _RULES: dict[tuple[str, str], Callable[[Any], str | None]] = {
     ("GraphView", "replays"): _COUNT,
     ("GraphView", "padded_replays"): _COUNT,
     ("GraphView", "eager_fallbacks"): _COUNT,
-    ("SetupView", "layers"): _choice("swa", "full"),
+    ("SetupView", "layers"): _group_name,
     ("SetupView", "window"): _between(1, MAX_POSITIONS),
     # a report draws every slot of a pool: bounded as a scenario's pools are (``setup.full_size = 10**9``
     # would loop over a billion slots)
@@ -142,8 +147,12 @@ _RULES: dict[tuple[str, str], Callable[[Any], str | None]] = {
     ("ForwardView", "rows"): _COUNT,
     ("ForwardView", "bucket"): _between(1, POOL_SIZE_LIMIT),
     ("TokenSlotsView", "pos"): _between(0, MAX_POSITIONS),
-    ("TokenSlotsView", "full_slot"): _between(0, POOL_SIZE_LIMIT - 1),
-    ("TokenSlotsView", "swa_slot"): _between(0, POOL_SIZE_LIMIT - 1),
+    ("TokenSlotsView", "slots"): _between(0, POOL_SIZE_LIMIT - 1),
+    ("GroupView", "name"): _group_name,
+    ("GroupView", "label"): _nonempty,
+    ("GroupView", "size"): _between(0, POOL_SIZE_LIMIT),
+    ("GroupView", "window"): _between(0, MAX_POSITIONS),
+    ("GroupView", "layers"): _between(0, 4095),
     ("StepView", "index"): _STEP,
     ("StepView", "kind"): _choice("extend", "decode", "draft"),
     ("StepView", "batch_size"): _COUNT,
@@ -153,7 +162,8 @@ _RULES: dict[tuple[str, str], Callable[[Any], str | None]] = {
     ("HeatView", "count"): _COUNT,
 }
 _SEQUENCE_LIMIT = {("CaseView", "details"): 10_000, ("SetupView", "layers"): 4096, ("FindingView", "shape"): 16,
-                   ("ErrorView", "frames"): 64}
+                   ("ErrorView", "frames"): 64, ("SetupView", "groups"): 64, ("GroupView", "layers"): 4096,
+                   ("TokenSlotsView", "slots"): 64}
 """items a tuple field may hold, where more would only be a way to make a report slow"""
 
 
@@ -262,17 +272,29 @@ def _check_view(value: Any, view: type) -> None:
             raise _within(name, exc) from None
 
 
-_TOKEN_ROWS = _compile(tuple[tuple[str, int, int, int], ...])
-
-
 def _check_written(value: Any) -> None:
-    # a step's tokens are ``[rid, pos, full_slot, swa_slot]`` arrays in a record, to keep files small
-    _TOKEN_ROWS(value)
-    for i, (rid, pos, full_slot, swa_slot) in enumerate(value):
+    # a step's tokens are ``[rid, pos, slot in each group...]`` arrays in a record, to keep files small
+    # (``[rid, pos, full_slot, swa_slot]`` for SGLang's two groups, as every file before groups has them)
+    if not isinstance(value, list):
+        raise _Refused("", f"expected an array, got {_found(value)}")
+    for i, row in enumerate(value):
         try:
-            _check_view({"rid": rid, "pos": pos, "full_slot": full_slot, "swa_slot": swa_slot}, TokenSlotsView)
+            if not isinstance(row, list) or len(row) < 2:
+                raise _Refused("", f"expected an array [rid, pos, slot...], got {_found(row)}")
+            _check_view({"rid": row[0], "pos": row[1], "slots": row[2:]}, TokenSlotsView)
         except _Refused as exc:
             raise _within(f"[{i}]", exc) from None
+
+
+def _check_slot_counts(record: dict[str, Any]) -> None:
+    """Every written token names one slot per KV group of the record's setup (two without ``groups``:
+    SGLang's full and SWA pools), so that the report can read each group's slot of every token."""
+    setup = record.get("setup") or {}
+    width = 2 + (len(setup.get("groups") or ()) or 2)
+    for i, step in enumerate(record.get("steps") or ()):
+        for j, row in enumerate(step["written"]):
+            if len(row) != width:
+                raise _Refused(f"steps[{i}].written[{j}]", f"expected an array of {width}, got {_found(row)}")
 
 
 def _check_record(record: Any, at: str) -> None:
@@ -283,6 +305,7 @@ def _check_record(record: Any, at: str) -> None:
             raise _Refused("version", f"expected {RECORD_VERSION}, got {_found(record['version'])}")
         if "ok" in record and not isinstance(record["ok"], bool):
             raise _Refused("ok", f"expected true or false, got {_found(record['ok'])}")
+        _check_slot_counts(record)
     except _Refused as exc:
         exc.at = f"{at}: {exc.at}" if exc.at else at
         raise
