@@ -286,11 +286,26 @@ def _check_written(value: Any) -> None:
             raise _within(f"[{i}]", exc) from None
 
 
-def _check_slot_counts(record: dict[str, Any]) -> None:
-    """Every written token names one slot per KV group of the record's setup (two without ``groups``:
-    SGLang's full and SWA pools), so that the report can read each group's slot of every token."""
+_HYBRID_GROUPS = ("full", "swa")
+"""the groups a setup without ``groups`` has: SGLang's full and SWA pools"""
+
+
+def _check_groups(record: dict[str, Any]) -> None:
+    """Every pool a record names is one of its setup's KV groups (SGLang's two without ``groups``) or
+    "hidden", and every written token names one slot per group, so that the report can draw each group."""
     setup = record.get("setup") or {}
-    width = 2 + (len(setup.get("groups") or ()) or 2)
+    names = tuple(g["name"] for g in setup.get("groups") or ()) or _HYBRID_GROUPS
+    allowed = (*names, "hidden")
+    places = [(f"details[{i}].pool", m["pool"]) for i, m in enumerate(record.get("details") or ())]
+    places += [(f"heat[{i}].pool", h["pool"]) for i, h in enumerate(record.get("heat") or ())]
+    places += [("first.pool", record["first"]["pool"])] if record.get("first") else []
+    for i, name in enumerate(setup.get("layers") or ()):
+        if name not in names:
+            raise _Refused(f"setup.layers[{i}]", f"expected one of {', '.join(map(repr, names))}, got {_found(name)}")
+    for at, name in places:
+        if name not in allowed:
+            raise _Refused(at, f"expected one of {', '.join(map(repr, allowed))}, got {_found(name)}")
+    width = 2 + len(names)
     for i, step in enumerate(record.get("steps") or ()):
         for j, row in enumerate(step["written"]):
             if len(row) != width:
@@ -305,7 +320,7 @@ def _check_record(record: Any, at: str) -> None:
             raise _Refused("version", f"expected {RECORD_VERSION}, got {_found(record['version'])}")
         if "ok" in record and not isinstance(record["ok"], bool):
             raise _Refused("ok", f"expected true or false, got {_found(record['ok'])}")
-        _check_slot_counts(record)
+        _check_groups(record)
     except _Refused as exc:
         exc.at = f"{at}: {exc.at}" if exc.at else at
         raise
