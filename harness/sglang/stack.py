@@ -4,7 +4,9 @@ and ``ReqToTokenPool``, built on the CPU, behind the operations the harness uses
 Every slot, request row, free and translation is SGLang's own. What the harness's designs and backends see
 as ``pool`` is the miniature's pool class over SGLang's buffers: its K/V tensors *are* the real pool's
 per-layer buffers and its ``full_to_swa_index_mapping`` *is* the real allocator's, so whatever a design
-writes lands in the real pool, and the snapshots and the diff read the real pool slot by slot.
+writes lands in the real pool, and the snapshots and the diff read the real pool slot by slot, as SGLang's two
+KV groups, ``full`` and ``swa`` (``serving.stack.HybridSWAStack``). Backends are constructed with the stack;
+a design, handed only the pool, finds the stack through the view (``installed_stack``).
 
 Units agree once converted: SGLang's ``size`` excludes the dummy page and its buffers have ``size +
 page_size`` rows, which is the harness's ``full_size`` (dummy included). A pool's ``free_order`` must be

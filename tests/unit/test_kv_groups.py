@@ -141,3 +141,17 @@ def test_each_invariant_names_the_group_whose_slot_broke_it():
         ("retained", "w32", 7, "b@0 is behind its eviction frontier but still holds it"),
         ("free_but_owned", "w32", 7, "b@0 owns it, and it is on the free list"),
     ]
+
+
+def test_both_sglang_stacks_declare_its_two_groups_and_ask_the_swa_location_designs():
+    from harness.serving.miniature import MiniatureStack
+    from harness.serving.model import model_spec
+    from harness.serving.pool import PoolSpec
+    from harness.serving.stack import ServingStack, stack_spec
+    from harness.sglang.stack import SGLangStack
+
+    spec = stack_spec(model_spec("gemma-mini"), PoolSpec(full_size=64, swa_size=32))
+    assert SGLangStack.kv_groups(spec) == MiniatureStack.kv_groups(spec)
+    assert [(g.name, g.layer_ids, g.window) for g in MiniatureStack.kv_groups(spec)] == [
+        ("full", (5,), None), ("swa", (0, 1, 2, 3, 4), 6)]
+    assert SGLangStack.asks_swa_design and MiniatureStack.asks_swa_design and not ServingStack.asks_swa_design
