@@ -385,7 +385,8 @@ def _parting(sub: KVSnapshot, ref: KVSnapshot) -> KVMismatch:
         first = (sub.live or ref.live or (None,))[0]
         rid, pos, slot = (first.rid, first.pos, first.slots[0]) if first is not None else ("-", 0, None)
         theirs_at = (f"the reference's step {ref.step}" if groups.names == ref.groups.names else
-                     f"the reference's KV groups {', '.join(ref.groups.names)} (the subject's: {', '.join(groups.names)})")
+                     f"the reference's KV groups {', '.join(ref.groups.names)} "
+                     f"(the subject's: {', '.join(groups.names)})")
         return record(home, slot, rid, pos, f"the subject's step {sub.step} meets {theirs_at}")
     theirs = {(t.rid, t.pos): t for t in ref.live}
     mine = {(t.rid, t.pos): t for t in sub.live}
@@ -393,7 +394,8 @@ def _parting(sub: KVSnapshot, ref: KVSnapshot) -> KVMismatch:
         other = theirs.get((t.rid, t.pos))
         if other is None:
             return record(home, t.slots[0], t.rid, t.pos,
-                          f"{t.rid}@{t.pos} is live in the subject ({home_title} slot {t.slots[0]}), not in the reference")
+                          f"{t.rid}@{t.pos} is live in the subject ({home_title} slot {t.slots[0]}), "
+                          "not in the reference")
         for i, g in enumerate(groups):
             if not g.has_window and other.slots[i] != t.slots[i]:
                 return record(g.name, t.slots[i], t.rid, t.pos,
@@ -411,7 +413,8 @@ def _parting(sub: KVSnapshot, ref: KVSnapshot) -> KVMismatch:
     for t in ref.live:
         if (t.rid, t.pos) not in mine:
             return record(home, t.slots[0], t.rid, t.pos,
-                          f"{t.rid}@{t.pos} is live in the reference ({home_title} slot {t.slots[0]}), not in the subject")
+                          f"{t.rid}@{t.pos} is live in the reference ({home_title} slot {t.slots[0]}), "
+                          "not in the subject")
     first = sub.live[0]
     return record(home, first.slots[0], first.rid, first.pos, "the same live tokens in another order")
 
