@@ -20,10 +20,10 @@ from ..runners.speculative import SpeculativeWorker
 from ..runspec import RunSpec
 from ..serving.designs import resolve_design
 from ..serving.model import SyntheticModel
-from ..serving.pool import HybridSWAKVPool, ReqToTokenPool
+from ..serving.pool import ReqToTokenPool
 from ..serving.registry import eviction_policy, stack_class
 from ..serving.scheduler import Scheduler
-from ..serving.stack import ServingStack, StackSpec
+from ..serving.stack import ServingStack, stack_spec
 
 
 @dataclass(slots=True)
@@ -40,7 +40,8 @@ class RunParts:
     worker: SpeculativeWorker
 
     @property
-    def pool(self) -> HybridSWAKVPool:
+    def pool(self):
+        """the stack's ``pool`` (``stack.KVPool``)"""
         return self.stack.pool
 
     @property
@@ -57,10 +58,8 @@ def assemble(spec: RunSpec) -> RunParts:
     the pools: nothing has run yet."""
     device = torch.device(spec.device)
     model = SyntheticModel(spec.model, device)
-    stack = stack_class(spec.serving).build(StackSpec(
-        pool=spec.pool, layer_is_swa=tuple(spec.model.layer_is_swa), num_kv_heads=spec.model.num_kv_heads,
-        head_dim=spec.model.head_dim, kv_scales=tuple(model.kv_scales()), device=str(device),
-    ))
+    stack = stack_class(spec.serving).build(
+        stack_spec(spec.model, spec.pool, kv_scales=tuple(model.kv_scales()), device=str(device)))
     scheduler = Scheduler(
         spec.timeline,
         stack=stack,
@@ -70,8 +69,7 @@ def assemble(spec: RunSpec) -> RunParts:
     )
     backend = backend_class(spec.backend)(
         model_spec=spec.model,
-        pool=stack.pool,
-        req_to_token=stack.req_to_token_pool.req_to_token,
+        stack=stack,
         design=resolve_design(spec.design),
         kv_write=spec.kv_write,
         faults=spec.faults,

@@ -68,8 +68,7 @@ def judge(subject: RunResult, reference: RunResult) -> Verdict:
     # The diff counts every mismatch per (step, pool, layer) and builds records for the first DETAIL_LIMIT
     # only: building them all to count them cost three times the diff at 10% of a 512 MiB cache bad.
     diff = diff_runs(
-        subject.snapshots, reference.snapshots, layer_is_swa=spec.model.layer_is_swa, exact=exact, atol=atol,
-        rtol=rtol, limit=DETAIL_LIMIT,
+        subject.snapshots, reference.snapshots, exact=exact, atol=atol, rtol=rtol, limit=DETAIL_LIMIT,
     )
     common = {"diff": diff, "observations": subject.observations, "steps": subject.steps, "counts": diff.counts}
     if subject.error is not None:

@@ -47,6 +47,8 @@ class BatchBuilder:
         self.translator = translator
         self.driver = driver
         self.cache = driver.cache
+        # only a stack with an SWA pool has SWA locations to precompute (SGLang's hybrid pools)
+        self._translate = stack.translate if stack.asks_swa_design else None
 
     def next_step_pages(self) -> int:
         """Pages (of each pool) the batch ``next_step`` would build now allocates."""
@@ -135,7 +137,7 @@ class BatchBuilder:
             out_cache_loc=out_cache_loc,
             req_to_token_pool=self.stack.req_to_token_pool,
             pool=self.stack.pool,
-            translate=self.stack.translate,
+            translate=self._translate,
             kv_loc_plan=self.translator.own_plan(self.book.step, out_cache_loc),
         )
         return ScheduledStep(index=self.book.step, batch=batch, forwards=(tuple(owners),))
@@ -174,7 +176,7 @@ class BatchBuilder:
             out_cache_loc=loc_rows[0],
             req_to_token_pool=self.stack.req_to_token_pool,
             pool=self.stack.pool,
-            translate=self.stack.translate,
+            translate=self._translate,
             draft_out_cache_loc=torch.stack(loc_rows) if draft else None,
             draft_input_ids=ids.to(self.book.device) if draft else None,
             kv_loc_plan=self.translator.own_plan(self.book.step, torch.cat(loc_rows)),

@@ -152,7 +152,8 @@ class EvictionDriver:
         need = next_step_pages()
         page = self.stack.page_size
         while True:
-            free_full, free_swa = self.stack.free_slots()
+            free = self.stack.free_slots()  # the SWA radix cache runs on SGLang's two groups
+            free_full, free_swa = free["full"], free["swa"]
             short = ("swa_size" if len(free_swa) // page < need else
                      "full_size" if len(free_full) // page < need else None)
             if short is None or not self.cache.evict(short):

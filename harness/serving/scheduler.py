@@ -112,18 +112,18 @@ class Scheduler:
         # one translation of every running request's slots (it maps slot by slot) rather than one per request:
         # this runs twice a step, and on the tiny tensors here each call costs far more than its elements
         every = [slot for req in self._running for slot in req.slots]
-        translated = self.stack.translate(torch.tensor(every, dtype=torch.int64, device=self.device)).tolist() \
-            if every else []
+        per_token = list(zip(*self.stack.group_slots(torch.tensor(every, dtype=torch.int64, device=self.device))
+                             .tolist())) if every else []
         start = 0
         for req in self._running:
             # the keys the request's next query will read; older ones may already be evicted
             first_in_window = self.eviction.window_start(req.seq_len)
-            swa = translated[start : start + len(req.slots)]
+            slots = per_token[start : start + len(req.slots)]
             start += len(req.slots)
-            for pos, (full, swa_slot) in enumerate(zip(req.slots, swa)):
+            for pos, held in enumerate(slots):
                 out.append(
                     LiveToken(
-                        rid=req.spec.rid, pos=pos, full_slot=full, swa_slot=swa_slot, in_window=pos >= first_in_window,
+                        rid=req.spec.rid, pos=pos, slots=held, in_window=pos >= first_in_window,
                         past_frontier=req.cached_len <= pos < req.due, shared=pos < req.cached_len,
                     )
                 )

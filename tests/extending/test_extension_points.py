@@ -91,7 +91,8 @@ def _spec(**kw) -> RunSpec:
 
 
 def _swa_slots(result) -> list[tuple[str, int, int]]:
-    return [(t.rid, t.pos, t.swa_slot) for snap in result.snapshots for t in snap.live]
+    swa = 1  # the miniature's groups: full, then swa
+    return [(t.rid, t.pos, t.slots[swa]) for snap in result.snapshots for t in snap.live]
 
 
 def _evictions(result) -> list[tuple[int, tuple]]:

@@ -228,7 +228,7 @@ def test_slot_map_replays_pool_ownership_from_the_timeline(sample_views):
     states = {s.slot: s for s in slot_map(view, "swa", step)}
     assert len(states) == view.setup.swa_size and states[0].status == "dummy"
     assert states[view.first.slot].status == "overwritten" and states[view.first.slot].owner == view.first.owner
-    written = {(t.rid, t.pos): t.swa_slot for s in view.steps if s.index <= step for t in s.written}
+    written = {(t.rid, t.pos): t.slots[1] for s in view.steps if s.index <= step for t in s.written}
     evicted = {k for s in view.steps if s.index < step for k in s.evicted}
     finished = {rid for s in view.steps if s.index < step for rid in s.finished}
     held = {slot: f"{rid}@{pos}" for (rid, pos), slot in written.items()

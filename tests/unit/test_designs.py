@@ -5,6 +5,7 @@ from harness.backends.registry import backend_class
 from harness.serving.allocator import SWATokenToKVPoolAllocator
 from harness.serving.batch import ForwardMode, make_forward_batch
 from harness.serving.designs import DESIGNS, DesignImportError, resolve_design
+from harness.serving.miniature import MiniatureStack
 from harness.serving.model import model_spec
 from harness.serving.pool import HybridSWAKVPool, PoolSpec, ReqToTokenPool
 
@@ -65,7 +66,8 @@ def test_stale_state_reads_whatever_swa_loc_holds(setup):
 @pytest.mark.parametrize("design", list(DESIGNS))
 def test_full_layers_write_at_out_cache_loc_untouched(design, setup):
     spec, pool, r2t, _, batch = setup
-    backend = backend_class("torch_native")(model_spec=spec, pool=pool, req_to_token=r2t.req_to_token, design=DESIGNS[design])
+    backend = backend_class("torch_native")(model_spec=spec, stack=MiniatureStack.over(pool, r2t),
+                                            design=DESIGNS[design])
     backend.init_forward_metadata(batch)
     pool.set_swa_loc(batch.out_cache_loc_swa)
     full_layer = spec.layer_is_swa.index(False)
@@ -74,7 +76,8 @@ def test_full_layers_write_at_out_cache_loc_untouched(design, setup):
 
 def test_metadata_design_reads_backend_copy(setup):
     spec, pool, r2t, _, batch = setup
-    backend = backend_class("torch_native")(model_spec=spec, pool=pool, req_to_token=r2t.req_to_token, design=DESIGNS["metadata"])
+    backend = backend_class("torch_native")(model_spec=spec, stack=MiniatureStack.over(pool, r2t),
+                                            design=DESIGNS["metadata"])
     backend.init_forward_metadata(batch)
     got = backend.impl._get_layer_cache_loc(0, batch, backend.forward_metadata)
     assert got is backend.forward_metadata.out_cache_loc_swa

@@ -11,6 +11,7 @@ from harness.graphs.registry import get_engine
 from harness.serving.allocator import SWATokenToKVPoolAllocator
 from harness.serving.batch import ForwardMode, make_forward_batch
 from harness.serving.designs import DESIGNS
+from harness.serving.miniature import MiniatureStack
 from harness.serving.model import model_spec
 from harness.serving.pool import HybridSWAKVPool, PoolSpec, ReqToTokenPool, in_bounds
 
@@ -34,7 +35,7 @@ def _request(page_size: int, *, tokens: int = 11, swa_pages: int = 16):
 
 
 def _builder(pool, r2t, faults=()):
-    backend = backend_class("torch_gather")(model_spec=SPEC, pool=pool, req_to_token=r2t.req_to_token,
+    backend = backend_class("torch_gather")(model_spec=SPEC, stack=MiniatureStack.over(pool, r2t),
                                             design=DESIGNS["forward_batch"], faults=faults)
     return backend.builder
 
@@ -102,7 +103,7 @@ def test_a_translation_table_sized_by_swa_pages_runs_off_at_the_first_full_page_
 
 def _forward(backend_name: str, pool, r2t, row, locs):
     """One decode forward of layer 1 (a full layer) for the request's newest token."""
-    backend = backend_class(backend_name)(model_spec=SPEC, pool=pool, req_to_token=r2t.req_to_token,
+    backend = backend_class(backend_name)(model_spec=SPEC, stack=MiniatureStack.over(pool, r2t),
                                           design=DESIGNS["forward_batch"])
     batch = make_forward_batch(forward_mode=ForwardMode.DECODE, input_ids=torch.zeros(1, dtype=torch.int64),
                                positions=torch.tensor([len(locs) - 1]), req_pool_indices=torch.tensor([row]),
