@@ -32,8 +32,8 @@ from pathlib import Path
 import torch
 
 from .bench_rows import GPU_GOAL_MAX_BS, GPU_GOAL_SPEEDUP, BenchRow, GpuBenchRow
-from .check.diffbench import measure_diff
-from .check.assemble import RunParts, assemble
+from .diffbench import measure_diff
+from .check.run.assemble import RunParts, assemble
 from .report.bench import (
     DIFF_BEGIN,
     DIFF_END,

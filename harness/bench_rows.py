@@ -1,5 +1,5 @@
 """The benchmark's rows, as data, in one home: what ``python -m harness.bench`` measures (``bench.py``: graph
-replay against eager, on the CPU and on a GPU; ``check/diffbench.py``: the KV diff) and ``report/bench.py``
+replay against eager, on the CPU and on a GPU; ``diffbench.py``: the KV diff) and ``report/bench.py``
 renders into the terminal and BENCHMARKS.md."""
 
 from __future__ import annotations

@@ -16,10 +16,10 @@ from typing import Iterator
 
 import pytest
 
-from .check.case import Case, CaseResult, cases
-from .check.oracle import certify, dense_oracle
-from .check.matrix import run_cases, scenario_reference
-from .check.workers import DIST_INPUT
+from .check.matrix.case import Case, CaseResult, cases
+from .check.run.oracle import certify, dense_oracle
+from .check.matrix.matrix import run_cases, scenario_reference
+from .check.run.workers import DIST_INPUT
 from .report.build import case_view
 from .runners.registry import runner_option
 from .report.session import RECORD_ATTRIBUTE

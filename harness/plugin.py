@@ -12,7 +12,7 @@ import pytest
 # light imports only: every pytest session loads this plugin (the repository's root conftest does), and its
 # options, refusals and an xdist controller need no torch, pandas or scenario machinery; those come with
 # the first scenario file collected or the first result gathered
-from .check.workers import DIST_INPUT, terminate_like_ctrl_c
+from .check.run.workers import DIST_INPUT, terminate_like_ctrl_c
 from .imports import is_import_path, name_type, unknown_name
 from .options import add_plugin_option
 from .report.files import destination_problems
@@ -21,7 +21,7 @@ from .report.text import printable
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    from .check.expect import EXPECT_DEFAULT  # no torch: the command line imports it before parsing
+    from .check.matrix.expect import EXPECT_DEFAULT  # no torch: the command line imports it before parsing
 
     group = parser.getgroup("harness", "SWA CUDA-graph harness")
     # the options the command line shares, described once (options.py); what is the plugin's own: types, defaults
@@ -48,7 +48,7 @@ def pytest_configure(config: pytest.Config) -> None:
             raise pytest.UsageError(str(exc)) from None
     _check_added_names(config)
     if (expect := config.getoption("harness_expect", None)) is not None:
-        from .check.expect import expect_problem
+        from .check.matrix.expect import expect_problem
 
         if problem := expect_problem(expect):
             raise pytest.UsageError(f"--harness-expect: {problem}")
@@ -70,7 +70,7 @@ def pytest_configure(config: pytest.Config) -> None:
                                             folder=("--harness-report", Path(report_dir) if report_dir else None)):
             raise pytest.UsageError("; ".join(printable(p) for p in problems))
     if hasattr(config, "workerinput") or getattr(config.option, "dist", "no") == "no":
-        from .check.matrix import limit_threads
+        from .check.matrix.matrix import limit_threads
 
         limit_threads()  # where tests run: an xdist controller runs none, and needs no torch
     if not hasattr(config, "workerinput"):

@@ -10,10 +10,10 @@ import site
 import sysconfig
 from pathlib import Path
 
-from ..check.case import LIKE, Case, CaseResult
-from ..check.diff import KVMismatch
-from ..check.result import RunError, StepRecord
-from ..check.verdict import MismatchCount
+from ..check.matrix.case import LIKE, Case, CaseResult
+from ..check.diff.diff import KVMismatch
+from ..check.run.result import RunError, StepRecord
+from ..check.matrix.verdict import MismatchCount
 from ..imports import is_import_path
 from ..runners.observations import GraphObservations
 from ..runspec import Device, Engine

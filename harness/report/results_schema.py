@@ -41,7 +41,7 @@ _SEED_MAX = (1 << 63) - 1
 SKIPPED = "skipped"
 """the verdict of a case its backend cannot run"""
 NO_EXPECTATION = "no expectation"
-"""``check.case.NO_EXPECTATION``, the expectation of a design nobody stated one for (not imported: reading a
+"""``check.matrix.case.NO_EXPECTATION``, the expectation of a design nobody stated one for (not imported: reading a
 results file needs nothing of the checking)"""
 
 

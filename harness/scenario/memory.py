@@ -16,7 +16,7 @@ other bounds are:
   page-table columns, one layer at a time;
 - **snapshots and the diff**: a step's snapshot keeps the rows it changed (the slots it wrote and
   freed, every layer) and its hidden states, a run keeps all of its steps (the reference run's too), and
-  the diff rebuilds the pools whole three times (``check.snapshot.Cursor``).
+  the diff rebuilds the pools whole three times (``check.diff.snapshot.Cursor``).
 
 The bound for each is ``RUN_MEMORY_LIMIT``, the one the weights and KV buffers already obey.
 """

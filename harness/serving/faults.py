@@ -51,7 +51,7 @@ class Fault:
     """acts only in a run that speculates (``timeline.draft_steps`` > 0), whose radix keys are EAGLE's bigrams"""
     patch: str | None = None
     """``package.module:function``, a context manager that applies the fault to code the harness does not own;
-    ``check/drive.execute`` enters it around the run, in the run's process (a forked child under ``harness run``
+    ``check/run/drive.execute`` enters it around the run, in the run's process (a forked child under ``harness run``
     and the scenario items). None: a switch inside a component of the harness"""
 
 

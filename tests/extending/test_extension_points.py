@@ -9,8 +9,8 @@ import dataclasses
 import pytest
 import torch
 
-from harness.check.drive import execute
-from harness.check.verdict import judge
+from harness.check.run.drive import execute
+from harness.check.matrix.verdict import judge
 from harness.backends.registry import BACKENDS, backend_class
 from harness.runners.eager import EagerRunner
 from harness.runners.registry import RUNNERS

@@ -11,8 +11,8 @@ import torch
 
 from harness.backends.base import GraphSupport
 from harness.backends.registry import BACKENDS, backend_class
-from harness.check.assemble import assemble
-from harness.check.drive import execute
+from harness.check.run.assemble import assemble
+from harness.check.run.drive import execute
 from harness.runners.decode_graph import DecodeGraphRunner
 from harness.runners.dispatch import BatchDescriptor, GraphCover, GraphKey
 from harness.runners.eager import EagerRunner

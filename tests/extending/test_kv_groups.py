@@ -9,9 +9,9 @@ import json
 
 import torch
 
-from harness.check.case import Case, CaseResult, judgement_of
-from harness.check.drive import execute
-from harness.check.verdict import judge
+from harness.check.matrix.case import Case, CaseResult, judgement_of
+from harness.check.run.drive import execute
+from harness.check.matrix.verdict import judge
 from harness.report.build import case_view
 from harness.report.html import render_scenario
 from harness.report.records import read_results, write_results

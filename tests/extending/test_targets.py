@@ -10,8 +10,8 @@ import textwrap
 import pytest
 
 from harness import imports
-from harness.check.case import cases
-from harness.check.matrix import run_case
+from harness.check.matrix.case import cases
+from harness.check.matrix.matrix import run_case
 from harness.scenario import load_scenario
 from harness.serving import faults, registry
 from harness.serving.faults import Component, Fault

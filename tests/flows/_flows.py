@@ -6,7 +6,7 @@ import dataclasses
 
 import torch
 
-from harness.check.assemble import assemble
+from harness.check.run.assemble import assemble
 from harness.runspec import GraphSpec, RunSpec
 from harness.serving.model import model_spec
 from harness.serving.pool import PoolSpec

@@ -9,7 +9,7 @@ from harness.runners.base import swa_out_cache_loc
 from harness.serving.batch import ForwardMode
 from workloads import draft_after_prefill
 
-from harness.check.assemble import assemble
+from harness.check.run.assemble import assemble
 
 from ._flows import drive, heterogeneous_decode, heterogeneous_prefill, spec_for
 

@@ -6,9 +6,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.check.case import cases
-from harness.check.drive import execute
-from harness.check.matrix import run_case
+from harness.check.matrix.case import cases
+from harness.check.run.drive import execute
+from harness.check.matrix.matrix import run_case
 from harness.scenario import load_scenario
 
 ROOT = Path(__file__).resolve().parents[2] / "scenarios"

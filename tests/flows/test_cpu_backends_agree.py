@@ -6,8 +6,8 @@ import dataclasses
 
 import pytest
 
-from harness.check.drive import execute
-from harness.check.verdict import judge
+from harness.check.run.drive import execute
+from harness.check.matrix.verdict import judge
 from harness.runspec import GraphSpec, RunSpec
 from harness.serving.model import model_spec
 from harness.serving.pool import PoolSpec

@@ -5,8 +5,8 @@ import dataclasses
 import pytest
 import torch
 
-from harness.check.drive import execute
-from harness.check.verdict import judge
+from harness.check.run.drive import execute
+from harness.check.matrix.verdict import judge
 
 from ._flows import heterogeneous_decode, heterogeneous_prefill, spec_for
 from .test_stale_state_graph import _spec as stale_spec

@@ -40,7 +40,7 @@ def test_graph_replays_equal_eager_bitwise(preset, mode, timeline, backend):
 def test_nan_outputs_before_replay_would_show_if_replay_skipped_a_row():
     # The NaN fill is a real check: a graph that skips writing its output leaves NaN in the hidden states.
     spec = spec_for("gpt-oss-mini", heterogeneous_decode, "full")
-    from harness.check.assemble import assemble
+    from harness.check.run.assemble import assemble
 
     session = assemble(spec)
     runner = graph_runner(session)

@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from harness.check.drive import execute
-from harness.check.judgement import declared_judgement, judge_one
+from harness.check.run.drive import execute
+from harness.check.matrix.judgement import declared_judgement, judge_one
 from harness.runspec import GraphSpec, Mode, RunSpec
 from harness.serving.designs import SOUND_DESIGNS, declare
 from harness.serving.model import PRESETS, model_spec

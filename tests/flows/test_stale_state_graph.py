@@ -1,8 +1,8 @@
 """stale_state under decode graphs: without the capture-time preset (before SGLang PR 23552) the graph
 bakes in whichever tensor pool.swa_loc held when it was captured, and the input audit names it."""
 
-from harness.check.drive import execute
-from harness.check.verdict import judge
+from harness.check.run.drive import execute
+from harness.check.matrix.verdict import judge
 from harness.runspec import GraphSpec, RunSpec
 from harness.serving.model import model_spec
 from harness.serving.pool import PoolSpec

@@ -15,7 +15,7 @@ import torch
 
 from harness.backends.base import GraphSupport, KVLayout, SpecInfo, attention_batch
 from harness.backends.registry import BACKENDS, backend_class
-from harness.check.case import cases
+from harness.check.matrix.case import cases
 from harness.cli import main
 from harness.runspec import Device, KVWrite, Mode
 from harness.scenario import load_scenario

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.check import workers
+from harness.check.run import workers
 from harness.cli import main
 
 SAMPLES = Path(__file__).parent / "samples"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.check.case import cases
+from harness.check.matrix.case import cases
 from harness.cli import main
 from harness.scenario import load_scenario
 
@@ -192,8 +192,8 @@ def test_plugin_options_add_designs_backends_and_runners_to_the_items(harness_py
 
 
 def test_the_plugin_help_states_the_default_expectation_of_added_designs(pytestconfig):
-    # the options are read without torch (check.expect imports none), and the help names the default
-    from harness.check.case import EXPECT_DEFAULT
+    # the options are read without torch (check.matrix.expect imports none), and the help names the default
+    from harness.check.matrix.case import EXPECT_DEFAULT
 
     (expect,) = [o for o in pytestconfig._parser.getgroup("harness").options if "--harness-expect" in o.names()]
     assert f"(default: {EXPECT_DEFAULT})" in expect.attrs()["help"]

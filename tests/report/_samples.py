@@ -10,8 +10,8 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from harness.check.case import cases
-from harness.check.matrix import run_case
+from harness.check.matrix.case import cases
+from harness.check.matrix.matrix import run_case
 from harness.report.build import case_view
 from harness.report.views import CaseView
 from harness.scenario import load_scenario

@@ -286,7 +286,7 @@ def test_a_field_added_to_a_view_is_checked_by_its_annotation(sample_views):
 
 
 def test_the_schema_spells_no_expectation_as_the_cases_do():
-    from harness.check.case import NO_EXPECTATION
+    from harness.check.matrix.case import NO_EXPECTATION
     from harness.report import results_schema
 
     assert results_schema.NO_EXPECTATION == NO_EXPECTATION

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.check.case import cases
-from harness.check.matrix import run_case
+from harness.check.matrix.case import cases
+from harness.check.matrix.matrix import run_case
 from harness.report.build import case_view
 from harness.report.text import failure_block
 from harness.report.views import CaseView

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.check.case import cases
-from harness.check.matrix import run_case
+from harness.check.matrix.case import cases
+from harness.check.matrix.matrix import run_case
 from harness.scenario.loader import load_scenario
 from harness.sglang.library import not_expressible, on_sglang
 

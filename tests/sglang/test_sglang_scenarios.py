@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.check.case import cases
-from harness.check.matrix import run_cases, scenario_reference
-from harness.check.oracle import certify, dense_oracle
+from harness.check.matrix.case import cases
+from harness.check.matrix.matrix import run_cases, scenario_reference
+from harness.check.run.oracle import certify, dense_oracle
 from harness.scenario.loader import load_scenario
 from harness.serving.model import SyntheticModel
 from harness.sglang import designs

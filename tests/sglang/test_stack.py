@@ -2,8 +2,8 @@
 
 import pytest
 
-from harness.check.drive import execute
-from harness.check.verdict import judge
+from harness.check.run.drive import execute
+from harness.check.matrix.verdict import judge
 from harness.runspec import RunSpec
 from harness.serving.eviction import EvictionSpec
 from harness.serving.model import model_spec

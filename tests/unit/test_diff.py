@@ -3,10 +3,10 @@
 import pytest
 import torch
 
-from harness.check import hashjoin
-from harness.check.diff import diff_runs as diff_snapshots
-from harness.check.rules import RULES, Finding, Rule, fixed
-from harness.check.snapshot import SnapshotRecorder, hybrid_step, snapshots_of
+from harness.check.diff import hashjoin
+from harness.check.diff.diff import diff_runs as diff_snapshots
+from harness.check.diff.rules import RULES, Finding, Rule, fixed
+from harness.check.diff.snapshot import SnapshotRecorder, hybrid_step, snapshots_of
 from harness.serving.kv_groups import GroupBuffers, KVBuffers, hybrid_swa_groups
 from harness.serving.pool import HybridSWAKVPool, PoolSpec, is_poison, poison_
 from harness.serving.timeline import LiveToken, TokenKey
@@ -326,7 +326,7 @@ def test_overwritten_names_the_right_owner_when_many_slots_differ():
 
 
 def test_hash_collisions_are_resolved_by_comparing_bytes(monkeypatch):
-    import harness.check.hashjoin as hashjoin
+    import harness.check.diff.hashjoin as hashjoin
 
     k, v = big_pool(300)
     live = [tok("a", i, i) for i in range(1, 300)]
@@ -354,7 +354,7 @@ def test_hash_collisions_are_resolved_by_comparing_bytes(monkeypatch):
 
 
 def test_rows_alike_in_their_first_line_send_lookups_to_whole_row_hashes(monkeypatch):
-    import harness.check.hashjoin as hashjoin
+    import harness.check.diff.hashjoin as hashjoin
 
     # 600 live rows that all begin with the same cache line (zeros) and differ after it, as a model with a
     # dead first head would write them; a hundred slots hold another live token's row.

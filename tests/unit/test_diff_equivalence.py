@@ -17,10 +17,10 @@ from collections import Counter
 import pytest
 import torch
 
-import harness.check.hashjoin as hashjoin
-from harness.check.diff import diff_runs as diff_snapshots
-from harness.check.rules import RULES
-from harness.check.snapshot import hybrid_step, snapshots_of
+import harness.check.diff.hashjoin as hashjoin
+from harness.check.diff.diff import diff_runs as diff_snapshots
+from harness.check.diff.rules import RULES
+from harness.check.diff.snapshot import hybrid_step, snapshots_of
 from harness.serving.pool import is_poison, poison_
 from harness.serving.timeline import LiveToken, TokenKey
 

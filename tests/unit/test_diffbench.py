@@ -6,7 +6,7 @@ Nothing here asserts on speed: the numbers are measurements, taken by the benchm
 
 import pytest
 
-from harness.check.diffbench import measure_diff
+from harness.diffbench import measure_diff
 from harness.report.bench import render_diff_markdown as render_markdown
 
 

@@ -3,8 +3,8 @@
 
 import pytest
 
-from harness.check.oracle import certify, dense_oracle
-from harness.check.drive import execute
+from harness.check.run.oracle import certify, dense_oracle
+from harness.check.run.drive import execute
 from harness.runspec import RunSpec
 from harness.serving.model import PRESETS, SyntheticModel, model_spec
 from harness.serving.pool import PoolSpec

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from harness.backends.registry import BACKENDS, backend_class
-from harness.check.drive import execute
+from harness.check.run.drive import execute
 from harness.imports import load_named
 from harness.runners.decode_graph import DecodeGraphRunner
 from harness.runners.piecewise import PiecewisePrefillRunner

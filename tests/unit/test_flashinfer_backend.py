@@ -25,7 +25,7 @@ from harness.backends.flashinfer import FlashInferBackend, missing_requirements,
 from harness.backends.flashinfer_ops import OP_NAME
 from harness.backends.paged_kv import paged_kv_layout, paged_kv_slots
 from harness.backends.registry import backend_class
-from harness.check.case import cases
+from harness.check.matrix.case import cases
 from harness.graphs.registry import get_engine
 from harness.scenario.loader import load_scenario
 from harness.serving.allocator import SWATokenToKVPoolAllocator
@@ -347,7 +347,7 @@ def _stand_in(impl, layer, q, md):
 @gpu_only
 @pytest.mark.parametrize("mode", ["full", "piecewise"])
 def test_a_library_scenario_under_flashinfer_and_cuda_graphs_matches_its_eager_run(mode):
-    from harness.check.matrix import run_case
+    from harness.check.matrix.matrix import run_case
 
     scenario = load_scenario(ROOT / "scenarios" / "swa_prefill_window_edge.toml" if mode == "piecewise"
                              else ROOT / "scenarios" / "swa_decode_padded_buckets.toml")

@@ -8,10 +8,10 @@ import time
 
 import pytest
 
-from harness.check import workers
-from harness.check.case import cases
-from harness.check.matrix import _groups
-from harness.check.workers import WorkerDied, run_grouped, run_isolated
+from harness.check.run import workers
+from harness.check.matrix.case import cases
+from harness.check.matrix.matrix import _groups
+from harness.check.run.workers import WorkerDied, run_grouped, run_isolated
 from harness.scenario.loader import load_scenario
 
 SAMPLES = os.path.join(os.path.dirname(__file__), "..", "plugin", "samples")

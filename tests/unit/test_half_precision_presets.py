@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from harness.backends.flashinfer import FlashInferBackend
-from harness.check.drive import execute
-from harness.check.oracle import certify, dense_oracle, tolerance
-from harness.check.verdict import judge
+from harness.check.run.drive import execute
+from harness.check.run.oracle import certify, dense_oracle, tolerance
+from harness.check.matrix.verdict import judge
 from harness.runspec import Outcome, RunSpec
 from harness.serving.model import PRESETS, SyntheticModel, model_spec
 from harness.serving.pool import PoolSpec

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import torch
 
-from harness.check import hashjoin
-from harness.check.hashjoin import Rows, Scratch, hash_hits, match, words
+from harness.check.diff import hashjoin
+from harness.check.diff.hashjoin import Rows, Scratch, hash_hits, match, words
 
 
 def _pairs(found, queries: int) -> set[tuple[int, int]]:

@@ -1,9 +1,9 @@
 """One spec, one expectation, no matrix: ``judge_one`` runs the spec and its reference and says whether the
 expectation held; ``declared_judgement`` is what a design's declaration expects of a clean run."""
 
-from harness.check.expect import NO_EXPECTATION
-from harness.check.judgement import Judgement, declared_judgement, judge_one
-from harness.check.drive import execute
+from harness.check.matrix.expect import NO_EXPECTATION
+from harness.check.matrix.judgement import Judgement, declared_judgement, judge_one
+from harness.check.run.drive import execute
 from harness.runspec import Outcome, RunSpec
 from harness.serving.model import model_spec
 from harness.serving.pool import PoolSpec

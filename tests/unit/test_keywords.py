@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from harness.check.keywords import KeywordError, Keywords
+from harness.cli.keywords import KeywordError, Keywords
 
 NAMES = ("swa_decode_pad_tail_not_zeroed[forward_batch-full-torch_native]", "decode", "padding", "fault",
          "swa_decode_pad_tail_not_zeroed.toml", "faults")

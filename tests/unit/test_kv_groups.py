@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from harness.check.diff import diff_runs
-from harness.check.snapshot import WholePool, WholeStep, snapshots_of
+from harness.check.diff.diff import diff_runs
+from harness.check.diff.snapshot import WholePool, WholeStep, snapshots_of
 from harness.serving.invariants import pool_violations
 from harness.serving.kv_groups import KVGroup, KVGroups, hybrid_swa_groups
 from harness.serving.model import ModelSpec

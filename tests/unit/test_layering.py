@@ -20,17 +20,21 @@ FORBIDDEN = {
     "backends": {"graphs", "runners", "check", "scenario", "report", "gpuci", *TARGETS},
     "runners": {"check", "scenario", "report", "gpuci", *TARGETS},
     "scenario": {"check", "report", "runners", "graphs", "backends.torch_native", "gpuci", *TARGETS},
-    "check": {"report", "collect", "plugin", "cli", "bench", "gpuci", *TARGETS},
-    "report": {"collect", "plugin", "cli", "bench", "gpuci", *TARGETS},
+    "check": {"report", "collect", "plugin", "cli", "bench", "diffbench", "gpuci", *TARGETS},
+    # inside the checking: the diff knows no run, and a run knows no matrix of cases or how it is judged
+    "check.diff": {"check.run", "check.matrix"},
+    "check.run": {"check.matrix"},
+    "report": {"collect", "plugin", "cli", "bench", "diffbench", "gpuci", *TARGETS},
+    "cli": {"collect", "plugin", "bench", "diffbench", "gpuci", *TARGETS},
     "imports": {"serving", "graphs", "backends", "runners", "check", "scenario", "report", "runspec", "gpuci",
                 *TARGETS},
     "options": {"serving", "graphs", "backends", "runners", "check", "scenario", "report", "runspec", "imports",
                 "gpuci", *TARGETS},
     # the SGLang target adapts the serving stack, the backends and the scenarios to the installed SGLang; the
     # checking, the report and the front doors run it, never the other way
-    "sglang": {"check", "report", "runners", "graphs", "collect", "plugin", "cli", "bench", "gpuci"},
+    "sglang": {"check", "report", "runners", "graphs", "collect", "plugin", "cli", "bench", "diffbench", "gpuci"},
     # the GPU CI's planning (shards, pinning, agreement between machines) reads results and backends' declarations
-    "gpuci": {"check", "collect", "plugin", "cli", "bench", *TARGETS},
+    "gpuci": {"check", "collect", "plugin", "cli", "bench", "diffbench", *TARGETS},
 }
 
 
@@ -54,7 +58,9 @@ def _imports(path: Path) -> set[str]:
 
 @pytest.mark.parametrize("package", sorted(FORBIDDEN))
 def test_package_never_imports_upwards(package):
-    files = [ROOT / f"{package}.py"] if (ROOT / f"{package}.py").exists() else sorted((ROOT / package).rglob("*.py"))
+    home = ROOT.joinpath(*package.split("."))
+    files = [home.with_suffix(".py")] if home.with_suffix(".py").exists() else sorted(home.rglob("*.py"))
+    assert files, f"no harness/{package.replace('.', '/')}"
     for path in files:
         for target in _imports(path):
             for banned in FORBIDDEN[package]:

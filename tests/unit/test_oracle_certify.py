@@ -8,9 +8,9 @@ import random
 import pytest
 import torch
 
-from harness.check.oracle import Certification, certify, dense_oracle, tolerance
-from harness.check.drive import execute
-from harness.check.snapshot import WholePool, WholeStep, replay, snapshots_of
+from harness.check.run.oracle import Certification, certify, dense_oracle, tolerance
+from harness.check.run.drive import execute
+from harness.check.diff.snapshot import WholePool, WholeStep, replay, snapshots_of
 from harness.runspec import RunSpec
 from harness.serving.model import SyntheticModel, model_spec
 from harness.serving.pool import PoolSpec, dequantize_fp8

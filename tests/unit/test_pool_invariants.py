@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from harness.check.drive import execute
-from harness.check.verdict import judge
+from harness.check.run.drive import execute
+from harness.check.matrix.verdict import judge
 from harness.runspec import Outcome, RunSpec
 from harness.serving import registry
 from harness.serving.invariants import pool_violations

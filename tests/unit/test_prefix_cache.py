@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 import torch
 
-from harness.check.drive import execute
+from harness.check.run.drive import execute
 from harness.runspec import RunSpec
 from harness.serving.eviction import EvictionSpec, TightEviction
 from harness.serving.invariants import pool_violations

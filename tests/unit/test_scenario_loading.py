@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.check.case import cases
-from harness.check.matrix import run_case
+from harness.check.matrix.case import cases
+from harness.check.matrix.matrix import run_case
 from harness.runspec import GraphSpec, Mode, RunSpec
 from harness.scenario import (
     Expectation,

@@ -2,8 +2,8 @@
 out_cache_loc_swa, the eager step therefore leaves pool.swa_loc as the previous batch set it."""
 
 
-from harness.check.drive import execute
-from harness.check.verdict import judge
+from harness.check.run.drive import execute
+from harness.check.matrix.verdict import judge
 from harness.runspec import RunSpec
 from harness.serving.model import model_spec
 from harness.serving.pool import PoolSpec

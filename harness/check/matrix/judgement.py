@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..runspec import Outcome, RunSpec
-from ..serving.designs import declared
-from .drive import execute
+from ...runspec import Outcome, RunSpec
+from ...serving.designs import declared
+from ..run.drive import execute
 from .expect import NO_EXPECTATION
-from .result import RunResult
+from ..run.result import RunResult
 from .verdict import Verdict, judge
 
 

@@ -10,10 +10,10 @@ from dataclasses import dataclass
 
 import torch
 
-from ..serving.model import SyntheticModel
-from ..serving.pool import dequantize_fp8
-from ..serving.timeline import TimelineSpec, request_tokens
-from .snapshot import IN_WINDOW, POS, RID, SLOTS, KVSnapshot, replay
+from ...serving.model import SyntheticModel
+from ...serving.pool import dequantize_fp8
+from ...serving.timeline import TimelineSpec, request_tokens
+from ..diff.snapshot import IN_WINDOW, POS, RID, SLOTS, KVSnapshot, replay
 
 # (atol, rtol) per (model dtype, kv dtype): the paged run rounds to these, the oracle does not.
 _TOLERANCE = {

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..runners.observations import ForwardRecord, GraphObservations
-from ..runspec import RunSpec
-from ..serving.invariants import InvariantViolation
-from ..serving.timeline import LiveToken, TokenKey
+from ...runners.observations import ForwardRecord, GraphObservations
+from ...runspec import RunSpec
+from ...serving.invariants import InvariantViolation
+from ...serving.timeline import LiveToken, TokenKey
 from .frames import ErrorFrame
-from .snapshot import KVSnapshot
+from ..diff.snapshot import KVSnapshot
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -44,15 +44,15 @@ from dataclasses import dataclass
 
 import torch
 
-from ..bench_rows import DiffBenchRow
-from ..runspec import RunSpec
-from ..serving.model import ModelSpec
-from ..serving.pool import PoolSpec, poison_
-from ..serving.timeline import LiveToken, TimelineSpec, TokenKey
-from .diff import DiffResult, diff_runs
-from .result import RunResult
-from .snapshot import WholePool, WholeStep, hybrid_step, snapshots_of
-from .verdict import judge
+from .bench_rows import DiffBenchRow
+from .runspec import RunSpec
+from .serving.model import ModelSpec
+from .serving.pool import PoolSpec, poison_
+from .serving.timeline import LiveToken, TimelineSpec, TokenKey
+from .check.diff.diff import DiffResult, diff_runs
+from .check.run.result import RunResult
+from .check.diff.snapshot import WholePool, WholeStep, hybrid_step, snapshots_of
+from .check.matrix.verdict import judge
 
 __all__ = ["measure_diff"]
 

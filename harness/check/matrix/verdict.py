@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..runners.observations import GraphObservations
-from ..runspec import Outcome
-from .diff import DiffResult, KVMismatch, MismatchCount, diff_runs
-from .oracle import tolerance
-from .result import RunError, RunResult, StepRecord
+from ...runners.observations import GraphObservations
+from ...runspec import Outcome
+from ..diff.diff import DiffResult, KVMismatch, MismatchCount, diff_runs
+from ..run.oracle import tolerance
+from ..run.result import RunError, RunResult, StepRecord
 
 DETAIL_LIMIT = 200
 """mismatches a verdict keeps in full (in step order); ``counts`` covers all of them"""

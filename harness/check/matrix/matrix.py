@@ -9,15 +9,15 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from ..backends.registry import reference_backend
-from ..runspec import Outcome, RunSpec
-from ..scenario.spec import ScenarioSpec
+from ...backends.registry import reference_backend
+from ...runspec import Outcome, RunSpec
+from ...scenario.spec import ScenarioSpec
 from .case import Case, CaseResult
-from .drive import execute
-from .result import RunError, RunResult
+from ..run.drive import execute
+from ..run.result import RunError, RunResult
 from .judgement import judge_one
 from .verdict import Verdict
-from .workers import WorkerDied, run_grouped, run_one_isolated
+from ..run.workers import WorkerDied, run_grouped, run_one_isolated
 
 
 def limit_threads() -> None:

@@ -27,9 +27,9 @@ from typing import Protocol
 
 import torch
 
-from ..serving.kv_groups import GroupBuffers, KVGroups, hybrid_swa_groups
-from ..serving.pool import NEVER_WRITTEN, poison_
-from ..serving.timeline import LiveToken, TokenKey
+from ...serving.kv_groups import GroupBuffers, KVGroups, hybrid_swa_groups
+from ...serving.pool import NEVER_WRITTEN, poison_
+from ...serving.timeline import LiveToken, TokenKey
 from . import hashjoin as hj
 
 

@@ -31,7 +31,7 @@ from types import TracebackType
 FRAMES_KEPT = 16
 """the innermost frames kept of a deep traceback (a design recursing without end raises after ~1000)"""
 
-_HARNESS = Path(__file__).resolve().parents[1]
+_HARNESS = Path(__file__).resolve().parents[2]
 _SUBJECT_HOMES = (_HARNESS / "backends", _HARNESS / "runners", _HARNESS / "serving" / "designs.py")
 """where the built-in designs, backends and runners live: code under test inside the harness package"""
 

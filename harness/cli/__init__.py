@@ -17,32 +17,32 @@ from typing import TYPE_CHECKING, Sequence
 # what the parser, option errors and refusals need, none of which imports torch or pandas; the scenario
 # loader and the run machinery (the matrix, the report writers) are imported by the commands that use them,
 # so --help and an option error do not wait for them (tests/plugin/test_front_door.py holds this)
-from .check.expect import EXPECT_DEFAULT, expect_problem
-from .check.keywords import KeywordError, Keywords
-from .check.workers import Terminated, output_block, terminate_like_ctrl_c
-from .imports import is_import_path, name_type, unknown_name
-from .options import add_cli_option
-from .report.files import destination_problems
-from .report.text import failure_blocks, printable, progress_line, run_table, table
-from .runners.registry import runner_option
-from .runspec import TIMEOUT_MAX_S, Device, Engine, Mode
-from .serving.designs import DESIGNS
-from .serving.faults import FAULTS
-from .serving.registry import STACKS
+from ..check.matrix.expect import EXPECT_DEFAULT, expect_problem
+from .keywords import KeywordError, Keywords
+from ..check.run.workers import Terminated, output_block, terminate_like_ctrl_c
+from ..imports import is_import_path, name_type, unknown_name
+from ..options import add_cli_option
+from ..report.files import destination_problems
+from ..report.text import failure_blocks, printable, progress_line, run_table, table
+from ..runners.registry import runner_option
+from ..runspec import TIMEOUT_MAX_S, Device, Engine, Mode
+from ..serving.designs import DESIGNS
+from ..serving.faults import FAULTS
+from ..serving.registry import STACKS
 
 if TYPE_CHECKING:
-    from .check.case import Case
-    from .report.session import ReportSession
-    from .report.views import CaseView
-    from .scenario.loader import ScenarioError
-    from .scenario.spec import ScenarioSpec
+    from ..check.matrix.case import Case
+    from ..report.session import ReportSession
+    from ..report.views import CaseView
+    from ..scenario.loader import ScenarioError
+    from ..scenario.spec import ScenarioSpec
 
 SCENARIO_ROOT = "scenarios"
 """``scenario.loader.SCENARIO_ROOT_DEFAULT`` (a test holds them equal), not imported: the loader imports torch"""
 
 
 def _load(args: argparse.Namespace) -> tuple[list[ScenarioSpec], list[ScenarioError]]:
-    from .scenario.loader import load_all
+    from ..scenario.loader import load_all
 
     return load_all(args.paths or [SCENARIO_ROOT])
 
@@ -59,8 +59,8 @@ def _select(args: argparse.Namespace, specs: list[ScenarioSpec]) -> list[Scenari
 
 def _cases(args: argparse.Namespace, specs: list[ScenarioSpec], *, keywords: bool = True) -> list[Case]:
     extra = [d for d in args.design or () if is_import_path(d)]
-    from .check.case import cases
-    from .check.cells import added_backends
+    from ..check.matrix.case import cases
+    from .cells import added_backends
 
     extra_backends = added_backends(args.backend or ())
     out = []
@@ -111,8 +111,8 @@ def _why_nothing(args: argparse.Namespace, specs: list[ScenarioSpec], loaded: in
 
 def _run_all(all_cases: list[Case], jobs: int, session: ReportSession) -> None:
     """Run every case, adding views to the session as they finish (so an interrupt keeps what finished)."""
-    from .check.matrix import run_cases
-    from .report.build import case_view
+    from ..check.matrix.matrix import run_cases
+    from ..report.build import case_view
 
     done_count, total, start = 0, len(all_cases), time.perf_counter()
     tty = sys.stderr.isatty()
@@ -152,8 +152,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         return 2
     import torch
 
-    from .check.matrix import limit_threads
-    from .report.session import ReportSession
+    from ..check.matrix.matrix import limit_threads
+    from ..report.session import ReportSession
 
     limit_threads()  # before the loader's dry runs, which go through torch too
     loaded, load_errors = _load(args)
@@ -209,15 +209,15 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     if problems := destination_problems(results=("", None), folder=("--report-dir", report_dir)):
         print("\n".join(printable(p) for p in problems), file=sys.stderr)
         return 2
-    from .report.compare import run_compare
+    from ..report.compare import run_compare
 
     return run_compare(Path(args.base), Path(args.head), report_dir=report_dir, out=sys.stdout, err=sys.stderr)
 
 
 def _cmd_list(args: argparse.Namespace) -> int:
-    from .check.case import cases
-    from .check.cells import added_backends, backend_rows, skipped_rows
-    from .check.matrix import limit_threads
+    from ..check.matrix.case import cases
+    from .cells import added_backends, backend_rows, skipped_rows
+    from ..check.matrix.matrix import limit_threads
 
     limit_threads()  # the loader's dry runs go through torch
     specs, load_errors = _load(args)
@@ -293,7 +293,7 @@ def _serving(text: str) -> str:
 
 
 def _backend(text: str) -> str:
-    from .backends.registry import BACKENDS
+    from ..backends.registry import BACKENDS
 
     if text in BACKENDS or is_import_path(text):
         return text

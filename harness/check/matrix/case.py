@@ -13,12 +13,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from ..backends.base import AttentionBackend
-from ..backends.registry import BACKENDS, backend_class
-from ..runspec import TIMEOUT_DEFAULT_S, Device, Engine, RunSpec
-from ..scenario.spec import ScenarioSpec
-from ..serving.designs import DESIGN_REGISTRY
-from ..serving.registry import EVICTION_POLICIES, OPTIONAL_STACKS, STACKS
+from ...backends.base import AttentionBackend
+from ...backends.registry import BACKENDS, backend_class
+from ...runspec import TIMEOUT_DEFAULT_S, Device, Engine, RunSpec
+from ...scenario.spec import ScenarioSpec
+from ...serving.designs import DESIGN_REGISTRY
+from ...serving.registry import EVICTION_POLICIES, OPTIONAL_STACKS, STACKS
 from .expect import EXPECT_DEFAULT, LIKE, NO_EXPECTATION, expect_problem  # noqa: F401 - case's vocabulary too
 from .judgement import Judgement
 from .verdict import Verdict

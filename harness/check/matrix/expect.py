@@ -6,9 +6,9 @@ the run machinery (torch): an option error comes back at once.
 
 from __future__ import annotations
 
-from ..imports import is_import_path, unknown_name
-from ..runspec import REFERENCE_DESIGN, Outcome
-from ..serving.designs import DESIGNS
+from ...imports import is_import_path, unknown_name
+from ...runspec import REFERENCE_DESIGN, Outcome
+from ...serving.designs import DESIGNS
 
 NO_EXPECTATION = "no expectation"
 """the expected verdict of a run nobody stated one for: whatever it gives is unexpected"""

@@ -12,18 +12,18 @@ from dataclasses import dataclass
 
 import torch
 
-from ..backends.base import AttentionBackend
-from ..backends.registry import backend_class
-from ..runners.base import RunnerContext
-from ..runners.dispatch import GraphDispatcher
-from ..runners.speculative import SpeculativeWorker
-from ..runspec import RunSpec
-from ..serving.designs import resolve_design
-from ..serving.model import SyntheticModel
-from ..serving.pool import ReqToTokenPool
-from ..serving.registry import eviction_policy, stack_class
-from ..serving.scheduler import Scheduler
-from ..serving.stack import ServingStack, stack_spec
+from ...backends.base import AttentionBackend
+from ...backends.registry import backend_class
+from ...runners.base import RunnerContext
+from ...runners.dispatch import GraphDispatcher
+from ...runners.speculative import SpeculativeWorker
+from ...runspec import RunSpec
+from ...serving.designs import resolve_design
+from ...serving.model import SyntheticModel
+from ...serving.pool import ReqToTokenPool
+from ...serving.registry import eviction_policy, stack_class
+from ...serving.scheduler import Scheduler
+from ...serving.stack import ServingStack, stack_spec
 
 
 @dataclass(slots=True)

@@ -44,8 +44,8 @@ from typing import Protocol
 
 import torch
 
-from ..serving.pool import NEVER_WRITTEN, poison_
-from ..serving.timeline import LiveToken
+from ...serving.pool import NEVER_WRITTEN, poison_
+from ...serving.timeline import LiveToken
 from . import hashjoin as hj
 
 __all__ = ["RULES", "BadRows", "Finding", "Reported", "Rule", "Snapshot", "classify", "fixed"]

@@ -11,16 +11,16 @@ from __future__ import annotations
 from collections import Counter
 from contextlib import ExitStack
 
-from ..imports import load_named
-from ..runners.observations import ForwardRecord
-from ..runspec import RunSpec
-from ..serving.faults import patches_of
-from ..serving.scheduler import ScheduledStep, StepEnd
-from ..serving.timeline import LiveToken, TokenKey
+from ...imports import load_named
+from ...runners.observations import ForwardRecord
+from ...runspec import RunSpec
+from ...serving.faults import patches_of
+from ...serving.scheduler import ScheduledStep, StepEnd
+from ...serving.timeline import LiveToken, TokenKey
 from .assemble import RunParts, assemble
 from .frames import subject_frames
 from .result import InvariantBreach, RunError, RunResult, StepRecord
-from .snapshot import KVSnapshot, SnapshotRecorder
+from ..diff.snapshot import KVSnapshot, SnapshotRecorder
 
 
 def execute(spec: RunSpec) -> RunResult:

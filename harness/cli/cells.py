@@ -9,7 +9,7 @@ from collections.abc import Iterable, Sequence
 from ..backends.registry import BACKENDS, backend_class
 from ..imports import is_import_path
 from ..runspec import Device
-from .case import Case
+from ..check.matrix.case import Case
 
 
 def added_backends(named: Iterable[str]) -> list[str]:
