@@ -16,7 +16,7 @@ from typing import Iterator
 
 import pytest
 
-from .check.matrix.case import Case, CaseResult, cases
+from .check.matrix.case import Case, CaseResult, Selection, cases
 from .check.run.oracle import certify, dense_oracle
 from .check.matrix.matrix import run_cases, scenario_reference
 from .check.run.workers import DIST_INPUT
@@ -42,22 +42,17 @@ class ReferenceNotCertified(Exception):
     pass
 
 
-def harness_options(config: pytest.Config) -> tuple[str, str | None, float | None]:
-    """(device, engine, timeout) the scenario items run with; engine None picks each case's default, timeout
-    None keeps each scenario's own."""
+def selection_of(config: pytest.Config) -> Selection:
+    """The cells the scenario items run: ``--harness-device``, ``--harness-engine`` (None picks each case's
+    default), ``--harness-timeout`` (None keeps each scenario's own), and what ``--harness-design``,
+    ``--harness-backend`` and ``--harness-runner`` add to every scenario."""
     options = config.option
-    return (getattr(options, "harness_device", "cpu") or "cpu", getattr(options, "harness_engine", None),
-            getattr(options, "harness_timeout", None))
-
-
-def added_options(config: pytest.Config) -> dict:
-    """The ``cases`` arguments of ``--harness-design``, ``--harness-expect``, ``--harness-backend`` and
-    ``--harness-runner``: what the command line adds to every scenario, and how it is judged."""
-    options = config.option
-    return dict(extra_designs=getattr(options, "harness_design", None) or (),
-                expect=getattr(options, "harness_expect", None),
-                extra_backends=getattr(options, "harness_backend", None) or (),
-                runners=dict(runner_option(t) for t in getattr(options, "harness_runner", None) or ()))
+    return Selection(device=getattr(options, "harness_device", "cpu") or "cpu",
+                     engine=getattr(options, "harness_engine", None),
+                     timeout_s=getattr(options, "harness_timeout", None),
+                     extra_designs=getattr(options, "harness_design", None) or (),
+                     extra_backends=getattr(options, "harness_backend", None) or (),
+                     runners=dict(runner_option(t) for t in getattr(options, "harness_runner", None) or ()))
 
 
 class ScenarioFile(pytest.File):
@@ -69,9 +64,10 @@ class ScenarioFile(pytest.File):
             return
         if (stack := getattr(self.config.option, "harness_serving", None)) is not None:
             scenario = dataclasses.replace(scenario, serving=stack)  # --harness-serving: what every scenario runs on
-        device, engine, timeout_s = harness_options(self.config)
         seen_backends: set[str] = set()
-        for case in cases(scenario, engine=engine, device=device, timeout_s=timeout_s, **added_options(self.config)):
+        # how an added design is judged (--harness-expect); None: the default expectation
+        expect = getattr(self.config.option, "harness_expect", None)
+        for case in cases(scenario, selection_of(self.config), expect=expect):
             if case.backend not in seen_backends:
                 seen_backends.add(case.backend)
                 oracle = OracleItem.from_parent(self, name=f"{scenario.name}[oracle-{case.backend}]",

@@ -59,15 +59,15 @@ def _select(args: argparse.Namespace, specs: list[ScenarioSpec]) -> list[Scenari
 
 def _cases(args: argparse.Namespace, specs: list[ScenarioSpec], *, keywords: bool = True) -> list[Case]:
     extra = [d for d in args.design or () if is_import_path(d)]
-    from ..check.matrix.case import cases
+    from ..check.matrix.case import Selection, cases
     from .cells import added_backends
 
-    extra_backends = added_backends(args.backend or ())
+    selection = Selection(designs=args.design, modes=args.mode, backends=args.backend, engine=args.engine,
+                          device=args.device, extra_designs=extra, extra_backends=added_backends(args.backend or ()),
+                          runners=dict(args.runner or ()), timeout_s=args.timeout)
     out = []
     for spec in specs:
-        out.extend(cases(spec, designs=args.design, modes=args.mode, backends=args.backend, engine=args.engine,
-                         device=args.device, extra_designs=extra, expect=args.expect, extra_backends=extra_backends,
-                         runners=dict(args.runner or ()), timeout_s=args.timeout))
+        out.extend(cases(spec, selection, expect=args.expect))
     if keywords and args.keywords is not None:
         out = [c for c in out if args.keywords.matches(_names(c))]
     return out
@@ -215,7 +215,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
 
 def _cmd_list(args: argparse.Namespace) -> int:
-    from ..check.matrix.case import cases
+    from ..check.matrix.case import Selection, cases
     from .cells import added_backends, backend_rows, skipped_rows
     from ..check.matrix.matrix import limit_threads
 
@@ -228,7 +228,8 @@ def _cmd_list(args: argparse.Namespace) -> int:
     ]
     print(table(("scenario", "tags", "modes", "designs", "faults", "references"), rows))
     # every cell of the listed scenarios on this machine's default device, the named GPU backends added
-    cells = [c for s in specs for c in cases(s, backends=args.backend, extra_backends=added_backends(args.backend or ()))]
+    selection = Selection(backends=args.backend, extra_backends=added_backends(args.backend or ()))
+    cells = [c for s in specs for c in cases(s, selection)]
     print()
     print(table(("backend", "runs on", "graphs", "page sizes", "cells", "skipped here"), backend_rows(cells)))
     if skipped := skipped_rows(cells):

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness.check.matrix.case import cases
+from harness.check.matrix.case import Selection, cases
 from harness.check.run.drive import execute
 from harness.check.matrix.matrix import run_case
 from harness.scenario import load_scenario
@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[2] / "scenarios"
 @pytest.mark.slow
 def test_graph_runs_that_match_their_reference_report_no_finding(name):
     spec = load_scenario(ROOT / f"{name}.toml")
-    for case in cases(spec, modes=["full", "piecewise"]):
+    for case in cases(spec, Selection(modes=["full", "piecewise"])):
         result = run_case(case)
         if result.verdict.outcome == "match":
             assert result.verdict.observations.findings == (), case.name
@@ -29,7 +29,7 @@ def test_graph_runs_that_match_their_reference_report_no_finding(name):
 
 def _findings(path: str, design: str) -> set[tuple[str, str | None]]:
     spec = load_scenario(ROOT / path)
-    case = next(c for c in cases(spec, designs=[design], modes=["full"]) if c.with_faults)
+    case = next(c for c in cases(spec, Selection(designs=[design], modes=["full"])) if c.with_faults)
     result = run_case(case)
     assert result.ok, (case.name, result.verdict.outcome)
     return {(f.kind, f.path) for f in result.verdict.observations.findings}

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.check.matrix.case import cases
+from harness.check.matrix.case import Selection, cases
 from harness.cli import main
 from harness.scenario import load_scenario
 
@@ -38,7 +38,7 @@ def own_designs(cli_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 def _expectations(scenario, design: str) -> dict[tuple[str, str, bool], str]:
     return {(c.mode, c.backend, c.with_faults): c.expected
-            for c in cases(scenario, designs=[design], extra_designs=[design] if ":" in design else ())}
+            for c in cases(scenario, Selection(designs=[design], extra_designs=[design] if ":" in design else ()))}
 
 
 def test_the_reference_design_by_import_path_expects_what_forward_batch_gets_with_and_without_the_faults():
@@ -52,18 +52,18 @@ def test_the_reference_design_by_import_path_expects_what_forward_batch_gets_wit
 def test_like_a_design_the_scenario_does_not_list_skips_its_runs_saying_why():
     scenario = load_scenario(LIBRARY / "swa_paged_untranslated_write.toml")
     assert "forward_batch" not in scenario.designs
-    added = [c for c in cases(scenario, extra_designs=[REFERENCE_BY_PATH]) if c.design == REFERENCE_BY_PATH]
+    added = [c for c in cases(scenario, Selection(extra_designs=[REFERENCE_BY_PATH])) if c.design == REFERENCE_BY_PATH]
     assert added and {c.unsupported for c in added} == {
         "the scenario lists no forward_batch, whose expectations an added design takes here"}
-    like_translate = [c for c in cases(scenario, extra_designs=[REFERENCE_BY_PATH], expect="like:translate")
+    like_translate = [c for c in cases(scenario, Selection(extra_designs=[REFERENCE_BY_PATH]), expect="like:translate")
                       if c.design == REFERENCE_BY_PATH]
     assert [c.unsupported for c in like_translate] == [None] * len(added)
 
 
 def test_a_fixed_expectation_reruns_a_fault_scenario_with_the_faults_off():
     scenario = load_scenario(LIBRARY / "faults" / "swa_decode_no_preset_swa_loc.toml")  # no without_faults stated
-    fixed = cases(scenario, designs=["x:y"], extra_designs=["x:y"], expect="match")
-    like = cases(scenario, designs=["x:y"], extra_designs=["x:y"])
+    fixed = cases(scenario, Selection(designs=["x:y"], extra_designs=["x:y"]), expect="match")
+    like = cases(scenario, Selection(designs=["x:y"], extra_designs=["x:y"]))
     assert sorted(c.with_faults for c in fixed) == [False, False, True, True]
     assert sorted(c.with_faults for c in like) == [True, True]  # forward_batch states no faults-off verdict here
 

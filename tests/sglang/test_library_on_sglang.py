@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.check.matrix.case import cases
+from harness.check.matrix.case import Selection, cases
 from harness.check.matrix.matrix import run_case
 from harness.scenario.loader import load_scenario
 from harness.sglang.library import not_expressible, on_sglang
@@ -22,7 +22,7 @@ def test_clean_designs_match_on_sglangs_pool(path):
     reason = not_expressible(scenario)
     if reason is not None:
         pytest.skip(f"not expressible against SGLang 0.5.23: {reason}")
-    clean = [c for c in cases(on_sglang(scenario), modes=["eager"])
+    clean = [c for c in cases(on_sglang(scenario), Selection(modes=["eager"]))
              if not c.unsupported and c.expected == "match" and not (c.with_faults and scenario.faults)]
     if not clean:
         pytest.skip("no design of this scenario is expected to match without faults")

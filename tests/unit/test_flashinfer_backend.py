@@ -25,7 +25,7 @@ from harness.backends.flashinfer import FlashInferBackend, missing_requirements,
 from harness.backends.flashinfer_ops import OP_NAME
 from harness.backends.paged_kv import paged_kv_layout, paged_kv_slots
 from harness.backends.registry import backend_class
-from harness.check.matrix.case import cases
+from harness.check.matrix.case import Selection, cases
 from harness.graphs.registry import get_engine
 from harness.scenario.loader import load_scenario
 from harness.serving.allocator import SWATokenToKVPoolAllocator
@@ -288,7 +288,7 @@ def test_the_backend_runs_on_cuda_only_and_names_what_this_machine_lacks(monkeyp
 def test_a_library_scenarios_flashinfer_cells_run_on_cuda_and_say_why_they_are_skipped_here(monkeypatch):
     monkeypatch.setattr(fi_module.torch.cuda, "is_available", lambda: False)
     scenario = load_scenario(ROOT / "scenarios" / "swa_decode_padded_buckets.toml")
-    found = cases(scenario, backends=["flashinfer"], extra_backends=["flashinfer"], designs=["metadata"])
+    found = cases(scenario, Selection(backends=["flashinfer"], extra_backends=["flashinfer"], designs=["metadata"]))
     assert {(c.mode, c.device, c.engine) for c in found} == {("eager", "cuda", "cuda"), ("full", "cuda", "cuda")}
     assert all("backend flashinfer needs a CUDA GPU; this machine has none" in c.unsupported for c in found)
 
@@ -353,8 +353,9 @@ def test_a_library_scenario_under_flashinfer_and_cuda_graphs_matches_its_eager_r
                              else ROOT / "scenarios" / "swa_decode_padded_buckets.toml")
     scenario = dataclasses.replace(scenario, model=dataclasses.replace(scenario.model, dtype="bfloat16", head_dim=64),
                                    pool=dataclasses.replace(scenario.pool, kv_dtype="bfloat16"))
-    [case] = [c for c in cases(scenario, backends=["flashinfer"], extra_backends=["flashinfer"], designs=["metadata"],
-                               modes=[mode], device="cuda", engine="cuda") if c.with_faults]
+    [case] = [c for c in cases(scenario, Selection(backends=["flashinfer"], extra_backends=["flashinfer"],
+                                                         designs=["metadata"], modes=[mode], device="cuda",
+                                                         engine="cuda")) if c.with_faults]
     assert case.unsupported is None, case.unsupported
     result = run_case(case)
     assert result.ok, (result.verdict.outcome, result.verdict.error)

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from harness.check.run import workers
-from harness.check.matrix.case import cases
+from harness.check.matrix.case import Selection, cases
 from harness.check.matrix.matrix import _groups
 from harness.check.run.workers import WorkerDied, run_grouped, run_isolated
 from harness.scenario.loader import load_scenario
@@ -83,7 +83,7 @@ def test_groups_and_lone_tasks_mix_and_results_come_back_in_argument_order():
 def test_a_scenarios_builtin_cases_share_a_child_and_a_design_by_import_path_runs_alone():
     scenario = load_scenario(os.path.join(SAMPLES, "tiny_match.toml"))
     added = "harness.serving.designs:forward_batch"
-    all_cases = cases(scenario, extra_designs=[added])
+    all_cases = cases(scenario, Selection(extra_designs=[added]))
     groups = _groups(all_cases)
     builtin = [i for i, c in enumerate(all_cases) if c.design != added]
     assert builtin and [builtin] == [g for g in groups if len(g) > 1]

@@ -11,7 +11,7 @@ becomes a case with every reason, skipped rather than run.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ...backends.base import AttentionBackend
 from ...backends.registry import BACKENDS, backend_class
@@ -150,41 +150,54 @@ class _Cell:
     """a design the scenario does not list (``extra_designs``)"""
 
 
-def cases(
-    scenario: ScenarioSpec,
-    *,
-    designs: Iterable[str] | None = None,
-    modes: Iterable[str] | None = None,
-    backends: Iterable[str] | None = None,
-    engine: str | None = None,
-    device: str = Device.CPU,
-    extra_designs: Iterable[str] = (),
-    expect: str | None = None,
-    extra_backends: Iterable[str] = (),
-    runners: Mapping[str, str] | None = None,
-    timeout_s: float | None = None,
-) -> list[Case]:
-    """Every case of one scenario that the filters keep, clean reruns of fault scenarios included.
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Selection:
+    """Which cells of a scenario run, and how: what the command line filters and adds, where each runs, with
+    which runners and time limit. The default is every cell the scenario lists, on the CPU."""
 
-    What runs is ``cells``' answer: ``engine`` None picks each case's default (``cuda`` for a case on a CUDA
-    device, else ``tape``); ``extra_designs`` and ``extra_backends`` the scenario does not list run too.
-    How each is judged is ``judgement_of``'s: an added design by ``expect`` (``EXPECT_DEFAULT`` when None):
-    ``like:DESIGN`` expects of each run what the scenario expects of DESIGN in that mode, backend and fault
-    setting (a scenario that does not list DESIGN skips them, saying so), an outcome expects it of every run;
-    either way a fault scenario also runs them with the faults off, as it runs DESIGN (or, for an outcome,
-    always). An added backend is expected to give what the scenario expects of the design (its
-    ``by_backend`` entry for that name, if any). ``runners`` maps a mode to the runner (by import path) that
-    replaces the built-in one in that mode. ``timeout_s`` overrides the scenario's time limit.
+    designs: tuple[str, ...] = ()
+    """only these of the scenario's designs (empty: all of them)"""
+    modes: tuple[str, ...] = ()
+    """only these of its modes (empty: all)"""
+    backends: tuple[str, ...] = ()
+    """only these of its backends (empty: all)"""
+    extra_designs: tuple[str, ...] = ()
+    """designs the scenario does not list that run too (the filters never drop them)"""
+    extra_backends: tuple[str, ...] = ()
+    """backends the scenario does not list that run too"""
+    engine: str | None = None
+    """None: each case's default (``cuda`` for a case on a CUDA device, else ``tape``)"""
+    device: str = Device.CPU
+    runners: Mapping[str, str] = field(default_factory=dict)
+    """a mode -> the runner (by import path) that replaces the built-in one in that mode"""
+    timeout_s: float | None = None
+    """overrides the scenario's time limit"""
+
+    def __post_init__(self) -> None:
+        # callers hand lists or argparse's None; stored as tuples, the selection stays what it was made as
+        for name in ("designs", "modes", "backends", "extra_designs", "extra_backends"):
+            object.__setattr__(self, name, tuple(getattr(self, name) or ()))
+        object.__setattr__(self, "runners", dict(self.runners or {}))
+
+
+def cases(scenario: ScenarioSpec, selection: Selection = Selection(), *, expect: str | None = None) -> list[Case]:
+    """Every case of one scenario that the ``selection`` keeps, clean reruns of fault scenarios included.
+
+    What runs is ``cells``' answer. How each is judged is ``judgement_of``'s: an added design by ``expect``
+    (``EXPECT_DEFAULT`` when None): ``like:DESIGN`` expects of each run what the scenario expects of DESIGN in
+    that mode, backend and fault setting (a scenario that does not list DESIGN skips them, saying so), an
+    outcome expects it of every run; either way a fault scenario also runs them with the faults off, as it runs
+    DESIGN (or, for an outcome, always). An added backend is expected to give what the scenario expects of the
+    design (its ``by_backend`` entry for that name, if any).
     """
     expect = EXPECT_DEFAULT if expect is None else expect
-    runners = dict(runners or {})
-    limit = timeout_s if timeout_s is not None else scenario.timeout_s
+    limit = selection.timeout_s if selection.timeout_s is not None else scenario.timeout_s
     out = []
-    for cell in cells(scenario, designs=designs, modes=modes, backends=backends, engine=engine, device=device,
-                      extra_designs=extra_designs, extra_backends=extra_backends):
+    for cell in cells(scenario, selection):
         option = expect if cell.added else None
         common = dict(scenario=scenario, design=cell.design, mode=cell.mode, backend=cell.backend,
-                      engine=cell.engine, device=cell.device, timeout_s=limit, runner=runners.get(cell.mode))
+                      engine=cell.engine, device=cell.device, timeout_s=limit,
+                      runner=selection.runners.get(cell.mode))
         for with_faults in (True, False) if scenario.faults else (True,):
             judgement = judgement_of(scenario, design=cell.design, mode=cell.mode, backend=cell.backend,
                                      with_faults=with_faults, option=option)
@@ -201,24 +214,15 @@ def cases(
     return out
 
 
-def cells(
-    scenario: ScenarioSpec,
-    *,
-    designs: Iterable[str] | None = None,
-    modes: Iterable[str] | None = None,
-    backends: Iterable[str] | None = None,
-    engine: str | None = None,
-    device: str = Device.CPU,
-    extra_designs: Iterable[str] = (),
-    extra_backends: Iterable[str] = (),
-) -> list[_Cell]:
-    """What runs: every (backend, design, mode) of a scenario the filters keep, the added designs and backends
+def cells(scenario: ScenarioSpec, selection: Selection = Selection()) -> list[_Cell]:
+    """What runs: every (backend, design, mode) of a scenario the selection keeps, the added designs and backends
     included (the filters never drop those), each on a device its backend declares."""
-    keep_designs = set(designs) if designs else None
-    keep_modes = set(modes) if modes else None
-    keep_backends = set(backends) if backends else None
-    added = [b for b in dict.fromkeys(extra_backends) if b not in scenario.backends]
-    extras = [d for d in dict.fromkeys(extra_designs) if d not in scenario.designs]
+    keep_designs = set(selection.designs) or None
+    keep_modes = set(selection.modes) or None
+    keep_backends = set(selection.backends) or None
+    device = selection.device
+    added = [b for b in dict.fromkeys(selection.extra_backends) if b not in scenario.backends]
+    extras = [d for d in dict.fromkeys(selection.extra_designs) if d not in scenario.designs]
     out = []
     for backend in (*scenario.backends, *added):
         if keep_backends is not None and backend not in keep_backends and backend not in added:
@@ -230,7 +234,7 @@ def cells(
         else:
             # a backend that cannot run on the requested device runs on one it declares (marked gpu if CUDA)
             missing, run_device = None, device if device in declared.devices else sorted(declared.devices)[0]
-        run_engine = engine or (Engine.CUDA if run_device == Device.CUDA else Engine.TAPE)
+        run_engine = selection.engine or (Engine.CUDA if run_device == Device.CUDA else Engine.TAPE)
         for design in (*scenario.designs, *extras):
             if keep_designs is not None and design not in keep_designs and design not in extras:
                 continue
