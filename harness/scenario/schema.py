@@ -221,7 +221,7 @@ _MODEL_FIELDS = {
 def _read_model(r: Reader, table: dict | None) -> ModelSpec | None:
     if table is None:
         return None
-    r.known_keys(table, "model", ("preset", *_MODEL_FIELDS))
+    r.known_keys(table, "model", ("preset", *_MODEL_FIELDS, "layer_windows"))
     preset = r.value(table, "model", "preset", choice(PRESETS))
     if preset is None:  # reported; the first preset stands in so the overrides are still checked
         preset = next(iter(PRESETS))
@@ -235,6 +235,10 @@ def _read_model(r: Reader, table: dict | None) -> ModelSpec | None:
             value = r.value(table, "model", name, check, getattr(base, name))
         if value is not None:
             overrides[name] = float(value) if kind == "float" else value
+    # per layer windows, a full layer's written as 0 (TOML has no null): ``ModelSpec.problems`` checks the rest
+    windows = r.array(table, "model", "layer_windows", integer(), None)
+    if windows is not None:
+        overrides["layer_windows"] = tuple(w or None for w in windows)
     return model_spec(preset, **overrides)
 
 

@@ -58,7 +58,9 @@ def scenario_toml(spec: ScenarioSpec) -> str:
     if spec.references:
         lines.append(f"references = {_value(spec.references)}")
     lines.append("")
-    lines += _table("model", [("preset", spec.model.name), *_changed(spec.model, PRESETS[spec.model.name], ("name",))])
+    model = [(k, tuple(w or 0 for w in v) if k == "layer_windows" else v)  # a full layer's None is written 0
+             for k, v in _changed(spec.model, PRESETS[spec.model.name], ("name",))]
+    lines += _table("model", [("preset", spec.model.name), *model])
     pool_defaults = PoolSpec(full_size=spec.pool.full_size, swa_size=spec.pool.swa_size)
     lines += _table("pool", [("full_size", spec.pool.full_size), ("swa_size", spec.pool.swa_size),
                              *_changed(spec.pool, pool_defaults, ("full_size", "swa_size", "free_order"))])
