@@ -171,6 +171,8 @@ class _ReportHooks:
         # interrupted (Ctrl-C) or stopped early (-x, --maxfail): the results are not the whole selection
         stopped = exitstatus == pytest.ExitCode.INTERRUPTED or session.shouldfail or session.shouldstop
         self.session.finish(complete=not stopped)
+        if self.session.problems and session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED  # pytest returns it after this hook: not all was kept
 
     def pytest_terminal_summary(self, terminalreporter) -> None:
         lines = self.session.summary_lines()
@@ -179,7 +181,9 @@ class _ReportHooks:
         terminalreporter.section("SWA harness verdicts")
         for line in lines:
             terminalreporter.write_line(line)
-        if self.session.json_path is not None:
+        if self.session.results_written:
             terminalreporter.write_line(f"KV results: {self.session.json_path.resolve()}")
         if self.session.report_line():
             terminalreporter.write_line(self.session.report_line())
+        for problem in self.session.problems:
+            terminalreporter.write_line(printable(problem), red=True)
