@@ -46,6 +46,7 @@ class ReportSession:
         self._plan = {name: i for i, name in enumerate(planned)} if planned is not None else None
         self._seen: set[str] = set()
         self._started = time.perf_counter()
+        self._expected = False
         self.problems: list[str] = []
         """one line per requested file that ``finish`` could not write"""
         self.results_written = False
@@ -58,6 +59,11 @@ class ReportSession:
         self._seen.add(view.name)
         self.views.append(view)
 
+    def expect_runs(self) -> None:
+        """Scenario runs were selected (pytest knows once it has collected): an interrupted session writes
+        the files asked for, with what finished, even before its first result."""
+        self._expected = True
+
     def add_record(self, record: dict) -> None:
         self.add(CaseView.from_record(record))
 
@@ -69,7 +75,7 @@ class ReportSession:
         """Write the requested files, the results first; the paths written. A destination that fails is a line
         in ``problems``, and the others are still written."""
         written: list[Path] = []
-        if not self._asked_for_runs:
+        if not self._asked_for_runs and not (self._expected and not complete):
             return written
         # the writers (jinja2, pandas) are imported once there is something to write: every pytest session
         # holds a report session, and most gather no scenario result
