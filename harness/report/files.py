@@ -231,7 +231,9 @@ class ReportFolder:
         except BaseException:
             _unlink_quietly(dir_fd, tmp)
             raise
-        self._staged = [s for s in self._staged if s[3] != relative]  # written twice: the last one counts
+        for earlier in [s for s in self._staged if s[3] == relative]:  # written twice: the last one counts
+            _unlink_quietly(earlier[0], earlier[1])
+            self._staged.remove(earlier)
         self._staged.append((dir_fd, tmp, name, relative))
         self.written.add(relative)
         return self.root / relative
