@@ -77,7 +77,7 @@ class ScenarioFile(pytest.File):
                 seen_backends.add(case.backend)
                 oracle = OracleItem.from_parent(self, name=f"{scenario.name}[oracle-{case.backend}]",
                                                 scenario=scenario, backend=case.backend, device=case.device,
-                                                timeout_s=case.timeout_s)
+                                                timeout_s=case.timeout_s, declaration_error=case.declaration_error)
                 _mark(oracle, case)
                 yield oracle
             item = ScenarioItem.from_parent(self, name=case.name, case=case)
@@ -202,14 +202,19 @@ def _batches(session: pytest.Session) -> _Batches:
 class OracleItem(pytest.Item):
     """The scenario's reference run agrees with the float64 dense oracle on every live slot and hidden state."""
 
-    def __init__(self, *, scenario: ScenarioSpec, backend: str, device: str, timeout_s: float, **kwargs) -> None:
+    def __init__(self, *, scenario: ScenarioSpec, backend: str, device: str, timeout_s: float,
+                 declaration_error: str | None = None, **kwargs) -> None:
         super().__init__(**kwargs)
         self.scenario = scenario
         self.backend = backend
         self.device = device
         self.timeout_s = timeout_s
+        self.declaration_error = declaration_error
+        """the backend does not load (``Case.declaration_error``): this item fails saying so"""
 
     def runtest(self) -> None:
+        if self.declaration_error is not None:
+            raise ReferenceNotCertified(f"no reference run: {self.declaration_error}")
         reference = scenario_reference(self.scenario, backend=self.backend, device=self.device, isolate=True,
                                        timeout_s=self.timeout_s)
         spec = reference.spec

@@ -16,6 +16,8 @@ import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping
 from typing import TypeVar
 
+from .declarations import DeclarationError, one_line
+
 V = TypeVar("V")
 
 TARGET_GROUP = "harness.targets"
@@ -110,8 +112,10 @@ def name_type(kind: str, known: Iterable[str]) -> Callable[[str], str]:
 def load_named(name: str, table: Mapping[str, str], *, kind: str, check: Callable[[object], str | None]) -> object:
     """The object ``name`` designates: ``table[name]`` (itself an import path) or ``name`` as an import path.
 
-    ``check`` returns why a loaded object is not a ``kind`` (None when it is). Every failure is a KeyError
-    whose message names the kind, the name and what would be accepted.
+    ``check`` returns why a loaded object is not a ``kind`` (None when it is), or raises a DeclarationError
+    for a declaration of it that breaks the contract. Every failure is a KeyError whose message names the
+    kind, the name and what would be accepted: a ``DeclarationError`` once the name is an import path (its
+    module fails to import, or what it names is not a ``kind``).
     """
     path = table.get(name, name)
     if not is_import_path(path):
@@ -122,9 +126,9 @@ def load_named(name: str, table: Mapping[str, str], *, kind: str, check: Callabl
     except KeyboardInterrupt:
         raise
     except BaseException as exc:  # noqa: BLE001 - a module that exits or raises at import is a bad name, not a crash
-        raise KeyError(f"{kind} {name!r} cannot be imported: {type(exc).__name__}: {exc}") from None
+        raise DeclarationError(f"{kind} {name!r} cannot be imported: {one_line(exc)}") from None
     if (why := check(obj)) is not None:
-        raise KeyError(f"{kind} {name!r} {why}")
+        raise DeclarationError(f"{kind} {name!r} {why}")
     return obj
 
 

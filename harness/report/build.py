@@ -19,7 +19,7 @@ from ..runners.observations import GraphObservations
 from ..runspec import Device, Engine
 from ..scenario.spec import ScenarioSpec
 from ..serving.kv_groups import KVGroups
-from ..serving.registry import stack_class
+from ..serving.registry import stack_class, stack_kv_groups
 from ..serving.stack import stack_spec
 from .slots import groups_of
 from .views import (
@@ -90,12 +90,9 @@ def setup_view(scenario: ScenarioSpec) -> SetupView:
 
 def _declared_groups(scenario: ScenarioSpec) -> KVGroups | None:
     try:
-        groups = stack_class(scenario.serving).kv_groups(stack_spec(scenario.model, scenario.pool))
-        for layer in range(scenario.model.num_layers):
-            groups.of_layer(layer)
-    except (KeyError, ImportError, ValueError):
+        return stack_kv_groups(stack_class(scenario.serving), stack_spec(scenario.model, scenario.pool))
+    except (KeyError, ImportError, ValueError):  # a stack that does not load or keep its contract: its runs say why
         return None
-    return groups
 
 
 def _step(s: StepRecord) -> StepView:

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from ..backends.base import GraphSupport
+from ..declarations import expected, owner
 from ..runspec import Mode, RunSpec
 from ..serving.batch import ForwardBatch, ForwardMode
 from .base import Runner, RunnerContext
@@ -129,9 +130,12 @@ class Dispatch:
 
 
 def covers_of(runner: object) -> tuple[GraphCover, ...] | None:
-    """What a runner declares it covers; None for a runner that declares nothing (it takes every forward)."""
+    """What a runner declares it covers; None for a runner that declares nothing (it takes every forward).
+    Anything but None or a tuple of ``GraphCover`` is a DeclarationError naming the runner."""
     covers = getattr(runner, "covers", None)
-    return None if covers is None else tuple(covers)
+    if covers is not None and not (isinstance(covers, tuple) and all(isinstance(c, GraphCover) for c in covers)):
+        raise expected("runner", f"{owner(type(runner))}.covers", "None or a tuple of GraphCover", covers)
+    return covers
 
 
 class GraphDispatcher:

@@ -15,10 +15,13 @@ record.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import traceback
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from ..declarations import expected
 
 if TYPE_CHECKING:  # the names of the designs are what --help and option errors need, not torch
     import torch
@@ -158,7 +161,8 @@ DEFAULT_DESIGNS: tuple[str, ...] = tuple(name for name in DESIGNS if name not in
 def declared(name: str) -> Design | None:
     """The declaration of a design: a built-in one's record, or the ``Design`` a third-party function by
     ``package.module:function`` carries as its ``design`` attribute (``declare``); None when it declares
-    nothing (it runs all the same, and a caller states what it expects of it)."""
+    nothing (it runs all the same, and a caller states what it expects of it). A record of the wrong type
+    is a DesignImportError (``resolve_design``)."""
     if name in DESIGN_REGISTRY:
         return DESIGN_REGISTRY[name]
     record = getattr(resolve_design(name), "design", None)
@@ -202,7 +206,30 @@ def resolve_design(name: str) -> SWALocDesign:
         raise DesignImportError(f"design {name!r}: {where} defines no {attr!r}")
     if not callable(fn):
         raise DesignImportError(f"design {name!r} is not callable: {attr} in {where} is {type(fn).__name__}")
+    if (problem := record_problem(name, getattr(fn, "design", None))) is not None:
+        raise DesignImportError(problem)
     return fn
+
+
+_FIELD_TYPES = {"name": (str, "a str"), "sound": (bool, "a bool"), "rule": (str, "a str"),
+                "reference": (str, "a str"), "needs_plan": (bool, "a bool"), "opt_in": (bool, "a bool")}
+
+
+def record_problem(name: str, record: object) -> str | None:
+    """Why a third-party design's ``design`` attribute is not a well-typed ``Design`` record (``declare``),
+    in one line naming the design and the field; None when it is one, or when there is none."""
+    if record is None:
+        return None
+    if not isinstance(record, Design):
+        return str(expected("design", f"{name}.design", "a Design record (serving.designs.declare)", record))
+    for field in dataclasses.fields(Design):
+        value = getattr(record, field.name)
+        if field.name == "fn":
+            if not callable(value):
+                return str(expected("design", f"{name}.design.fn", "the design function", value))
+        elif not isinstance(value, _FIELD_TYPES[field.name][0]):
+            return str(expected("design", f"{name}.design.{field.name}", _FIELD_TYPES[field.name][1], value))
+    return None
 
 
 def _one_line(exc: BaseException) -> str:

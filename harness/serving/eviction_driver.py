@@ -17,6 +17,7 @@ import torch
 
 from .eviction import EvictionPolicy
 from .prefix_cache import SWARadixCache
+from .registry import frontier
 from .requests import Req, RequestBook
 from .stack import ServingStack
 from .timeline import TokenKey
@@ -59,7 +60,7 @@ class EvictionDriver:
                     self.book.free(req)
                 finished.append(req.spec.rid)
             elif not req.released:
-                req.due = max(req.due, self.eviction.frontier(req.window(bigram=self.bigram)))
+                req.due = max(req.due, frontier(self.eviction, req.window(bigram=self.bigram)))
                 evicted.extend(self._evict(req, self._frontier(req)))
                 if self.cache is not None and req.prefilling:
                     evicted.extend(self._cache_unfinished(req))
@@ -96,15 +97,15 @@ class EvictionDriver:
         if "evict_one_past_window" in self.faults:
             # the frontier's formula one page ahead, as if a page more had been cached
             window = dataclasses.replace(window, seq_len=window.seq_len + page)
-        frontier = self.eviction.frontier(window)
+        at = frontier(self.eviction, window)
         if "evict_one_past_window" in self.faults:
-            frontier = min(frontier, req.seq_len)
+            at = min(at, req.seq_len)
         if "evict_not_page_aligned" in self.faults:
             # the same policy without its floor to a page
             policy = self.eviction
             unpaged = type(policy)(policy.spec, window=policy.window, page_size=1, prefix_sharing=policy.prefix_sharing)
-            frontier = max(frontier, unpaged.frontier(window))
-        return frontier
+            at = max(at, frontier(unpaged, window))
+        return at
 
     # ---- the prefix cache ------------------------------------------------------------------------------
     def _cache_finished(self, req: Req) -> None:

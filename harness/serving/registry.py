@@ -10,11 +10,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ..declarations import call_hook, expected, is_int, owner
 from ..imports import Registry, load_named, subclass_of
 
 if TYPE_CHECKING:
-    from .eviction import EvictionPolicy, EvictionSpec
-    from .stack import ServingStack
+    from .eviction import EvictionPolicy, EvictionSpec, RequestWindow
+    from .kv_groups import KVGroups
+    from .stack import ServingStack, StackSpec
 
 STACKS: Registry[str] = Registry({
     "miniature": "harness.serving.miniature:MiniatureStack",
@@ -47,16 +49,90 @@ def register_eviction_policy(name: str, path: str) -> None:
 
 
 def stack_class(name: str) -> type[ServingStack]:
-    """The serving stack a registered name or ``package.module:Class`` names; KeyError otherwise."""
+    """The serving stack a registered name or ``package.module:Class`` names, its declarations checked;
+    KeyError otherwise (a ``declarations.DeclarationError`` for a declaration that does not hold)."""
     from .stack import ServingStack
 
-    return load_named(name, STACKS, kind="serving stack", check=subclass_of(ServingStack))  # type: ignore[return-value]
+    return load_named(name, STACKS, kind="serving stack", check=_is_declared_stack)  # type: ignore[return-value]
+
+
+def _is_declared_stack(obj: object) -> str | None:
+    from .stack import ServingStack
+
+    if (why := subclass_of(ServingStack)(obj)) is not None:
+        return why
+    at = owner(obj)
+    if hasattr(obj, "name") and not (isinstance(obj.name, str) and obj.name):  # type: ignore[attr-defined]
+        raise expected("serving stack", f"{at}.name", "a non-empty str", obj.name)  # type: ignore[attr-defined]
+    if not isinstance(asks := getattr(obj, "asks_swa_design"), bool):
+        raise expected("serving stack", f"{at}.asks_swa_design", "a bool", asks)
+    return None
+
+
+def stack_kv_groups(cls: type[ServingStack], spec: StackSpec) -> KVGroups:
+    """``cls.kv_groups(spec)``, which must return ``KVGroups`` with a group for every layer of the spec's
+    model; DeclarationError otherwise (what it raises included: the report asks it outside any run)."""
+    layers = len(spec.layer_is_swa)
+    return call_hook("serving stack", f"{owner(cls)}.kv_groups()", cls.kv_groups, spec,  # type: ignore[return-value]
+                     returns=_groups_wanted(layers), valid=lambda got: _groups_hold(got, layers))
+
+
+def build_stack(cls: type[ServingStack], spec: StackSpec) -> ServingStack:
+    """``cls.build(spec)``, which must return an instance of ``cls`` whose ``groups`` are ``KVGroups`` with a
+    group for every layer of the spec's model; DeclarationError otherwise. What ``build`` raises passes
+    through: it fails the run, as the stack's own error."""
+    stack = cls.build(spec)
+    if not isinstance(stack, cls):
+        raise expected("serving stack", f"{owner(cls)}.build()", f"an instance of {owner(cls)}", stack)
+    if not _groups_hold(stack.groups, len(spec.layer_is_swa)):
+        raise expected("serving stack", f"{owner(cls)}.kv_groups()", _groups_wanted(len(spec.layer_is_swa)),
+                       stack.groups)
+    return stack
+
+
+def _groups_hold(got: object, num_layers: int) -> bool:
+    from .kv_groups import KVGroups
+
+    if not isinstance(got, KVGroups):
+        return False
+    try:
+        for layer in range(num_layers):
+            got.of_layer(layer)
+    except KeyError:
+        return False
+    return True
+
+
+def _groups_wanted(num_layers: int) -> str:
+    return f"KVGroups with a group for each of layers 0..{num_layers - 1}"
 
 
 def eviction_policy(spec: EvictionSpec, *, window: int, page_size: int = 1,
                     prefix_sharing: bool = False) -> EvictionPolicy:
-    """The eviction policy ``spec`` names (registered, or ``package.module:Class``), for one model's window."""
+    """The eviction policy ``spec`` names (registered, or ``package.module:Class``), for one model's window;
+    KeyError where it does not load (a DeclarationError for a declaration that does not hold)."""
+    cls = load_named(spec.policy, EVICTION_POLICIES, kind="eviction policy", check=_is_declared_policy)
+    policy = cls(spec, window=window, page_size=page_size, prefix_sharing=prefix_sharing)  # type: ignore[operator]
+    if not isinstance(policy, cls):  # a __new__ of its own may return anything
+        raise expected("eviction policy", f"{owner(cls)}()", f"an instance of {owner(cls)}", policy)
+    return policy
+
+
+def _is_declared_policy(obj: object) -> str | None:
     from .eviction import EvictionPolicy
 
-    cls = load_named(spec.policy, EVICTION_POLICIES, kind="eviction policy", check=subclass_of(EvictionPolicy))
-    return cls(spec, window=window, page_size=page_size, prefix_sharing=prefix_sharing)  # type: ignore[operator]
+    if (why := subclass_of(EvictionPolicy)(obj)) is not None:
+        return why
+    if hasattr(obj, "name") and not (isinstance(obj.name, str) and obj.name):  # type: ignore[attr-defined]
+        raise expected("eviction policy", f"{owner(obj)}.name", "a non-empty str", obj.name)  # type: ignore[attr-defined]
+    return None
+
+
+def frontier(policy: EvictionPolicy, req: RequestWindow) -> int:
+    """``policy.frontier(req)``, which must return an int position; DeclarationError otherwise. What it raises
+    passes through: it fails the run it is in, as the policy's own error."""
+    at = policy.frontier(req)
+    if not is_int(at):
+        raise expected("eviction policy", f"{owner(type(policy))}.frontier()",
+                       "an int (the position below which SWA slots are freed)", at)
+    return at

@@ -154,10 +154,12 @@ def test_a_registered_backend_runs_every_mode_and_matches_the_one_it_extends(reg
     assert judge(result, execute(_spec())).outcome == "match"
 
 
-@pytest.mark.parametrize("name, kind", [("nope", "serving stack"), ("harness.serving.pool:PoolSpec", "serving stack")])
-def test_a_bad_serving_stack_name_says_what_was_expected(name, kind):
+@pytest.mark.parametrize("name, kind, error", [("nope", "serving stack", "KeyError"),
+                                               ("harness.serving.pool:PoolSpec", "serving stack", "DeclarationError")])
+def test_a_bad_serving_stack_name_says_what_was_expected(name, kind, error):
+    # an unknown short name is a KeyError; an import path naming the wrong thing is a plug-in's declaration
     result = execute(_spec(serving=name))
-    assert result.error is not None and result.error.type == "KeyError"
+    assert result.error is not None and result.error.type == error
     assert kind in result.error.message and name in result.error.message
 
 

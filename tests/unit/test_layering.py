@@ -28,6 +28,9 @@ FORBIDDEN = {
     "cli": {"collect", "plugin", "bench", "diffbench", "gpuci", *TARGETS},
     "imports": {"serving", "graphs", "backends", "runners", "check", "scenario", "report", "runspec", "gpuci",
                 *TARGETS},
+    # the checks of third-party declarations: primitives each registry applies to its own kind, importing none
+    "declarations": {"serving", "graphs", "backends", "runners", "check", "scenario", "report", "runspec",
+                     "imports", "gpuci", *TARGETS},
     "options": {"serving", "graphs", "backends", "runners", "check", "scenario", "report", "runspec", "imports",
                 "gpuci", *TARGETS},
     # the SGLang target adapts the serving stack, the backends and the scenarios to the installed SGLang; the

@@ -5,7 +5,8 @@ runs (``cells``) and how each run is judged (``judgement_of``, a ``judgement.Jud
 with one spec and one expectation needs neither the matrix nor a scenario (``judgement.judge_one``).
 A backend's declaration decides the device a case runs on and whether it can run at all: a case the
 backend does not support (its mode, KV write path, page size or layout, or a fault it has no switch for)
-becomes a case with every reason, skipped rather than run.
+becomes a case with every reason, skipped rather than run. A backend that does not import or whose
+declarations break the contract gives cases that are errors (``Case.declaration_error``), never skips.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from ...backends.base import AttentionBackend
-from ...backends.registry import BACKENDS, backend_class
+from ...backends.registry import BACKENDS, backend_class, unsupported_reasons
 from ...runspec import TIMEOUT_DEFAULT_S, Device, Engine, RunSpec
 from ...scenario.spec import ScenarioSpec
 from ...serving.designs import DESIGN_REGISTRY
@@ -44,6 +45,9 @@ class Case:
     """the runner of this mode named by import path (``--runner MODE=package.module:Class``); None: built-in"""
     judgement: Judgement
     """what the run should give and why (``judgement_of``)"""
+    declaration_error: str | None = None
+    """why the run cannot be made: its backend does not import, or its declarations break the contract
+    (``declarations.py``); the run is an error verdict saying so, never a skip, and nothing is expected of it"""
 
     @property
     def name(self) -> str:
@@ -132,6 +136,7 @@ def judgement_of(scenario: ScenarioSpec, *, design: str, mode: str, backend: str
 
 
 _ADDED_WHY = "a design the scenario does not list, added on the command line"
+_BROKEN_WHY = "nothing can be expected of a run whose backend does not load or keep its contract"
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,7 +150,7 @@ class _Cell:
     engine: str
     declared: type[AttentionBackend] | None
     missing: str | None
-    """why the backend cannot be found or imported; its cells are skipped saying so"""
+    """why the backend cannot be imported or its declarations do not hold; its cells are errors saying so"""
     added: bool
     """a design the scenario does not list (``extra_designs``)"""
 
@@ -208,8 +213,16 @@ def cases(scenario: ScenarioSpec, selection: Selection = Selection(), *, expect:
                 why = f"the scenario lists no {like}, whose expectations an added design takes here"
                 out.append(Case(**common, unsupported=why, judgement=judgement))
                 break
-            unsupported = cell.missing or _unsupported(cell.declared, scenario, cell.mode, cell.device,
-                                                       with_faults=with_faults)
+            broken = cell.missing
+            if broken is None:
+                try:
+                    unsupported = _unsupported(cell.declared, scenario, cell.mode, cell.device, with_faults=with_faults)
+                except KeyError as exc:  # its unsupported() broke the contract for this case
+                    broken = str(exc.args[0])
+            if broken is not None:
+                out.append(Case(**common, with_faults=with_faults, declaration_error=broken,
+                                judgement=Judgement(expected=NO_EXPECTATION, why=_BROKEN_WHY)))
+                continue
             out.append(Case(**common, unsupported=unsupported, with_faults=with_faults, judgement=judgement))
     return out
 
@@ -229,7 +242,7 @@ def cells(scenario: ScenarioSpec, selection: Selection = Selection()) -> list[_C
             continue
         try:
             declared = backend_class(backend)
-        except KeyError as exc:  # not found, or fails to import: its cases are skipped, saying why
+        except KeyError as exc:  # fails to import or to keep the contract: its cases are errors, saying why
             declared, missing, run_device = None, str(exc.args[0]), device
         else:
             # a backend that cannot run on the requested device runs on one it declares (marked gpu if CUDA)
@@ -249,8 +262,8 @@ def _unsupported(declared: type[AttentionBackend] | None, scenario: ScenarioSpec
                  with_faults: bool) -> str | None:
     """Every reason the declared backend gives for not running the case, joined; None when it runs."""
     assert declared is not None
-    reasons = declared.unsupported(mode=mode, device=device, kv_write=scenario.kv_write,
-                                   page_size=scenario.pool.page_size,
-                                   faults=scenario.faults if with_faults else (), model=scenario.model,
-                                   kv_dtype=scenario.pool.kv_dtype)
+    reasons = unsupported_reasons(declared, mode=mode, device=device, kv_write=scenario.kv_write,
+                                  page_size=scenario.pool.page_size,
+                                  faults=scenario.faults if with_faults else (), model=scenario.model,
+                                  kv_dtype=scenario.pool.kv_dtype)
     return "; ".join(reasons) or None

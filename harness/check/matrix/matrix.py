@@ -70,9 +70,14 @@ def run_cases(cases: Sequence[Case], *, jobs: int, done: Callable[[int, CaseResu
     order: a CUDA context cannot be forked. ``output(index, text)``: what a forked case's run printed,
     captured (``workers.run_grouped``).
     """
-    forked = [c for c in cases if _forkable(c.device)]
     position = {id(c): i for i, c in enumerate(cases)}
     results: dict[int, CaseResult] = {}
+    for index, case in enumerate(cases):  # a plug-in that does not load: nothing to run, its error is known
+        if case.declaration_error is not None:
+            results[id(case)] = declaration_failed(case)
+            if done is not None:
+                done(index, results[id(case)])
+    forked = [c for c in cases if _forkable(c.device) and id(c) not in results]
 
     def finished(index: int, outcome: CaseResult | WorkerDied) -> None:
         case = forked[index]
@@ -121,6 +126,12 @@ def _died_error(died: WorkerDied) -> RunError:
 
 def _died_run(spec: RunSpec, died: WorkerDied) -> RunResult:
     return RunResult(spec=spec, snapshots=(), error=_died_error(died))
+
+
+def declaration_failed(case: Case) -> CaseResult:
+    """The error verdict of a case whose plug-in does not load or keep its contract (``Case.declaration_error``)."""
+    error = RunError(type="DeclarationError", message=case.declaration_error or "", step=None)
+    return CaseResult(case=case, verdict=Verdict(outcome=Outcome.ERROR, diff=None, error=error), duration_s=0.0)
 
 
 def _died_case(case: Case, died: WorkerDied) -> CaseResult:

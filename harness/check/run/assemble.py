@@ -21,7 +21,7 @@ from ...runspec import RunSpec
 from ...serving.designs import resolve_design
 from ...serving.model import SyntheticModel
 from ...serving.pool import ReqToTokenPool
-from ...serving.registry import eviction_policy, stack_class
+from ...serving.registry import build_stack, eviction_policy, stack_class
 from ...serving.scheduler import Scheduler
 from ...serving.stack import ServingStack, stack_spec
 
@@ -58,8 +58,8 @@ def assemble(spec: RunSpec) -> RunParts:
     the pools: nothing has run yet."""
     device = torch.device(spec.device)
     model = SyntheticModel(spec.model, device)
-    stack = stack_class(spec.serving).build(
-        stack_spec(spec.model, spec.pool, kv_scales=tuple(model.kv_scales()), device=str(device)))
+    stack = build_stack(stack_class(spec.serving),
+                        stack_spec(spec.model, spec.pool, kv_scales=tuple(model.kv_scales()), device=str(device)))
     scheduler = Scheduler(
         spec.timeline,
         stack=stack,
