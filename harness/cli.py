@@ -10,6 +10,7 @@ import os
 import shlex
 import signal
 import sys
+import textwrap
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
@@ -23,7 +24,7 @@ from .check.workers import Terminated, output_block, terminate_like_ctrl_c
 from .imports import is_import_path, name_type, unknown_name
 from .options import add_cli_option
 from .report.files import destination_problems
-from .report.text import failure_blocks, printable, progress_line, run_table, table
+from .report.text import failure_blocks, printable, progress_line, record, run_table, table
 from .runners.registry import runner_option
 from .runspec import TIMEOUT_MAX_S, Device, Engine, Mode
 from .serving.designs import DESIGNS
@@ -214,28 +215,51 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     return run_compare(Path(args.base), Path(args.head), report_dir=report_dir, out=sys.stdout, err=sys.stderr)
 
 
+LIST_WIDTH = 100
+"""columns the tables of ``list`` fit in (their widest cells wrap)"""
+
+
 def _cmd_list(args: argparse.Namespace) -> int:
+    from .scenario.loader import load_all
+
+    # the backends' declarations and hooks live on classes in modules that compute with torch, and the dry run
+    # of a timeline allocates through torch: only a listing that shows the backends pays for them
+    backends = args.backends or bool(args.backend)
+    if backends:
+        from .check.matrix import limit_threads
+
+        limit_threads()
+    specs, load_errors = load_all(args.paths or [SCENARIO_ROOT], full=backends)
+    # a scenario's name and lists together run to 270 columns: each scenario is a record, not a table row
+    for s in specs:
+        print(record(s.name, [("tags", ",".join(s.tags)), ("modes", ",".join(s.modes)),
+                              ("faults", ",".join(sorted(s.faults))), ("designs", ",".join(s.designs)),
+                              ("references", "; ".join(s.references))], width=LIST_WIDTH))
+    if backends:
+        _list_backends(args, specs)
+    elif specs:
+        print()
+        print(textwrap.fill("--backends adds each backend's declaration and cells, and why the ones this machine "
+                            "cannot run are skipped (it imports torch, checks the files against the backends and "
+                            "dry-runs their timelines, as run does)", width=LIST_WIDTH))
+    _print_problems(load_errors)
+    return 1 if load_errors else 0
+
+
+def _list_backends(args: argparse.Namespace, specs: list[ScenarioSpec]) -> None:
     from .check.case import cases
     from .check.cells import added_backends, backend_rows, skipped_rows
-    from .check.matrix import limit_threads
 
-    limit_threads()  # the loader's dry runs go through torch
-    specs, load_errors = _load(args)
-    rows = [
-        (s.name, ",".join(s.tags), ",".join(s.modes), ",".join(s.designs), ",".join(sorted(s.faults)) or "-",
-         "; ".join(s.references) or "-")
-        for s in specs
-    ]
-    print(table(("scenario", "tags", "modes", "designs", "faults", "references"), rows))
     # every cell of the listed scenarios on this machine's default device, the named GPU backends added
     cells = [c for s in specs for c in cases(s, backends=args.backend, extra_backends=added_backends(args.backend or ()))]
     print()
-    print(table(("backend", "runs on", "graphs", "page sizes", "cells", "skipped here"), backend_rows(cells)))
+    print(table(("backend", "runs on", "graphs", "page sizes", "cells", "skipped here"), backend_rows(cells),
+                width=LIST_WIDTH))
     if skipped := skipped_rows(cells):
         print()
-        print(table(("skipped cells of", "backend", "cells", "modes", "why"), skipped))
-    _print_problems(load_errors)
-    return 1 if load_errors else 0
+        print("skipped here:")  # a reason runs to 300 columns: a record each, not a table row
+        for scenario, backend, count, modes, why in skipped:
+            print(record(f"{scenario} on {backend}: {count} cells ({modes})", [("why", why)], width=LIST_WIDTH))
 
 
 def _print_problems(errors: list[ScenarioError]) -> None:
@@ -362,12 +386,15 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--report-dir", metavar="DIR",
                          help="write compare.html there, beside HEAD's report pages")
     compare.set_defaults(func=_cmd_compare)
-    lst = sub.add_parser("list", help="list scenarios with tags, modes, designs and faults, then the backends with "
-                         "their cells and why the ones this machine cannot run are skipped")
+    lst = sub.add_parser("list", help="list scenarios with tags, modes, designs and faults (with --backends, then the "
+                         "backends with their cells and why the ones this machine cannot run are skipped)")
     lst.add_argument("paths", nargs="*", help=f"scenario files or folders (default: {SCENARIO_ROOT}/)")
+    lst.add_argument("--backends", action="store_true",
+                     help="also each backend's declaration, its cells and why the ones this machine cannot run are "
+                          "skipped (imports torch: slower; checks the files in full, as run does)")
     lst.add_argument("--backend", action="append",
-                     help="only this backend's cells (repeatable); a GPU backend (flashinfer) or an import path is "
-                          "added to every scenario, as run adds it")
+                     help="only this backend's cells (repeatable; implies --backends); a GPU backend (flashinfer) or "
+                          "an import path is added to every scenario, as run adds it")
     lst.set_defaults(func=_cmd_list)
     for command in (run, report, compare, lst):
         command.set_defaults(parser=command)

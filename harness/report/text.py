@@ -7,6 +7,7 @@ escape, BEL, a newline forging a pytest ``PASSED`` line) must be shown, not obey
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 from .cause import first_divergence_cause
@@ -142,11 +143,71 @@ def failure_blocks(views: Sequence[CaseView]) -> str:
     return "\n\n".join(failure_block(v) for v in views if not v.ok)
 
 
-def table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
-    """Left-aligned columns; the last column is not padded."""
-    rows = [[printable(c) for c in row] for row in [header, *rows]]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(header) - 1)]
-    return "\n".join("  ".join([c.ljust(w) for c, w in zip(r, widths)] + [r[-1]]).rstrip() for r in rows)
+def table(header: Sequence[str], rows: Sequence[Sequence[object]], *, width: int | None = None) -> str:
+    """Left-aligned columns; the last column is not padded. With ``width``, a table wider than that narrows
+    its widest columns (never below a header, never the first, which names the row) and wraps their cells after a comma, semicolon or space onto
+    continuation lines whose other cells are blank."""
+    cells = [[printable(c) for c in row] for row in [header, *rows]]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    if width is not None:
+        floors = [widths[0], *(max(len(h), _MIN_COLUMN) for h in cells[0][1:])]
+        while sum(widths) + 2 * (len(widths) - 1) > width:
+            i = max(range(len(widths)), key=lambda j: widths[j] - floors[j])
+            if widths[i] <= floors[i]:
+                break  # as narrow as it goes: the header's row is wider than the table may be
+            widths[i] -= 1
+    lines = []
+    for row in cells:
+        parts = [_wrap(c, w) for c, w in zip(row, widths)]
+        for k in range(max(map(len, parts))):
+            line = [p[k] if k < len(p) else "" for p in parts]
+            lines.append("  ".join([c.ljust(w) for c, w in zip(line[:-1], widths)] + [line[-1]]).rstrip())
+    return "\n".join(lines)
+
+
+_MIN_COLUMN = 8
+
+
+def record(name: str, fields: Sequence[tuple[str, str]], *, width: int) -> str:
+    """``name`` on a line of its own, then its ``key: value`` fields packed onto indented lines of at most
+    ``width`` (a value too long for one line wraps after a separator): for rows whose cells together are far
+    wider than a terminal. A field with an empty value is left out."""
+    indent = "    "
+    lines, line = [printable(name)], ""
+    for key, value in fields:
+        if not value:
+            continue
+        text = f"{key}: {printable(value)}"
+        if line and len(indent) + len(line) + 2 + len(text) <= width:
+            line += "  " + text
+            continue
+        if line:
+            lines.append(indent + line)
+        parts = _wrap(text, width - len(indent))
+        lines.extend(indent + p for p in parts[:-1])
+        line = parts[-1]
+    if line:
+        lines.append(indent + line)
+    return "\n".join(lines)
+
+
+def _wrap(text: str, width: int) -> list[str]:
+    """``text`` in lines of at most ``width``, broken after a separator where one is near (else anywhere)."""
+    if len(text) <= width:
+        return [text]
+    lines, line = [], ""
+    for piece in re.findall(r"[^,; ]*[,; ]*", text):
+        while len(line) + len(piece.rstrip()) > width:
+            if line.strip():
+                lines.append(line.rstrip())
+                line, piece = "", piece.lstrip()
+            else:  # one piece wider than the column: cut it
+                lines.append(piece[:width])
+                piece = piece[width:]
+        line += piece
+    if line.strip():
+        lines.append(line.rstrip())
+    return lines
 
 
 def run_table(views: Sequence[CaseView]) -> str:
