@@ -24,7 +24,20 @@ from .check.workers import Terminated, output_block, terminate_like_ctrl_c
 from .imports import is_import_path, name_type, unknown_name
 from .options import add_cli_option
 from .report.files import destination_problems
-from .report.text import failure_blocks, printable, progress_line, record, run_table, table
+from .report.text import (
+    GREEN,
+    RED,
+    failure_blocks,
+    paint,
+    printable,
+    progress_line,
+    record,
+    run_table,
+    table,
+    time_left,
+    totals_line,
+    wants_colour,
+)
 from .runners.registry import runner_option
 from .runspec import TIMEOUT_MAX_S, Device, Engine, Mode
 from .serving.designs import DESIGNS
@@ -46,6 +59,31 @@ def _load(args: argparse.Namespace) -> tuple[list[ScenarioSpec], list[ScenarioEr
     from .scenario.loader import load_all
 
     return load_all(args.paths or [SCENARIO_ROOT])
+
+
+def _path_problems(paths: Sequence[str]) -> list[str]:
+    """One line per scenario path that names nothing, with the closest existing file or folder: a typo is a
+    usage error (exit 2), not a file that failed to load."""
+    out = []
+    for raw in paths:
+        path = Path(raw)
+        if path.exists():
+            continue
+        close = difflib.get_close_matches(str(path), _path_candidates(path), n=1, cutoff=0.6)
+        guess = f" (did you mean {printable(close[0])}?)" if close else ""
+        out.append(f"no scenario file or folder {printable(raw)}{guess}")
+    return out
+
+
+def _path_candidates(path: Path) -> list[str]:
+    """The scenario files and folders a mistyped ``path`` may have meant: beside its nearest existing folder,
+    and (for a path that does not start outside it) everywhere under the scenario root."""
+    base = next((p for p in path.parents if p.is_dir()), Path("."))
+    found = {q for q in base.iterdir() if q.is_dir() or q.suffix == ".toml"} if base.is_dir() else set()
+    root = Path(SCENARIO_ROOT)
+    if root.is_dir() and not path.is_absolute():
+        found |= {q for q in root.rglob("*") if q.is_dir() or q.suffix == ".toml"}
+    return sorted(str(q) + ("/" if q.is_dir() and str(path).endswith("/") else "") for q in found)
 
 
 def _select(args: argparse.Namespace, specs: list[ScenarioSpec]) -> list[ScenarioSpec]:
@@ -118,17 +156,21 @@ def _run_all(all_cases: list[Case], jobs: int, session: ReportSession) -> None:
     done_count, total, start = 0, len(all_cases), time.perf_counter()
     tty = sys.stderr.isatty()
 
+    runnable = [c for c in all_cases if c.unsupported is None]
+    ran = 0  # of the runnable: the skipped ones are added at once and would make the pace look fast
+
     def add(view: CaseView) -> None:
-        nonlocal done_count
+        nonlocal done_count, ran
         done_count += 1
+        ran += view.skip_reason is None
         session.add(view)
+        left = time_left(time.perf_counter() - start, ran, len(runnable) - ran)
         if tty:
-            sys.stderr.write("\r\033[K" + progress_line(done_count, total, view, width=150))
+            sys.stderr.write("\r\033[K" + progress_line(done_count, total, view, width=150, left_s=left))
         elif not view.ok or done_count == total or done_count % 25 == 0:
-            sys.stderr.write(progress_line(done_count, total, view) + "\n")
+            sys.stderr.write(progress_line(done_count, total, view, left_s=left) + "\n")
         sys.stderr.flush()
 
-    runnable = [c for c in all_cases if c.unsupported is None]
     for case in all_cases:
         if case.unsupported is not None:
             add(case_view(None, case=case))
@@ -150,6 +192,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if problems := destination_problems(results=("--json", Path(args.json) if args.json else None),
                                         folder=("--report-dir", Path(args.report_dir) if args.report_dir else None)):
         print("\n".join(printable(p) for p in problems), file=sys.stderr)
+        return 2
+    if problems := _path_problems(args.paths):
+        print("\n".join(problems), file=sys.stderr)
         return 2
     import torch
 
@@ -188,13 +233,17 @@ def _finish(session: ReportSession, *, complete: bool, verbose: bool) -> int:
     views = session.ordered()
     # the table lists what needs a look (every run with -v, or what finished of an interrupted run); the
     # totals below count them all
+    colour = wants_colour(sys.stdout)
     if shown := [v for v in views if verbose or not complete or not v.ok]:
-        print(run_table(shown))
+        print(run_table(shown, colour=colour))
         print()
     if blocks := failure_blocks(views):
         print(blocks)  # the cause beside the symptom: audit findings, graph statistics, the traceback's frames
         print()
-    print("\n".join(session.summary_lines()))
+    totals = totals_line(views, len(session.load_errors))
+    good = complete and all(v.ok for v in views) and not session.load_errors
+    print("\n".join(paint(line, GREEN if good else RED) if colour and line == totals else line
+                    for line in session.summary_lines()))
     if len(shown) < len(views):
         print("-v lists every run in the table, each skipped one with why")
     session.finish(complete=complete)
@@ -202,7 +251,7 @@ def _finish(session: ReportSession, *, complete: bool, verbose: bool) -> int:
         print(f"JSON: {session.json_path.resolve()}" + ("" if complete else " (incomplete)"))
     if (line := session.report_line()) is not None:
         print(line)
-    return 0 if complete and all(v.ok for v in views) and not session.load_errors else 1
+    return 0 if good else 1
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
@@ -221,6 +270,10 @@ LIST_WIDTH = 100
 
 def _cmd_list(args: argparse.Namespace) -> int:
     from .scenario.loader import load_all
+
+    if problems := _path_problems(args.paths):
+        print("\n".join(problems), file=sys.stderr)
+        return 2
 
     # the backends' declarations and hooks live on classes in modules that compute with torch, and the dry run
     # of a timeline allocates through torch: only a listing that shows the backends pays for them
