@@ -76,3 +76,13 @@ def test_unexpected_and_the_totals_are_coloured_on_a_terminal_only_and_never_und
 def test_wants_colour_reads_the_stream_and_no_color():
     assert wants_colour(_Terminal(), {}) and not wants_colour(io.StringIO(), {})
     assert not wants_colour(_Terminal(), {"NO_COLOR": "yes"}) and wants_colour(_Terminal(), {"NO_COLOR": ""})
+
+
+def test_list_reads_what_files_say_and_list_backends_checks_them_in_full_as_run_does(cli_dir, capsys, write_scenario):
+    # a pool too small for the timeline: only the dry run (which needs torch) finds it
+    write_scenario(cli_dir, "small", "tiny_match", replace={"swa_size = 16": "swa_size = 4"})
+    assert main(["list"]) == 0
+    out, err = capsys.readouterr()
+    assert out.startswith("small\n") and "--backends adds" in out and err == ""
+    assert main(["list", "--backends"]) == 1
+    assert "scenarios/small.toml: pool.swa_size: too small for the timeline" in capsys.readouterr().err
