@@ -100,9 +100,9 @@ test-sglang: $(SGLANG_STAMP)
 report: $(STAMP)
 	$(PY) -m harness report
 
-# a first look: one backend (torch_native), the runs that inject no fault (262 of the library's 1,422: a fifth of
-# make report's time; measured 117 CPU seconds at load 10 on two cores: an estimated 30 s on two idle ones),
-# into the same reports/
+# a first look: one backend (torch_native), the runs that inject no fault (262 of the library's 1,422, on the 19
+# clean scenarios; 117 CPU seconds measured at load 10 on two cores, about 30 % of make report's CPU time), into
+# the same reports/
 report-quick: $(STAMP)
 	$(PY) -m harness report --backend torch_native --no-faults --report-dir reports
 
