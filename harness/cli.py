@@ -247,11 +247,13 @@ def _finish(session: ReportSession, *, complete: bool, verbose: bool) -> int:
     if len(shown) < len(views):
         print("-v lists every run in the table, each skipped one with why")
     session.finish(complete=complete)
-    if session.json_path is not None:
+    if session.json_path is not None and session.results_written:
         print(f"JSON: {session.json_path.resolve()}" + ("" if complete else " (incomplete)"))
     if (line := session.report_line()) is not None:
         print(line)
-    return 0 if good else 1
+    for problem in session.problems:  # a full disk after the runs: what was kept is above, what was not here
+        print(printable(problem), file=sys.stderr)
+    return 0 if good and not session.problems else 1
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:

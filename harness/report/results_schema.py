@@ -167,6 +167,23 @@ _SEQUENCE_LIMIT = {("CaseView", "details"): 10_000, ("SetupView", "layers"): 409
 """items a tuple field may hold, where more would only be a way to make a report slow"""
 
 
+_DERIVED_AT_READING = {("CaseView", "clean_rerun")}
+"""fields a file of an older harness lacks that ``CaseView.from_record`` derives (from the run's name)"""
+
+
+def _version_problem(value: Any, what: str) -> str | None:
+    """Why ``value`` is not a version this harness reads: compared by type and value, as JSON has them (Python
+    holds ``1.0 == True == 1``); an older file reads, its later fields defaulted; a newer one is named."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        return f"expected {what} version, the integer {RECORD_VERSION}, got {_found(value)}"
+    if value > RECORD_VERSION:
+        return (f"written by a newer harness (version {value}); this one reads versions up to {RECORD_VERSION}: "
+                "update the harness to read it")
+    if value < 1:
+        return f"expected {what} version from 1 to {RECORD_VERSION}, got {_found(value)}"
+    return None
+
+
 Checker = Callable[[Any], None]
 """checks one value; raises ``_Refused`` whose ``at`` is the path below the value"""
 
@@ -243,8 +260,9 @@ def _fields(view: type) -> tuple[tuple[str, bool, Checker], ...]:
     for f in dataclasses.fields(view):
         if not f.init:
             continue
-        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
         key = (view.__name__, f.name)
+        required = (f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+                    and key not in _DERIVED_AT_READING)
         check = _check_written if key == ("StepView", "written") else \
             _compile(hints[f.name], _RULES.get(key), _SEQUENCE_LIMIT.get(key))
         out.append((f.name, required, check))
@@ -316,8 +334,8 @@ def _check_record(record: Any, at: str) -> None:
     """``at``: the record, ``records[3] (run 'x')``; a problem reads ``records[3] (run 'x'): field: ...``."""
     try:
         _check_view(record, CaseView)
-        if "version" in record and record["version"] != RECORD_VERSION:
-            raise _Refused("version", f"expected {RECORD_VERSION}, got {_found(record['version'])}")
+        if "version" in record and (problem := _version_problem(record["version"], "a record")) is not None:
+            raise _Refused("version", problem)
         if "ok" in record and not isinstance(record["ok"], bool):
             raise _Refused("ok", f"expected true or false, got {_found(record['ok'])}")
         _check_groups(record)
@@ -338,9 +356,8 @@ def _check_document(doc: Any) -> None:
     if not isinstance(doc, dict):
         raise _Refused("", f"expected a results document (a JSON object), got {_found(doc)}")
     _unique_keys(doc)
-    if doc.get("version") != RECORD_VERSION:
-        raise _Refused("version", f"expected a results document of version {RECORD_VERSION}, "
-                                  f"got {_found(doc.get('version'))}")
+    if (problem := _version_problem(doc.get("version"), "a results document")) is not None:
+        raise _Refused("version", problem)
     if "complete" in doc and not isinstance(doc["complete"], bool):
         raise _Refused("complete", f"expected true or false, got {_found(doc['complete'])}")
     env = doc.get("environment", {})

@@ -229,7 +229,7 @@ class CaseView:
         return self.verdict == "match" and self.expected != "match"
 
     def to_record(self, *, timing: bool = False) -> dict[str, Any]:
-        """The JSON record (documented in README's "results.json" section).
+        """The JSON record (documented in docs/reference.md, "results.json").
 
         Records are deterministic: the same inputs give equal records. ``timing`` adds the run's duration,
         for carrying a view between processes (pytest-xdist), never for results files.

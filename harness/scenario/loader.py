@@ -59,7 +59,7 @@ def check_scenario(spec: ScenarioSpec, *, dry: bool = True, declarations: bool =
 
 def _registry_problems(spec: ScenarioSpec, *, declarations: bool) -> list[Problem]:
     # A design or backend named by import path is imported when a run needs it, never to load or list a
-    # file (the trust model: see the README); only the built-in registries are consulted here.
+    # file (the trust model: docs/scenarios.md, "Trust"); only the built-in registries are consulted here.
     out = []
     backend_faults = [(i, f) for i, f in enumerate(spec.faults)
                       if f in FAULTS and FAULTS[f].acts_on is Component.ATTENTION_BACKEND]

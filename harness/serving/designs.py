@@ -7,8 +7,8 @@ layers only; full layers always write at ``out_cache_loc``.
 once per forward (the ``metadata`` design reads it).
 
 Each built-in design is declared by a ``Design`` record (sound or known-wrong, needs a plan, opt-in, the
-real change it stands for, its rule in a line) in ``DESIGN_RECORDS``: the matrix, the report, the README's
-table and the tests read the records. A third-party design is a function with the same signature named by
+real change it stands for, its rule in a line) in ``DESIGN_RECORDS``: the matrix, the report, the design
+table of docs/scenarios.md and the tests read the records. A third-party design is a function with the same signature named by
 import path, ``package.module:function``; no harness file needs editing, and ``declare`` gives it the same
 record.
 """
@@ -98,7 +98,7 @@ def untranslated(
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Design:
     """One rule for where an SWA layer writes, declared as a backend declares itself: what the matrix, the
-    report, the README's table and the tests read, instead of lists of names kept beside the functions."""
+    report, the design table in docs/scenarios.md and the tests read, instead of lists of names kept beside the functions."""
 
     name: str
     fn: SWALocDesign
@@ -106,7 +106,7 @@ class Design:
     """resolves every SWA write location correctly: expected to match the reference in every clean run; a
     known-wrong design (False) is expected to fail somewhere, and what it gives is each scenario's to say"""
     rule: str
-    """the rule in one line (the README's design table)"""
+    """the rule in one line (the design table in docs/scenarios.md)"""
     reference: str
     """the real change it stands for, e.g. ``SGLang PR 24138 as merged``"""
     needs_plan: bool = False
@@ -140,7 +140,7 @@ DESIGN_RECORDS: tuple[Design, ...] = (
 )
 
 DESIGN_REGISTRY: dict[str, Design] = {d.name: d for d in DESIGN_RECORDS}
-"""every built-in design by name, in the README's order"""
+"""every built-in design by name, in docs/scenarios.md's order"""
 
 DESIGNS: dict[str, SWALocDesign] = {d.name: d.fn for d in DESIGN_RECORDS}
 """name -> function, for what only needs to call one"""

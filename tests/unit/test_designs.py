@@ -107,15 +107,15 @@ def test_third_party_design_by_import_path():
         resolve_design("no.such.module:fn")
 
 
-def test_the_readme_design_table_is_the_declarations():
+def test_the_design_table_in_docs_is_the_declarations():
     from pathlib import Path
 
     from harness.serving.designs import DESIGN_RECORDS
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[2] / "docs/scenarios.md").read_text()
     table = readme[readme.index("| design | declared | rule | stands for |"):].split("\n\n", 1)[0]
     rows = [[c.strip() for c in line.strip("|").split("|")] for line in table.splitlines()[2:]]
-    assert [r[0].strip("`") for r in rows] == [d.name for d in DESIGN_RECORDS], "README's design table and DESIGN_RECORDS disagree"
+    assert [r[0].strip("`") for r in rows] == [d.name for d in DESIGN_RECORDS], "docs/scenarios.md's design table and DESIGN_RECORDS disagree"
     for row, d in zip(rows, DESIGN_RECORDS):
         kind = row[1].split("; ")
         assert kind[0] == ("sound" if d.sound else "known-wrong"), d.name

@@ -103,10 +103,10 @@ def test_a_fault_that_cannot_act_in_any_mode_is_a_load_error(tmp_path: Path):
     )
 
 
-def test_the_readme_fault_table_lists_exactly_the_catalog():
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+def test_the_fault_table_in_docs_lists_exactly_the_catalog():
+    readme = (Path(__file__).resolve().parents[2] / "docs/scenarios.md").read_text()
     table = readme[readme.index("| fault | acts on | real bug |"):].split("\n\n", 1)[0]
     listed = [line.split("`")[1] for line in table.splitlines()[2:]]
-    assert listed == list(FAULTS), "README's fault table and harness/serving/faults.py disagree"
+    assert listed == list(FAULTS), "docs/scenarios.md's fault table and harness/serving/faults.py disagree"
     for name, fault in FAULTS.items():
         assert fault.reference in table, name
