@@ -12,7 +12,7 @@ PYTEST_WORKERS ?= auto
 # (in __pycache__/, ignored by git) where the environment turned that off
 TEST_ENV := env -u PYTHONDONTWRITEBYTECODE
 
-.PHONY: venv test test-slow test-all test-gpu gpu-plan gpu-durations sglang-venv test-sglang report screenshots chromium bench clean
+.PHONY: venv test test-slow test-all test-gpu gpu-plan gpu-durations sglang-venv test-sglang report report-quick screenshots chromium bench clean
 
 venv: $(STAMP)
 
@@ -99,6 +99,12 @@ test-sglang: $(SGLANG_STAMP)
 # written all the same)
 report: $(STAMP)
 	$(PY) -m harness report
+
+# a first look: one backend (torch_native), the runs that inject no fault (262 of the library's 1,422, on the 19
+# clean scenarios; 117 CPU seconds measured at load 10 on two cores, about 30 % of make report's CPU time), into
+# the same reports/
+report-quick: $(STAMP)
+	$(PY) -m harness report --backend torch_native --no-faults --report-dir reports
 
 # docs/report-index.png and docs/report-scenario.png for the README, from reports/ (written first if missing)
 screenshots: $(STAMP) chromium

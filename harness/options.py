@@ -59,7 +59,8 @@ SHARED_OPTIONS: dict[str, SharedOption] = {o.name: o for o in (
                  help="add this backend (an import path 'package.module:Class') to every scenario that does not list "
                       "it, each run expected to give what the "
                       "scenario expects of its design (repeatable)",
-                 cli_help=f"only this backend (repeatable); an import path 'package.module:Class' that {_ADDED}, "
+                 cli_help="restricts the runs to this backend's (repeatable: to these backends'); a GPU backend "
+                          f"(flashinfer, trtllm_mha) or an import path 'package.module:Class' that {_ADDED}, "
                           "expected to give what the scenario expects of each design"),
     SharedOption(name="runner", metavar="MODE=package.module:Class", repeatable=True,
                  help="run this mode with this runner instead of the built-in one, expected to give what the "

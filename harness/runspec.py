@@ -21,8 +21,8 @@ from .serving.eviction import EvictionSpec
 from .serving.faults import FAULTS
 
 if TYPE_CHECKING:  # the vocabulary (modes, outcomes, limits) is what --help and option errors need, not torch
-    from .serving.model import ModelSpec
-    from .serving.pool import PoolSpec
+    from .serving.model_spec import ModelSpec
+    from .serving.pool_spec import PoolSpec
     from .serving.timeline import TimelineSpec
 
 REFERENCE_DESIGN = "forward_batch"
@@ -139,7 +139,7 @@ def serving_problems(
     eviction: EvictionSpec = EvictionSpec(),
 ) -> list[Problem]:
     """The rules a run and a scenario share: each sub-spec's own, then those that relate them."""
-    from .serving.model import MAX_POSITIONS
+    from .serving.model_spec import MAX_POSITIONS
 
     out = [
         *nested("model", model.problems()),

@@ -10,6 +10,7 @@ import os
 import shlex
 import signal
 import sys
+import textwrap
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
@@ -23,7 +24,20 @@ from ..check.run.workers import Terminated, output_block, terminate_like_ctrl_c
 from ..imports import is_import_path, name_type, unknown_name
 from ..options import add_cli_option
 from ..report.files import destination_problems
-from ..report.text import failure_blocks, printable, progress_line, run_table, table
+from ..report.text import (
+    GREEN,
+    RED,
+    failure_blocks,
+    paint,
+    printable,
+    progress_line,
+    record,
+    run_table,
+    table,
+    time_left,
+    totals_line,
+    wants_colour,
+)
 from ..runners.registry import runner_option
 from ..runspec import TIMEOUT_MAX_S, Device, Engine, Mode
 from ..serving.designs import DESIGNS
@@ -45,6 +59,31 @@ def _load(args: argparse.Namespace) -> tuple[list[ScenarioSpec], list[ScenarioEr
     from ..scenario.loader import load_all
 
     return load_all(args.paths or [SCENARIO_ROOT])
+
+
+def _path_problems(paths: Sequence[str]) -> list[str]:
+    """One line per scenario path that names nothing, with the closest existing file or folder: a typo is a
+    usage error (exit 2), not a file that failed to load."""
+    out = []
+    for raw in paths:
+        path = Path(raw)
+        if path.exists():
+            continue
+        close = difflib.get_close_matches(str(path), _path_candidates(path), n=1, cutoff=0.6)
+        guess = f" (did you mean {printable(close[0])}?)" if close else ""
+        out.append(f"no scenario file or folder {printable(raw)}{guess}")
+    return out
+
+
+def _path_candidates(path: Path) -> list[str]:
+    """The scenario files and folders a mistyped ``path`` may have meant: beside its nearest existing folder,
+    and (for a path that does not start outside it) everywhere under the scenario root."""
+    base = next((p for p in path.parents if p.is_dir()), Path("."))
+    found = {q for q in base.iterdir() if q.is_dir() or q.suffix == ".toml"} if base.is_dir() else set()
+    root = Path(SCENARIO_ROOT)
+    if root.is_dir() and not path.is_absolute():
+        found |= {q for q in root.rglob("*") if q.is_dir() or q.suffix == ".toml"}
+    return sorted(str(q) + ("/" if q.is_dir() and str(path).endswith("/") else "") for q in found)
 
 
 def _select(args: argparse.Namespace, specs: list[ScenarioSpec]) -> list[ScenarioSpec]:
@@ -117,17 +156,21 @@ def _run_all(all_cases: list[Case], jobs: int, session: ReportSession) -> None:
     done_count, total, start = 0, len(all_cases), time.perf_counter()
     tty = sys.stderr.isatty()
 
+    runnable = [c for c in all_cases if c.unsupported is None]
+    ran = 0  # of the runnable: the skipped ones are added at once and would make the pace look fast
+
     def add(view: CaseView) -> None:
-        nonlocal done_count
+        nonlocal done_count, ran
         done_count += 1
+        ran += view.skip_reason is None
         session.add(view)
+        left = time_left(time.perf_counter() - start, ran, len(runnable) - ran)
         if tty:
-            sys.stderr.write("\r\033[K" + progress_line(done_count, total, view, width=150))
+            sys.stderr.write("\r\033[K" + progress_line(done_count, total, view, width=150, left_s=left))
         elif not view.ok or done_count == total or done_count % 25 == 0:
-            sys.stderr.write(progress_line(done_count, total, view) + "\n")
+            sys.stderr.write(progress_line(done_count, total, view, left_s=left) + "\n")
         sys.stderr.flush()
 
-    runnable = [c for c in all_cases if c.unsupported is None]
     for case in all_cases:
         if case.unsupported is not None:
             add(case_view(None, case=case))
@@ -149,6 +192,9 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if problems := destination_problems(results=("--json", Path(args.json) if args.json else None),
                                         folder=("--report-dir", Path(args.report_dir) if args.report_dir else None)):
         print("\n".join(printable(p) for p in problems), file=sys.stderr)
+        return 2
+    if problems := _path_problems(args.paths):
+        print("\n".join(problems), file=sys.stderr)
         return 2
     import torch
 
@@ -187,13 +233,17 @@ def _finish(session: ReportSession, *, complete: bool, verbose: bool) -> int:
     views = session.ordered()
     # the table lists what needs a look (every run with -v, or what finished of an interrupted run); the
     # totals below count them all
+    colour = wants_colour(sys.stdout)
     if shown := [v for v in views if verbose or not complete or not v.ok]:
-        print(run_table(shown))
+        print(run_table(shown, colour=colour))
         print()
     if blocks := failure_blocks(views):
         print(blocks)  # the cause beside the symptom: audit findings, graph statistics, the traceback's frames
         print()
-    print("\n".join(session.summary_lines()))
+    totals = totals_line(views, len(session.load_errors))
+    good = complete and all(v.ok for v in views) and not session.load_errors
+    print("\n".join(paint(line, GREEN if good else RED) if colour and line == totals else line
+                    for line in session.summary_lines()))
     if len(shown) < len(views):
         print("-v lists every run in the table, each skipped one with why")
     session.finish(complete=complete)
@@ -203,7 +253,7 @@ def _finish(session: ReportSession, *, complete: bool, verbose: bool) -> int:
         print(line)
     for problem in session.problems:  # a full disk after the runs: what was kept is above, what was not here
         print(printable(problem), file=sys.stderr)
-    return 0 if complete and all(v.ok for v in views) and not session.load_errors and not session.problems else 1
+    return 0 if good and not session.problems else 1
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
@@ -216,29 +266,56 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     return run_compare(Path(args.base), Path(args.head), report_dir=report_dir, out=sys.stdout, err=sys.stderr)
 
 
+LIST_WIDTH = 100
+"""columns the tables of ``list`` fit in (their widest cells wrap)"""
+
+
 def _cmd_list(args: argparse.Namespace) -> int:
+    from ..scenario.loader import load_all
+
+    if problems := _path_problems(args.paths):
+        print("\n".join(problems), file=sys.stderr)
+        return 2
+
+    # the backends' declarations and hooks live on classes in modules that compute with torch, and the dry run
+    # of a timeline allocates through torch: only a listing that shows the backends pays for them
+    backends = args.backends or bool(args.backend)
+    if backends:
+        from ..check.matrix.matrix import limit_threads
+
+        limit_threads()
+    specs, load_errors = load_all(args.paths or [SCENARIO_ROOT], full=backends)
+    # a scenario's name and lists together run to 270 columns: each scenario is a record, not a table row
+    for s in specs:
+        print(record(s.name, [("tags", ",".join(s.tags)), ("modes", ",".join(s.modes)),
+                              ("faults", ",".join(sorted(s.faults))), ("designs", ",".join(s.designs)),
+                              ("references", "; ".join(s.references))], width=LIST_WIDTH))
+    if backends:
+        _list_backends(args, specs)
+    elif specs:
+        print()
+        print(textwrap.fill("--backends adds each backend's declaration and cells, and why the ones this machine "
+                            "cannot run are skipped (it imports torch, checks the files against the backends and "
+                            "dry-runs their timelines, as run does)", width=LIST_WIDTH))
+    _print_problems(load_errors)
+    return 1 if load_errors else 0
+
+
+def _list_backends(args: argparse.Namespace, specs: list[ScenarioSpec]) -> None:
     from ..check.matrix.case import Selection, cases
     from .cells import added_backends, backend_rows, skipped_rows
-    from ..check.matrix.matrix import limit_threads
 
-    limit_threads()  # the loader's dry runs go through torch
-    specs, load_errors = _load(args)
-    rows = [
-        (s.name, ",".join(s.tags), ",".join(s.modes), ",".join(s.designs), ",".join(sorted(s.faults)) or "-",
-         "; ".join(s.references) or "-")
-        for s in specs
-    ]
-    print(table(("scenario", "tags", "modes", "designs", "faults", "references"), rows))
     # every cell of the listed scenarios on this machine's default device, the named GPU backends added
     selection = Selection(backends=args.backend, extra_backends=added_backends(args.backend or ()))
     cells = [c for s in specs for c in cases(s, selection)]
     print()
-    print(table(("backend", "runs on", "graphs", "page sizes", "cells", "skipped here"), backend_rows(cells)))
+    print(table(("backend", "runs on", "graphs", "page sizes", "cells", "skipped here"), backend_rows(cells),
+                width=LIST_WIDTH))
     if skipped := skipped_rows(cells):
         print()
-        print(table(("skipped cells of", "backend", "cells", "modes", "why"), skipped))
-    _print_problems(load_errors)
-    return 1 if load_errors else 0
+        print("skipped here:")  # a reason runs to 300 columns: a record each, not a table row
+        for scenario, backend, count, modes, why in skipped:
+            print(record(f"{scenario} on {backend}: {count} cells ({modes})", [("why", why)], width=LIST_WIDTH))
 
 
 def _print_problems(errors: list[ScenarioError]) -> None:
@@ -365,12 +442,15 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--report-dir", metavar="DIR",
                          help="write compare.html there, beside HEAD's report pages")
     compare.set_defaults(func=_cmd_compare)
-    lst = sub.add_parser("list", help="list scenarios with tags, modes, designs and faults, then the backends with "
-                         "their cells and why the ones this machine cannot run are skipped")
+    lst = sub.add_parser("list", help="list scenarios with tags, modes, designs and faults (with --backends, then the "
+                         "backends with their cells and why the ones this machine cannot run are skipped)")
     lst.add_argument("paths", nargs="*", help=f"scenario files or folders (default: {SCENARIO_ROOT}/)")
+    lst.add_argument("--backends", action="store_true",
+                     help="also each backend's declaration, its cells and why the ones this machine cannot run are "
+                          "skipped (imports torch: slower; checks the files in full, as run does)")
     lst.add_argument("--backend", action="append",
-                     help="only this backend's cells (repeatable); a GPU backend (flashinfer) or an import path is "
-                          "added to every scenario, as run adds it")
+                     help="only this backend's cells (repeatable; implies --backends); a GPU backend (flashinfer) or "
+                          "an import path is added to every scenario, as run adds it")
     lst.set_defaults(func=_cmd_list)
     for command in (run, report, compare, lst):
         command.set_defaults(parser=command)

@@ -7,7 +7,10 @@ escape, BEL, a newline forging a pytest ``PASSED`` line) must be shown, not obey
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import os
+import re
+from collections.abc import Mapping, Sequence
+from typing import TextIO
 
 from .cause import first_divergence_cause
 from .views import CaseView, ErrorView, FindingView, GraphView, MismatchView, Tally, fault_split
@@ -142,16 +145,102 @@ def failure_blocks(views: Sequence[CaseView]) -> str:
     return "\n\n".join(failure_block(v) for v in views if not v.ok)
 
 
-def table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
-    """Left-aligned columns; the last column is not padded."""
-    rows = [[printable(c) for c in row] for row in [header, *rows]]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(header) - 1)]
-    return "\n".join("  ".join([c.ljust(w) for c, w in zip(r, widths)] + [r[-1]]).rstrip() for r in rows)
+def table(header: Sequence[str], rows: Sequence[Sequence[object]], *, width: int | None = None) -> str:
+    """Left-aligned columns; the last column is not padded. With ``width``, a table wider than that narrows
+    its widest columns (never below a header, never the first, which names the row) and wraps their cells after a comma, semicolon or space onto
+    continuation lines whose other cells are blank."""
+    cells = [[printable(c) for c in row] for row in [header, *rows]]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    if width is not None:
+        floors = [widths[0], *(max(len(h), _MIN_COLUMN) for h in cells[0][1:])]
+        while sum(widths) + 2 * (len(widths) - 1) > width:
+            i = max(range(len(widths)), key=lambda j: widths[j] - floors[j])
+            if widths[i] <= floors[i]:
+                break  # as narrow as it goes: the header's row is wider than the table may be
+            widths[i] -= 1
+    lines = []
+    for row in cells:
+        parts = [_wrap(c, w) for c, w in zip(row, widths)]
+        for k in range(max(map(len, parts))):
+            line = [p[k] if k < len(p) else "" for p in parts]
+            lines.append("  ".join([c.ljust(w) for c, w in zip(line[:-1], widths)] + [line[-1]]).rstrip())
+    return "\n".join(lines)
 
 
-def run_table(views: Sequence[CaseView]) -> str:
+_MIN_COLUMN = 8
+
+
+def record(name: str, fields: Sequence[tuple[str, str]], *, width: int) -> str:
+    """``name`` on a line of its own, then its ``key: value`` fields packed onto indented lines of at most
+    ``width`` (a value too long for one line wraps after a separator): for rows whose cells together are far
+    wider than a terminal. A field with an empty value is left out."""
+    indent = "    "
+    lines, line = [printable(name)], ""
+    for key, value in fields:
+        if not value:
+            continue
+        text = f"{key}: {printable(value)}"
+        if line and len(indent) + len(line) + 2 + len(text) <= width:
+            line += "  " + text
+            continue
+        if line:
+            lines.append(indent + line)
+        parts = _wrap(text, width - len(indent))
+        lines.extend(indent + p for p in parts[:-1])
+        line = parts[-1]
+    if line:
+        lines.append(indent + line)
+    return "\n".join(lines)
+
+
+def _wrap(text: str, width: int) -> list[str]:
+    """``text`` in lines of at most ``width``, broken after a separator where one is near (else anywhere)."""
+    if len(text) <= width:
+        return [text]
+    lines, line = [], ""
+    for piece in re.findall(r"[^,; ]*[,; ]*", text):
+        while len(line) + len(piece.rstrip()) > width:
+            if line.strip():
+                lines.append(line.rstrip())
+                line, piece = "", piece.lstrip()
+            else:  # one piece wider than the column: cut it
+                lines.append(piece[:width])
+                piece = piece[width:]
+        line += piece
+    if line.strip():
+        lines.append(line.rstrip())
+    return lines
+
+
+def run_table(views: Sequence[CaseView], *, colour: bool = False) -> str:
+    """One row per run; ``colour``: its UNEXPECTED mark in red (a terminal's, ``wants_colour``)."""
     rows = [(v.name, v.expected, v.verdict, "" if v.ok else "UNEXPECTED", first_divergence(v)) for v in views]
-    return table(("run", "expected", "observed", "", "first divergence / error"), rows)
+    text = table(("run", "expected", "observed", "", "first divergence / error"), rows)
+    if not colour:
+        return text
+    # the mark's column, found by position (a name or an error could hold the word too)
+    header, *lines = text.split("\n")
+    at = header.index("observed") + max(len(printable(c)) for c in ("observed", *(v.verdict for v in views))) + 2
+    mark = "UNEXPECTED"
+    return "\n".join([header, *(line[:at] + paint(mark, RED) + line[at + len(mark):]
+                                if not v.ok and line[at:at + len(mark)] == mark else line
+                                for line, v in zip(lines, views))])
+
+
+RED, GREEN = "31", "32"
+"""SGR colour codes"""
+
+
+def paint(text: str, colour: str) -> str:
+    """``text`` in a terminal colour (one of the SGR codes above), reset after it."""
+    return f"\033[{colour}m{text}\033[0m"
+
+
+def wants_colour(stream: TextIO, environ: Mapping[str, str] = os.environ) -> bool:
+    """Colour for a terminal only: never into a pipe or a file, nor under NO_COLOR set to anything but empty
+    (https://no-color.org)."""
+    isatty = getattr(stream, "isatty", None)
+    return bool(isatty is not None and isatty()) and not environ.get("NO_COLOR")
 
 
 def totals_line(views: Sequence[CaseView], load_errors: int = 0) -> str:
@@ -177,8 +266,29 @@ def fault_split_line(views: Sequence[CaseView]) -> str | None:
     return f"clean runs (no fault injected): {part(clean)}; under the library's injected faults: {part(faulted)}"
 
 
-def progress_line(done: int, total: int, view: CaseView, width: int | None = None) -> str:
-    """``[done/total] name: verdict (mark)``, shortened to ``width`` when given (a terminal's status line)."""
+def progress_line(done: int, total: int, view: CaseView, width: int | None = None, *,
+                  left_s: float | None = None) -> str:
+    """``[done/total, about 1m05s left] name: verdict (mark)``, shortened to ``width`` when given (a terminal's
+    status line); ``left_s``, the estimated seconds left, is shown when given."""
     mark = "skipped" if view.skip_reason is not None else ("ok" if view.ok else "UNEXPECTED")
-    line = f"[{done}/{total}] {view.name}: {view.verdict} ({mark})"
+    left = "" if left_s is None else f", about {duration_text(left_s)} left"
+    line = f"[{done}/{total}{left}] {view.name}: {view.verdict} ({mark})"
     return printable(line) if width is None else shorten(line, width)
+
+
+def duration_text(seconds: float) -> str:
+    """``45s``, ``3m05s``, ``1h02m``: a duration as a person reads it at a glance."""
+    whole = max(0, round(seconds))
+    if whole < 60:
+        return f"{whole}s"
+    if whole < 3600:
+        return f"{whole // 60}m{whole % 60:02d}s"
+    return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
+
+
+def time_left(elapsed_s: float, finished: int, remaining: int) -> float | None:
+    """Seconds left at the pace so far (runs at a time included, as they shorten the elapsed time alike);
+    None before the first run finishes, when there is no pace to go by."""
+    if finished <= 0:
+        return None
+    return elapsed_s / finished * remaining

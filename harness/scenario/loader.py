@@ -18,7 +18,6 @@ from ..imports import is_import_path, unknown_name
 from ..runspec import Problem
 from ..serving.faults import FAULTS, Component
 from ..serving.registry import EVICTION_POLICIES, STACKS
-from .dry_run import dry_run
 from .names import look_alike_note, skeleton
 from .schema import parse, read_document
 from .spec import ScenarioSpec
@@ -43,15 +42,22 @@ class ScenarioError(Exception):
         return "\n".join(self.problems)
 
 
-def check_scenario(spec: ScenarioSpec, *, dry: bool = True) -> list[Problem]:
-    """Every problem of a spec, however it was made: its own rules, the registries', then the dry run."""
-    out = spec.problems() + _registry_problems(spec)
-    if dry and not out:
+def check_scenario(spec: ScenarioSpec, *, dry: bool = True, declarations: bool = True) -> list[Problem]:
+    """Every problem of a spec, however it was made: its own rules, the registries', then the dry run.
+
+    ``declarations`` False checks the registries' names only, not what the built-in backends declare, and
+    ``dry`` False leaves out the dry run: both import torch (the backends' modules, the allocators), which
+    listing a file's contents does not need.
+    """
+    out = spec.problems() + _registry_problems(spec, declarations=declarations)
+    if dry and declarations and not out:
+        from .dry_run import dry_run
+
         out = dry_run(spec)
     return out
 
 
-def _registry_problems(spec: ScenarioSpec) -> list[Problem]:
+def _registry_problems(spec: ScenarioSpec, *, declarations: bool) -> list[Problem]:
     # A design or backend named by import path is imported when a run needs it, never to load or list a
     # file (the trust model: docs/scenarios.md, "Trust"); only the built-in registries are consulted here.
     out = []
@@ -62,7 +68,7 @@ def _registry_problems(spec: ScenarioSpec) -> list[Problem]:
             out.append(Problem(f"run.backends[{i}]", f"expected one of {', '.join(map(repr, BACKENDS))} "
                                                      f"or an import path 'package.module:Class', got {name!r}"))
             continue
-        if name not in BACKENDS:
+        if name not in BACKENDS or not declarations:
             continue  # a third-party backend is imported when a run needs it, not to load a file
         cls = backend_class(name)
         if spec.kv_write not in cls.kv_write_paths:
@@ -81,11 +87,14 @@ def _registry_problems(spec: ScenarioSpec) -> list[Problem]:
     return out
 
 
-def load_scenario(path: str | Path) -> ScenarioSpec:
-    """Parse and validate one scenario file; raises ScenarioError listing every problem found."""
+def load_scenario(path: str | Path, *, full: bool = True) -> ScenarioSpec:
+    """Parse and validate one scenario file; raises ScenarioError listing every problem found.
+
+    ``full`` False leaves out what needs torch (the backends' declarations and the dry run: ``check_scenario``),
+    for a command that only shows what files say."""
     path = Path(path)
     try:
-        return _load(path)
+        return _load(path, full=full)
     except ScenarioError:
         raise
     except Exception as exc:  # noqa: BLE001 - one file must never stop the others, even through a bug of ours
@@ -93,13 +102,13 @@ def load_scenario(path: str | Path) -> ScenarioSpec:
                                    f"{type(exc).__name__}: {exc}"]) from exc
 
 
-def _load(path: Path) -> ScenarioSpec:
+def _load(path: Path, *, full: bool) -> ScenarioSpec:
     reader = Reader(path)
     data = parse(reader, path)
     spec = read_document(reader, data, path) if data is not None else None
     if spec is not None:
         # the dry run needs a sound spec, and its one finding would only repeat an earlier problem
-        for problem in check_scenario(spec, dry=not reader.problems):
+        for problem in check_scenario(spec, dry=not reader.problems, declarations=full):
             if problem.key not in reader.reported:
                 reader.add(problem.key, problem.message)
     if reader.problems or spec is None:
@@ -125,8 +134,9 @@ def discover(paths: Iterable[str | Path]) -> list[Path]:
     return out
 
 
-def load_all(paths: Iterable[str | Path]) -> tuple[list[ScenarioSpec], list[ScenarioError]]:
-    """Load every scenario under ``paths``; a bad file is reported and never stops the others.
+def load_all(paths: Iterable[str | Path], *, full: bool = True) -> tuple[list[ScenarioSpec], list[ScenarioError]]:
+    """Load every scenario under ``paths``; a bad file is reported and never stops the others (``full``:
+    ``load_scenario``'s).
 
     Scenario names are file stems and name tests and report rows, so a second file with a name already
     loaded, or with one that looks the same (``names``), is an error for that later file.
@@ -136,7 +146,7 @@ def load_all(paths: Iterable[str | Path]) -> tuple[list[ScenarioSpec], list[Scen
     first_by_look: dict[str, ScenarioSpec] = {}
     for path in discover(paths):
         try:
-            spec = load_scenario(path)
+            spec = load_scenario(path, full=full)
         except ScenarioError as err:
             errors.append(err)
             continue

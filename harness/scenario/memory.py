@@ -26,8 +26,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from ..runspec import RUN_MEMORY_LIMIT, GraphSpec, Mode, Problem
-from ..serving.model import ModelSpec
-from ..serving.pool import PoolSpec
+from ..serving.model_spec import ModelSpec
+from ..serving.pool_spec import PoolSpec
 
 _BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "fp8_e4m3": 1}
 _INDEX_BYTES = 8  # int64 page-table entries and slot indices

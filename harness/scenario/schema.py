@@ -30,8 +30,8 @@ from ..runspec import (
 )
 from ..serving.designs import DEFAULT_DESIGNS
 from ..serving.eviction import EvictionSpec
-from ..serving.model import PRESETS, ModelSpec, model_spec
-from ..serving.pool import FREE_ORDERS, PoolSpec
+from ..serving.model_spec import PRESETS, ModelSpec, model_spec
+from ..serving.pool_spec import FREE_ORDERS, PoolSpec
 from ..serving.timeline import RequestSpec, TimelineSpec
 from .toml_access import (
     Check,

@@ -28,8 +28,8 @@ from ..runspec import (
 from ..serving.designs import DESIGNS
 from ..serving.eviction import EvictionSpec
 from ..serving.faults import FAULTS
-from ..serving.model import PRESETS, ModelSpec
-from ..serving.pool import PoolSpec
+from ..serving.model_spec import PRESETS, ModelSpec
+from ..serving.pool_spec import PoolSpec
 from ..serving.timeline import TimelineSpec
 from .memory import graph_memory_problems
 from .toml_access import toml_key

@@ -13,8 +13,8 @@ import math
 from ..runspec import TIMEOUT_DEFAULT_S, GraphSpec, KVWrite, Mode
 from ..serving.designs import DEFAULT_DESIGNS
 from ..serving.eviction import EvictionSpec
-from ..serving.model import PRESETS
-from ..serving.pool import PoolSpec
+from ..serving.model_spec import PRESETS
+from ..serving.pool_spec import PoolSpec
 from ..serving.timeline import RequestSpec, TimelineSpec
 from .toml_access import toml_key, toml_string
 from .spec import DEFAULT_BACKENDS, Expectation, ScenarioSpec

@@ -24,7 +24,13 @@ from typing import Sequence
 
 import torch
 
-KV_DTYPES = ("float32", "bfloat16", "float16", "fp8_e4m3")
+from .pool_spec import (  # noqa: F401 - the pool's vocabulary too
+    FREE_ORDERS,
+    KV_DTYPES,
+    POOL_SIZE_LIMIT,
+    SUPPORTED_PAGE_SIZES,
+    PoolSpec,
+)
 
 # Poison is NaN with a payload arithmetic never produces, so "never written" and "computed NaN" differ.
 # FP8 e4m3fn has no payload bits (NaN is S.1111.111): there poison is the negative NaN byte.
@@ -45,65 +51,6 @@ def is_poison(row: torch.Tensor) -> bool:
     """Every element of ``row`` still holds the poison pattern."""
     int_dtype, bits = POISON_BITS[row.dtype]
     return bool((row.contiguous().view(int_dtype) == bits).all())
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class PoolSpec:
-    full_size: int
-    """slots in the full pool, the dummy slot 0 included"""
-    swa_size: int
-    """slots in the SWA pool, the dummy slot 0 included"""
-    kv_dtype: str = "float32"
-    """one of KV_DTYPES; fp8_e4m3 is stored as uint8 with per-layer k/v scales"""
-    max_context_len: int = 64
-    """longest request (prompt plus output) the pool's page tables are sized for"""
-    max_running_requests: int = 16
-    """rows of req_to_token, the dummy row 0 excluded"""
-    page_size: int = 1
-    """token slots per page; page 0 of each pool is the dummy page padded rows write to"""
-    free_order: str = "lowest"
-    """how freed slots are reused: one of FREE_ORDERS"""
-
-    def problems(self) -> list[str]:
-        """Every rule the spec breaks, as ``field: what is wrong``."""
-        out = [
-            f"{name}: expected an integer from {lo} to {hi}, got {getattr(self, name)}"
-            for name, (lo, hi) in _POOL_BOUNDS.items()
-            if not lo <= getattr(self, name) <= hi
-        ]
-        if self.kv_dtype not in KV_DTYPES:
-            out.append(f"kv_dtype: expected one of {', '.join(map(repr, KV_DTYPES))}, got {self.kv_dtype!r}")
-        if self.free_order not in FREE_ORDERS:
-            out.append(f"free_order: expected one of {', '.join(map(repr, FREE_ORDERS))}, got {self.free_order!r}")
-        if self.page_size not in SUPPORTED_PAGE_SIZES:
-            out.append(f"page_size: expected one of {', '.join(map(str, SUPPORTED_PAGE_SIZES))}, got {self.page_size}")
-        elif not out:
-            out.extend(
-                f"{name}: expected a multiple of page_size ({self.page_size}), got {getattr(self, name)}"
-                for name in ("full_size", "swa_size")
-                if getattr(self, name) % self.page_size
-            )
-        if not out and (self.max_running_requests + 1) * self.max_context_len > _TABLE_CELLS:
-            # req_to_token is allocated whole for every run (and the load-time dry run): bound its size
-            out.append(
-                f"max_running_requests: (max_running_requests + 1) x max_context_len must stay within "
-                f"{_TABLE_CELLS} req_to_token cells, got ({self.max_running_requests} + 1) x {self.max_context_len}"
-            )
-        return out
-
-
-# slot 0 of each pool is the dummy padded rows write to, so a usable pool has at least two slots; sizes past
-# these are typos for a harness whose models and pools are tiny, and would make every run allocate gigabytes
-POOL_SIZE_LIMIT = 1 << 20
-_POOL_BOUNDS = {
-    "full_size": (2, POOL_SIZE_LIMIT),
-    "swa_size": (2, POOL_SIZE_LIMIT),
-    "max_context_len": (1, POOL_SIZE_LIMIT),
-    "max_running_requests": (1, POOL_SIZE_LIMIT),
-}
-_TABLE_CELLS = 1 << 22
-# SGLang's TRT-LLM MHA backend (the one PR 24138 fixed) runs only with pages of 16, 32 or 64 tokens
-SUPPORTED_PAGE_SIZES = (1, 4, 16, 32, 64)
 
 
 def storage_dtype(kv_dtype: str) -> torch.dtype:
@@ -324,12 +271,6 @@ class PoolExhausted(RuntimeError):
 
     def __str__(self) -> str:
         return self.message
-
-
-FREE_ORDERS = ("lowest", "fifo", "lifo")
-"""how freed slots (pages) are reused: the lowest free one first (the harness default: a freed slot is
-reused at once, which exposes stale writes sooner), the longest free first (SGLang at page size 1: freed
-slots join the tail of its free list), or the last freed first (SGLang with pages: freed pages join the head)"""
 
 
 class FreeList:

@@ -7,8 +7,10 @@ by ``TokenKey`` (request id and position) without importing the scheduler.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # plain data: only the token streams are tensors, drawn where they are asked for
+    import torch
 
 # Counts past this are typos for a harness whose timelines are tiny; honouring them would make the load-time
 # dry run spin through millions of empty steps.
@@ -139,6 +141,8 @@ class LiveToken:
 def request_tokens(timeline: TimelineSpec, vocab_size: int) -> dict[str, torch.Tensor]:
     """The teacher-forced token stream (prompt then output) of every request, drawn from the timeline seed;
     a request with ``prefix_of`` starts with the first ``shared_len`` tokens of that request's stream."""
+    import torch
+
     gen = torch.Generator().manual_seed(timeline.seed)
     tokens = {
         r.rid: torch.randint(vocab_size, (r.prompt_len + r.output_len,), generator=gen) for r in timeline.requests

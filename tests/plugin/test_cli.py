@@ -127,13 +127,26 @@ def test_list_prints_each_scenario_with_its_tags_modes_designs_faults_and_refere
     write_scenario(cli_dir, "tiny_wrong_window")
     code, out, err = run_cli(capsys, "list")
     assert code == 0 and err == ""
-    lines = out.split("\n\n")[0].splitlines()  # the scenario table; the backends' tables follow
-    assert lines[0].split() == ["scenario", "tags", "modes", "designs", "faults", "references"]
-    rows = {line.split()[0]: line.split() for line in lines[1:]}
-    assert rows["tiny_match"] == ["tiny_match", "smoke,tiny", "eager,full", "translate,stale_state,forward_batch",
-                                  "-", "-"]
-    assert rows["tiny_wrong_window"][1:5] == ["fault,window", "eager", "forward_batch", "window_from_wrong_layer"]
-    assert lines[[line.split()[0] for line in lines].index("tiny_pad_tail")].endswith("SGLang PR 24743")
+    records = _records(out)
+    assert records["tiny_match"] == {"tags": "smoke,tiny", "modes": "eager,full",
+                                     "designs": "translate,stale_state,forward_batch"}  # no faults, no references
+    assert {k: records["tiny_wrong_window"][k] for k in ("tags", "modes", "designs", "faults")} == {
+        "tags": "fault,window", "modes": "eager", "designs": "forward_batch", "faults": "window_from_wrong_layer"}
+    assert records["tiny_pad_tail"]["references"].endswith("SGLang PR 24743")
+    assert max(map(len, out.splitlines())) <= 100
+
+
+def _records(out: str) -> dict[str, dict[str, str]]:
+    """The scenario records of ``list``: a name at the margin, then indented ``key: value`` fields."""
+    records: dict[str, dict[str, str]] = {}
+    for line in out.split("\n\n")[0].splitlines():
+        if not line.startswith(" "):
+            fields = records[line] = {}
+            continue
+        for field in line.strip().split("  "):
+            key, _, value = field.partition(": ")
+            fields[key] = value
+    return records
 
 
 def test_a_bad_file_is_reported_with_path_and_key_exits_1_and_the_others_still_run(cli_dir, capsys, write_scenario):
@@ -149,7 +162,7 @@ def test_a_bad_file_is_reported_with_path_and_key_exits_1_and_the_others_still_r
     code, out, err = run_cli(capsys, "list")
     assert code == 1
     assert "pool.swa_size" in err and bad.name in err
-    assert [line.split()[0] for line in out.split("\n\n")[0].splitlines()[1:]] == ["tiny_stale_error"]
+    assert list(_records(out)) == ["tiny_stale_error"]
 
 
 def test_report_writes_its_json_to_reports_results_json_by_default(cli_dir, capsys, write_scenario):

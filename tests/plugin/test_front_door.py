@@ -52,6 +52,27 @@ def test_help_and_option_errors_import_neither_torch_nor_pandas():
     assert done.stdout.splitlines()[-1] == "[]", done.stdout[-500:]
 
 
+def test_list_imports_no_torch_and_its_lines_fit_100_columns():
+    # the library's scenarios, listed by a fresh interpreter (a record each, its name alone on a line): the files
+    # are read, nothing is dry-run
+    driver = (
+        "import contextlib, io, sys\n"
+        "from harness.cli import main\n"
+        "out = io.StringIO()\n"
+        "with contextlib.redirect_stdout(out):\n"
+        "    code = main(['list'])\n"
+        "lines = out.getvalue().splitlines()\n"
+        "print(code, max(map(len, lines)), sum(line.isidentifier() for line in lines))\n"
+        "print(sorted(m for m in ('torch', 'pandas', 'numpy') if m in sys.modules))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", driver], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    summary, modules = done.stdout.splitlines()[-2:]
+    code, widest, listed = map(int, summary.split())
+    assert (code, modules) == (0, "[]"), done.stdout[-500:] + done.stderr[-500:]
+    assert widest <= 100 and listed == len(list((ROOT / "scenarios").rglob("*.toml")))
+
+
 @pytest.mark.parametrize(("argv", "message"), [
     (["run", "--mode", "eagr"],
      "argument --mode: unknown mode 'eagr' (did you mean 'eager'?); known modes: eager, full, piecewise"),

@@ -8,7 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from harness.report.text import ELLIPSIS, failure_block, first_divergence, progress_line, shorten
+from harness.report.text import (
+    ELLIPSIS,
+    duration_text,
+    failure_block,
+    first_divergence,
+    progress_line,
+    shorten,
+    time_left,
+)
 from harness.report.views import CaseView
 
 RECORD = Path(__file__).parent / "gold" / "tiny_wrong_window_record.json"
@@ -43,6 +51,15 @@ def test_a_terminals_progress_line_is_cut_with_an_ellipsis():
     line = progress_line(1, 2, view, width=150)
     assert len(line) == 150 and line.endswith(ELLIPSIS)
     assert progress_line(1, 2, view).endswith("(ok)")
+
+
+def test_the_progress_line_says_about_how_long_is_left_at_the_pace_so_far():
+    view = _view(name="swa_x[forward_batch-eager-torch_native]")
+    assert progress_line(3, 10, view, left_s=65.4).startswith("[3/10, about 1m05s left] swa_x[")
+    assert progress_line(3, 10, view).startswith("[3/10] swa_x[")
+    assert time_left(30.0, 3, 7) == 70.0  # 10 s a run so far, 7 to go
+    assert time_left(0.5, 0, 7) is None  # no run finished: no pace yet
+    assert [duration_text(s) for s in (0.4, 59.6, 60, 3599, 3725)] == ["0s", "1m00s", "1m00s", "59m59s", "1h02m"]
 
 
 def test_a_multi_line_why_keeps_its_lines_indented_and_escapes_the_rest():

@@ -46,7 +46,7 @@ def test_no_bad_file_stops_the_others_from_loading(tmp_path: Path):
 def test_an_unexpected_exception_while_loading_is_one_line_for_that_file(monkeypatch, tmp_path: Path):
     import harness.scenario.loader as loader
 
-    def broken(spec, *, dry=True):
+    def broken(spec, **_):
         raise IndexError("a bug")
 
     monkeypatch.setattr(loader, "check_scenario", broken)
