@@ -30,7 +30,8 @@ What is not SGLang's, each the narrowest change found (``docs/sglang-graphs.md``
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -91,9 +92,10 @@ def _graph_torch_native_class() -> type:
             visible = pos <= last
             if sliding_window_size is not None:
                 visible = visible & (pos >= last - sliding_window_size)
-                if self.use_sliding_window_kv_pool:
-                    slots = self.token_to_kv_pool.translate_loc_from_full_to_swa(slots)
+            # columns past a request's keys hold whatever the row last held (SGLang does not zero freed rows)
             slots = torch.where(visible, slots, torch.zeros_like(slots))
+            if sliding_window_size is not None and self.use_sliding_window_kv_pool:
+                slots = self.token_to_kv_pool.translate_loc_from_full_to_swa(slots)
             keys, values = k_cache[slots], v_cache[slots]  # [bs, width, Hkv, D]
             bs, heads, dim = query.shape
             kv_heads = keys.shape[2]
@@ -154,6 +156,8 @@ class TimelineRun:
     captured: tuple[int, ...] = ()
     """the buckets the runner captured, one region each"""
     regions: int = 0
+    backend: str = ""
+    """the class of the runner's graph backend (SGLang's ``resolve_decode_backend`` picks it)"""
     decodes: list[DecodeReplay] = field(default_factory=list)
 
 
@@ -204,6 +208,7 @@ def run_timeline(spec: RunSpec, *, graphs: bool) -> TimelineRun:
             runner = _tape_runner_class()(model_runner) if graphs else None
             if runner is not None:
                 result.captured, result.regions = tuple(runner.capture_bs), len(run.regions)
+                result.backend = type(runner.backend).__name__
             policy = InstalledSGLangEviction(spec.eviction, window=spec.model.window, page_size=stack.page_size)
             sched = Scheduler(spec.timeline, stack=stack, eviction=policy, vocab_size=spec.model.vocab_size)
             with torch.no_grad():
@@ -257,3 +262,26 @@ def kv_differences(eager: TimelineRun, graph: TimelineRun, *, atol: float = 0.0)
                 if slot >= p:
                     out.append(SlotDifference(pool, layer, slot, float(diff[slot])))
     return out
+
+
+@contextmanager
+def swa_ids_filled_at_capture_only() -> Iterator[None]:
+    """A fault of the graph metadata hook (the family of SGLang PRs 23552 / 24743: static SWA write ids that a
+    replay does not refresh): the SWA ids are translated out of the graph, once, when each bucket is captured,
+    and nothing inside the graph refills them, so every replay writes the SWA layers at the capture batch's
+    ids (the runner's dummy rows: slot 0) instead of this batch's. Eager forwards are untouched."""
+    cls = _graph_torch_native_class()
+    original_in, original_out = cls.init_forward_metadata_in_graph, cls.init_forward_metadata_out_graph
+
+    def out_graph(self, forward_batch, in_capture=False):  # noqa: ANN001, ANN202
+        if in_capture:
+            original_in(self, forward_batch)
+
+    def in_graph(self, forward_batch):  # noqa: ANN001, ANN202
+        pass
+
+    cls.init_forward_metadata_in_graph, cls.init_forward_metadata_out_graph = in_graph, out_graph
+    try:
+        yield
+    finally:
+        cls.init_forward_metadata_in_graph, cls.init_forward_metadata_out_graph = original_in, original_out

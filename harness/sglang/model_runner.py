@@ -172,9 +172,9 @@ def _model_runner_class() -> type:
             self.device_timer = None
             self.layer_info = SimpleNamespace(start_layer=0, end_layer=model.spec.num_layers)
             self.shared_read_done_event = None
-            from sglang.srt.distributed.parallel_state import get_pp_group, get_tp_group
+            from sglang.srt.runtime_context import get_parallel
 
-            self.pp_group, self.tp_group = get_pp_group(), get_tp_group()
+            self.pp_group, self.tp_group = get_parallel().pp_group, get_parallel().tp_group
             self.max_running_requests = self.req_to_token_pool.size
             self.graph_shared_output = None
             self.attn_backend = None if attn_backend_cls is None else attn_backend_cls(self)
