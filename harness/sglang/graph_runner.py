@@ -148,6 +148,8 @@ class DecodeReplay:
     """the captured batch size it replayed (None: it ran eagerly, ``can_run_graph`` said no)"""
     padded_out_cache_loc: tuple[int, ...] = ()
     """the runner's static ``out_cache_loc`` after ``load_batch``, every row of the bucket"""
+    padded_seq_lens: tuple[int, ...] = ()
+    padded_req_pool_indices: tuple[int, ...] = ()
 
 
 @dataclass(slots=True, kw_only=True)
@@ -221,7 +223,10 @@ def run_timeline(spec: RunSpec, *, graphs: bool) -> TimelineRun:
                         if runner.can_run_graph(fb):
                             runner.execute(fb)
                             replay.bucket = runner.bs
-                            replay.padded_out_cache_loc = tuple(runner.buffers.out_cache_loc[: runner.bs].tolist())
+                            static = runner.buffers
+                            replay.padded_out_cache_loc = tuple(static.out_cache_loc[: runner.bs].tolist())
+                            replay.padded_seq_lens = tuple(static.seq_lens[: runner.bs].tolist())
+                            replay.padded_req_pool_indices = tuple(static.req_pool_indices[: runner.bs].tolist())
                         else:
                             _eager(api, model_runner, backend, fb)
                         result.decodes.append(replay)
@@ -285,3 +290,28 @@ def swa_ids_filled_at_capture_only() -> Iterator[None]:
         yield
     finally:
         cls.init_forward_metadata_in_graph, cls.init_forward_metadata_out_graph = original_in, original_out
+
+
+@contextmanager
+def padded_out_cache_loc_left_stale() -> Iterator[None]:
+    """A fault of the runner's own padding: the registry slot of the static ``out_cache_loc`` copies the
+    batch's rows and leaves the padded tail as the previous replay wrote it (``PaddingPolicy.FOREACH_COPY``
+    instead of SGLang's ``ZERO``), so a padded row writes its K/V at a slot of an earlier batch's token, still
+    live, instead of the dummy slot (the runner-side shape of SGLang PR 24743). Patched where the decode
+    runner looks ``build_decode_registry`` up."""
+    load()
+    import sglang.srt.model_executor.runner.decode_cuda_graph_runner as decode_runner
+    from sglang.srt.model_executor.cuda_graph_buffer_registry import PaddingPolicy
+
+    original = decode_runner.build_decode_registry
+
+    def build(**kwargs):  # noqa: ANN003, ANN202
+        registry = original(**kwargs)
+        registry.get_slot("out_cache_loc").padding_policy = PaddingPolicy.FOREACH_COPY
+        return registry
+
+    decode_runner.build_decode_registry = build
+    try:
+        yield
+    finally:
+        decode_runner.build_decode_registry = original

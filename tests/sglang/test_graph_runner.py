@@ -60,6 +60,10 @@ def test_each_decode_batch_replays_the_smallest_bucket_that_holds_it_with_padded
         # SGLang's registry pads out_cache_loc with the dummy slot 0; the real rows are the batch's own slots
         assert d.padded_out_cache_loc[d.raw_bs:] == (0,) * (d.bucket - d.raw_bs)
         assert 0 not in d.padded_out_cache_loc[: d.raw_bs]
+        # padded rows: seq_len the backend's fill value (1), request row 0
+        assert d.padded_seq_lens[d.raw_bs:] == (1,) * (d.bucket - d.raw_bs)
+        assert d.padded_req_pool_indices[d.raw_bs:] == (0,) * (d.bucket - d.raw_bs)
+        assert all(n > 1 for n in d.padded_seq_lens[: d.raw_bs])
     assert eager.decodes == [] and eager.regions == 0
 
 
@@ -80,6 +84,16 @@ def test_swa_ids_left_at_their_capture_values_are_flagged_in_the_swa_pool(padded
     # which no eager forward writes
     assert bool(faulty.stack.kv_buffers().swa_k[0][0].abs().sum() > 0)
     assert bool(eager.stack.kv_buffers().swa_k[0][0].abs().sum() == 0)
+
+
+def test_a_padded_out_cache_loc_row_left_at_a_live_slot_is_flagged_where_it_wrote(padded, graph_runner):
+    spec, eager, _ = padded
+    with graph_runner.padded_out_cache_loc_left_stale():
+        faulty = graph_runner.run_timeline(spec, graphs=True)
+    stale = {s for d in faulty.decodes for s in d.padded_out_cache_loc[d.raw_bs:] if s != 0}
+    assert stale, "no padded row kept an earlier batch's slot"
+    differences = graph_runner.kv_differences(eager, faulty)
+    assert stale <= {d.slot for d in differences if d.pool == "full"}
 
 
 def test_the_installed_torch_native_backend_has_no_graph_state(graph_runner):
