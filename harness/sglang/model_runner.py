@@ -177,6 +177,11 @@ def _model_runner_class() -> type:
             self.pp_group, self.tp_group = get_parallel().pp_group, get_parallel().tp_group
             self.max_running_requests = self.req_to_token_pool.size
             self.graph_shared_output = None
+            # what the FlashInfer-family backends read of the model runner (ModelRunner resolves them from the
+            # server args and the model): the backend the stand-in is built with, the pool's dtype, the window
+            self.prefill_attention_backend_str = self.decode_attention_backend_str = _backend_name(attn_backend_cls)
+            self.kv_cache_dtype = stack.kv_pool.full_kv_pool.dtype
+            self.sliding_window_size = model.spec.window - 1 if any(model.spec.layer_is_swa) else None
             self.attn_backend = None if attn_backend_cls is None else attn_backend_cls(self)
 
         def share_logits_buffer(self) -> None:
@@ -186,6 +191,13 @@ def _model_runner_class() -> type:
             self.graph_shared_output = GraphSharedOutput.create_for_model_runner(self)
 
     return HarnessModelRunner
+
+
+def _backend_name(cls: Any) -> str:
+    """The ``--attention-backend`` name of an SGLang backend class, as ``ModelRunner`` knows it."""
+    names = {"TRTLLMHAAttnBackend": "trtllm_mha", "FlashInferAttnBackend": "flashinfer"}
+    return next((name for base, name in names.items() if cls is not None and any(
+        k.__name__ == base for k in cls.__mro__)), "torch_native")
 
 
 _RUNNER_CLASS: type | None = None
