@@ -31,12 +31,12 @@ from pathlib import Path
 
 import torch
 
+from .bench_rows import GPU_GOAL_MAX_BS, GPU_GOAL_SPEEDUP, BenchRow, GpuBenchRow
 from .check.diffbench import measure_diff
 from .check.assemble import RunParts, assemble
 from .report.bench import (
     DIFF_BEGIN,
     DIFF_END,
-    BenchRow,
     render_diff_markdown,
     render_markdown,
     render_terminal,
@@ -44,6 +44,7 @@ from .report.bench import (
 )
 from .runners.base import Runner, RunnerContext
 from .runners.eager import EagerRunner
+from .runners.speculative import SpeculativeWorker
 from .runspec import GraphSpec, RunSpec
 from .serving.batch import ForwardBatch
 from .serving.model import PRESETS, model_spec
@@ -93,11 +94,11 @@ def _decode_case(preset: str, bucket: int, real: int, engine: str, device: str, 
                                   backend=backend, dtype=dtype))
     eager = _eager_over(session)
     while (step := session.scheduler.next_step()) is not None and step.kind != "decode":
-        session.worker.run(eager.forward, step.batch)
+        SpeculativeWorker(eager).run(step.batch)
         session.scheduler.finish_step()  # frees the SWA slots of tokens that left the window
     if step is None or step.batch.batch_size != real:
         raise RuntimeError(f"{preset}: expected a decode batch of {real} requests, got {step}")
-    return session.runner, eager, step.batch
+    return session.runner.dispatch(step.batch).runner, eager, step.batch
 
 
 def _prefill_case(preset: str, bucket: int, engine: str, device: str) -> tuple[Runner, EagerRunner, ForwardBatch]:
@@ -107,7 +108,7 @@ def _prefill_case(preset: str, bucket: int, engine: str, device: str) -> tuple[R
     step = session.scheduler.next_step()
     if step is None or step.kind != "extend" or step.batch.num_tokens != bucket:
         raise RuntimeError(f"{preset}: expected an extend batch of {bucket} tokens, got {step}")
-    return session.runner, _eager_over(session), step.batch
+    return session.runner.dispatch(step.batch).runner, _eager_over(session), step.batch
 
 
 # ---- timing -----------------------------------------------------------------------------------------
@@ -248,31 +249,6 @@ def run_bench(*, repeats: int = 60, out: Path = Path("BENCHMARKS.md")) -> int:
 
 
 # ---- on a GPU: decode replay against eager, FlashInfer against torch-native -----------------------------
-
-GPU_GOAL_SPEEDUP = 2.0
-"""a CUDA-graph decode replay should be at least this much faster than the eager step, up to ``GPU_GOAL_MAX_BS``"""
-GPU_GOAL_MAX_BS = 8
-
-
-@dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
-class GpuBenchRow:
-    backend: str
-    dtype: str
-    bucket: int
-    eager_ms: float
-    replay_ms: float
-
-    @property
-    def speedup(self) -> float:
-        """Eager time over replay time."""
-        return self.eager_ms / self.replay_ms if self.replay_ms > 0 else float("inf")
-
-    @property
-    def goal(self) -> str:
-        """Whether the row meets the replay goal (buckets past ``GPU_GOAL_MAX_BS`` have none)."""
-        if self.bucket > GPU_GOAL_MAX_BS:
-            return "n/a"
-        return "met" if self.speedup >= GPU_GOAL_SPEEDUP else "missed"
 
 
 def measure_gpu(*, preset: str = "gpt-oss-mini", buckets: Sequence[int] = DECODE_BUCKETS, repeats: int = 30,

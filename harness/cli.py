@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import difflib
 import enum
 import os
@@ -20,12 +21,14 @@ from .check.expect import EXPECT_DEFAULT, expect_problem
 from .check.keywords import KeywordError, Keywords
 from .check.workers import Terminated, output_block, terminate_like_ctrl_c
 from .imports import is_import_path, name_type, unknown_name
+from .options import add_cli_option
 from .report.files import destination_problems
 from .report.text import failure_blocks, printable, progress_line, run_table, table
 from .runners.registry import runner_option
 from .runspec import TIMEOUT_MAX_S, Device, Engine, Mode
 from .serving.designs import DESIGNS
 from .serving.faults import FAULTS
+from .serving.registry import STACKS
 
 if TYPE_CHECKING:
     from .check.case import Case
@@ -45,6 +48,8 @@ def _load(args: argparse.Namespace) -> tuple[list[ScenarioSpec], list[ScenarioEr
 
 
 def _select(args: argparse.Namespace, specs: list[ScenarioSpec]) -> list[ScenarioSpec]:
+    if args.serving is not None:  # what the scenarios run on, not which of them run: before the filters
+        specs = [dataclasses.replace(s, serving=args.serving) for s in specs]
     if args.fault:
         specs = [s for s in specs if set(s.faults) & set(args.fault)]
     if args.no_faults:  # by what a scenario does, not where it lives: faults act outside scenarios/faults/ too
@@ -192,11 +197,13 @@ def _finish(session: ReportSession, *, complete: bool, verbose: bool) -> int:
     if len(shown) < len(views):
         print("-v lists every run in the table, each skipped one with why")
     session.finish(complete=complete)
-    if session.json_path is not None:
+    if session.json_path is not None and session.results_written:
         print(f"JSON: {session.json_path.resolve()}" + ("" if complete else " (incomplete)"))
     if (line := session.report_line()) is not None:
         print(line)
-    return 0 if complete and all(v.ok for v in views) and not session.load_errors else 1
+    for problem in session.problems:  # a full disk after the runs: what was kept is above, what was not here
+        print(printable(problem), file=sys.stderr)
+    return 0 if complete and all(v.ok for v in views) and not session.load_errors and not session.problems else 1
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
@@ -245,36 +252,25 @@ def _add_matrix_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("-k", dest="keywords", type=_keywords, metavar="EXPR",
                    help="only runs whose name, tags, file or folder name hold these words, joined by and, or, not "
                         "and parentheses (pytest's -k)")
-    p.add_argument("--design", action="append", type=_design, metavar="DESIGN",
-                   help=f"only this design (repeatable): {', '.join(DESIGNS)}; an import path "
-                        "'package.module:function' that a scenario does not list is added to its runs")
-    p.add_argument("--expect", type=_expect, metavar="VERDICT|like:DESIGN",
-                   help=f"what designs added by import path should give: one verdict for every run, or like:DESIGN, "
-                        f"what each scenario expects of DESIGN in that run (default: {EXPECT_DEFAULT}); a fault "
-                        "scenario also runs them with the faults off")
-    p.add_argument("--timeout", type=_positive_float, metavar="SECONDS",
-                   help="each run's time limit (default: the scenario's run.timeout_s)")
+    # the options pytest shares, described once (options.py); what is the command line's own: types, defaults
+    add_cli_option(p, "design", type=_design, help_values={"designs": ", ".join(DESIGNS)})
+    add_cli_option(p, "expect", type=_expect, help_values={"expect_default": EXPECT_DEFAULT})
+    add_cli_option(p, "timeout", type=_positive_float)
     p.add_argument("--mode", action="append", type=name_type("mode", Mode), metavar=_choices(Mode),
                    help="only this mode (repeatable)")
-    p.add_argument("--backend", action="append", type=_backend, metavar="BACKEND",
-                   help="only this backend (repeatable); an import path 'package.module:Class' that a scenario does "
-                        "not list is added to its runs, expected to give what the scenario expects of each design")
-    p.add_argument("--runner", action="append", type=_runner, metavar="MODE=package.module:Class",
-                   help="run this mode with this runner instead of the built-in one, expected to give what the "
-                        "scenarios expect in that mode (repeatable, one per mode; the contract: docs/design.md)")
+    add_cli_option(p, "backend", type=_backend)
+    add_cli_option(p, "runner", type=_runner)
+    add_cli_option(p, "serving", type=_serving)
     p.add_argument("--fault", action="append", type=name_type("fault", sorted(FAULTS)), metavar="FAULT",
                    help="only scenarios that inject this fault (repeatable; the faults column of list)")
     p.add_argument("--no-faults", action="store_true",
                    help="leave out every scenario that injects a fault (its run.faults, wherever the file is)")
-    p.add_argument("--engine", type=name_type("engine", Engine), metavar=_choices(Engine),
-                   help="graph engine (default: tape on cpu, cuda on cuda)")
-    p.add_argument("--device", type=name_type("device", Device), metavar=_choices(Device), default="cpu",
-                   help="where the runs' tensors live (default: cpu; cuda needs a CUDA device)")
+    add_cli_option(p, "engine", type=name_type("engine", Engine), metavar=_choices(Engine))
+    add_cli_option(p, "device", type=name_type("device", Device), metavar=_choices(Device), default="cpu")
     p.add_argument("--jobs", type=_positive_int, default=os.cpu_count() or 1,
                    help="runs at a time, each in its own process (default: all cores)")
-    p.add_argument("--json", metavar="FILE", help="write one JSON record per run")
-    p.add_argument("--report-dir", metavar="DIR",
-                   help="write the HTML report there: index.html, a page per scenario, results.json and .csv")
+    add_cli_option(p, "json")
+    add_cli_option(p, "report")
     p.add_argument("-v", "--verbose", action="store_true",
                    help="list every run in the result table (by default it lists the unexpected ones only)")
 
@@ -289,6 +285,13 @@ def _design(text: str) -> str:
         return text
     raise argparse.ArgumentTypeError(unknown_name("design", text, DESIGNS,
                                                   also="an import path 'package.module:function'"))
+
+
+def _serving(text: str) -> str:
+    if text in STACKS or is_import_path(text):
+        return text
+    raise argparse.ArgumentTypeError(unknown_name("serving stack", text, STACKS,
+                                                  also="an import path 'package.module:Class'"))
 
 
 def _backend(text: str) -> str:

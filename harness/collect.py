@@ -8,7 +8,10 @@ backend's declaration) is skipped with the reason; one whose backend runs only o
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
+import os
 import time
 from pathlib import Path
 from typing import Iterator
@@ -18,7 +21,10 @@ import pytest
 from .check.case import Case, CaseResult, cases
 from .check.oracle import certify, dense_oracle
 from .check.matrix import run_cases, scenario_reference
-from .check.workers import DIST_INPUT
+from .check.result import RunError
+from .check.verdict import Verdict
+from .check.workers import DIST_INPUT, SESSION_DIR_INPUT, RunningMarks
+from .runspec import Outcome
 from .report.build import case_view
 from .runners.registry import runner_option
 from .report.session import RECORD_ATTRIBUTE
@@ -66,6 +72,8 @@ class ScenarioFile(pytest.File):
         except ScenarioError as err:
             yield BadScenarioItem.from_parent(self, name=f"{printable(self.path.stem)}[load]", error=err)
             return
+        if (stack := getattr(self.config.option, "harness_serving", None)) is not None:
+            scenario = dataclasses.replace(scenario, serving=stack)  # --harness-serving: what every scenario runs on
         device, engine, timeout_s = harness_options(self.config)
         seen_backends: set[str] = set()
         for case in cases(scenario, engine=engine, device=device, timeout_s=timeout_s, **added_options(self.config)):
@@ -102,8 +110,15 @@ class ScenarioItem(pytest.Item):
 
     def runtest(self) -> None:
         start = time.perf_counter()
-        # in a child process under the case's time limit: a design that exits, aborts or hangs is an error
-        result = _batches(self.session).result(self)
+        marks = _running_marks(self.config)
+        if marks is not None and (who := marks.crashed(self.nodeid)) is not None:
+            result = _crashed(self.case, who)  # running it again would kill this worker too
+            marks.forget(self.nodeid)
+        else:
+            # in a child process under the case's time limit: a design that exits, aborts or hangs is an error;
+            # marked while it runs, in case it takes this whole worker down
+            with marks.running(self.nodeid) if marks is not None else contextlib.nullcontext():
+                result = _batches(self.session).result(self)
         view = case_view(result, duration_s=result.duration_s if result.duration_s is not None
                          else time.perf_counter() - start)
         _hand_over(self, view)
@@ -129,6 +144,21 @@ def _hand_over(item: pytest.Item, view: CaseView) -> None:
     if not view.ok and (first := first_divergence(view)):
         item.user_properties.append(("first_divergence", first))
     setattr(item, RECORD_ATTRIBUTE, json.dumps(view.to_record(timing=True)))
+
+
+def _running_marks(config: pytest.Config) -> RunningMarks | None:
+    """Under pytest-xdist, where this worker marks the item it runs (``plugin._share_running_marks``)."""
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is None or SESSION_DIR_INPUT not in workerinput:
+        return None
+    return RunningMarks(Path(workerinput[SESSION_DIR_INPUT]),
+                        f"pytest-xdist worker {workerinput.get('workerid', '?')} (pid {os.getpid()})")
+
+
+def _crashed(case: Case, who: str) -> CaseResult:
+    error = RunError(type="WorkerDied", message=f"the {who} died running this case; it was not run again",
+                     step=None)
+    return CaseResult(case=case, verdict=Verdict(outcome=Outcome.ERROR, diff=None, error=error))
 
 
 class _Batches:

@@ -12,41 +12,34 @@ import pytest
 # light imports only: every pytest session loads this plugin (the repository's root conftest does), and its
 # options, refusals and an xdist controller need no torch, pandas or scenario machinery; those come with
 # the first scenario file collected or the first result gathered
-from .check.workers import DIST_INPUT, terminate_like_ctrl_c
+from .check.workers import DIST_INPUT, SESSION_DIR_INPUT, terminate_like_ctrl_c, watch_parent
 from .imports import is_import_path, name_type, unknown_name
+from .options import add_plugin_option
 from .report.files import destination_problems
 from .report.session import RECORD_ATTRIBUTE
 from .report.text import printable
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
+    from .check.expect import EXPECT_DEFAULT  # no torch: the command line imports it before parsing
+
     group = parser.getgroup("harness", "SWA CUDA-graph harness")
-    group.addoption("--harness-device", type=name_type("device", ("cpu", "cuda")), metavar="{cpu,cuda}",
-                    default="cpu", help="device scenario runs use (cuda items are marked gpu)")
-    group.addoption("--harness-engine", type=name_type("engine", ("tape", "cuda")), metavar="{tape,cuda}",
-                    default=None, help="graph engine for scenario runs (default: tape on cpu, cuda on cuda)")
-    group.addoption("--harness-timeout", type=float, metavar="SECONDS", default=None,
-                    help="each scenario run's time limit (default: the scenario's run.timeout_s)")
-    group.addoption("--harness-design", action="append", default=[], metavar="package.module:function",
-                    help="add this design to every scenario that does not list it (repeatable)")
-    group.addoption("--harness-expect", default=None, metavar="VERDICT|like:DESIGN",
-                    help="what added designs should give: one verdict for every item, or like:DESIGN, what each "
-                         "scenario expects of DESIGN there (default: like:forward_batch); a fault "
-                         "scenario also runs "
-                         "them with the faults off")
-    group.addoption("--harness-backend", action="append", default=[], metavar="package.module:Class",
-                    help="add this backend to every scenario that does not list it, each item expected to give what "
-                         "the scenario expects of its design (repeatable)")
-    group.addoption("--harness-runner", action="append", default=[], metavar="MODE=package.module:Class",
-                    help="run this mode with this runner instead of the built-in one (repeatable, one per mode)")
-    group.addoption("--harness-json", metavar="FILE", default=None,
-                    help="write one JSON record per scenario run (every xdist worker's) to FILE")
-    group.addoption("--harness-report", metavar="DIR", default=None,
-                    help="write the HTML report (index.html, a page per scenario, results.json/.csv) to DIR")
+    # the options the command line shares, described once (options.py); what is the plugin's own: types, defaults
+    add_plugin_option(group, "device", type=name_type("device", ("cpu", "cuda")), default="cpu")
+    add_plugin_option(group, "engine", type=name_type("engine", ("tape", "cuda")), default=None)
+    add_plugin_option(group, "timeout", type=float, default=None)
+    add_plugin_option(group, "design", default=[])
+    add_plugin_option(group, "expect", default=None, help_values={"expect_default": EXPECT_DEFAULT})
+    add_plugin_option(group, "backend", default=[])
+    add_plugin_option(group, "serving", default=None)
+    add_plugin_option(group, "runner", default=[])
+    add_plugin_option(group, "json", default=None)
+    add_plugin_option(group, "report", default=None)
 
 
 def pytest_configure(config: pytest.Config) -> None:
     if hasattr(config, "workerinput"):
+        watch_parent()  # a controller killed with SIGKILL cannot stop its workers: they stop themselves
         from .gpuci.pinning import pin_worker
 
         try:
@@ -81,6 +74,8 @@ def pytest_configure(config: pytest.Config) -> None:
         from .check.matrix import limit_threads
 
         limit_threads()  # where tests run: an xdist controller runs none, and needs no torch
+    if not hasattr(config, "workerinput") and getattr(config.option, "dist", "no") != "no":
+        _share_running_marks(config)
     if not hasattr(config, "workerinput"):
         from .report.session import ReportSession
 
@@ -132,6 +127,42 @@ def pytest_configure_node(node) -> None:
     # pytest-xdist sets a worker's own --dist to "no": tell it the controller's, so that a scenario file's items
     # share a child process there only where the whole file goes to that worker (collect._Batches)
     node.workerinput[DIST_INPUT] = getattr(node.config.option, "dist", "no")
+    if _MARKS_DIR in node.config.stash:
+        node.workerinput[SESSION_DIR_INPUT] = node.config.stash[_MARKS_DIR]
+
+
+_MARKS_DIR = pytest.StashKey[str]()
+
+
+def _share_running_marks(config: pytest.Config) -> None:
+    """The folder where the workers mark the scenario item each runs (``collect.ScenarioItem.runtest``):
+    the worker that replaces a crashed one reports the crashed item instead of running it again."""
+    import shutil
+    import tempfile
+
+    folder = tempfile.mkdtemp(prefix="harness-xdist-")
+    config.stash[_MARKS_DIR] = folder
+    config.add_cleanup(lambda: shutil.rmtree(folder, ignore_errors=True))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_handlecrashitem(crashitem: str, report: pytest.TestReport, sched) -> None:
+    # a worker died running a scenario item it had marked: the item goes to another worker, which reports the
+    # crash as the item's error verdict (its record, in the results) instead of running it again
+    from .check.workers import RunningMarks
+
+    folder = report.node.config.stash.get(_MARKS_DIR, None) if hasattr(report, "node") else None
+    if folder is None or RunningMarks(Path(folder), "").crashed(crashitem) is None:
+        return
+    from xdist.scheduler import LoadScopeScheduling
+
+    if not isinstance(sched, LoadScopeScheduling):  # loadfile, loadscope, loadgroup hand it out again already
+        try:
+            sched.mark_test_pending(crashitem)
+        except NotImplementedError:
+            return  # no scheduler to hand it to: xdist's own failure stands
+    report.outcome = "rerun"  # type: ignore[assignment]
+    report.longrepr = f"{report.longrepr}; another worker reports the crash as the item's verdict"
 
 
 @pytest.hookimpl(optionalhook=True, trylast=True)
@@ -144,14 +175,27 @@ def pytest_xdist_setupnodes(config: pytest.Config, specs) -> None:
         reporter.ensure_show_status = lambda: None
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_report_teststatus(report: pytest.TestReport, config: pytest.Config):
+    # the crash report ``pytest_handlecrashitem`` turned into a rerun: an R, not pytest's default F
+    if report.outcome == "rerun" and report.when == "???":
+        return "rerun", "R", ("RERUN", {"yellow": True})
+    return None
+
+
 def _check_added_names(config: pytest.Config) -> None:
-    """A usage error for a design or backend that is neither registered nor an import path, before collection."""
+    """A usage error for a design, backend or serving stack that is neither registered nor an import path,
+    before collection."""
     from .backends.registry import BACKENDS
     from .serving.designs import DESIGNS
+    from .serving.registry import STACKS
 
     for option, kind, known, also in (("harness_design", "design", DESIGNS, "an import path 'package.module:function'"),
-                                      ("harness_backend", "backend", BACKENDS, "an import path 'package.module:Class'")):
-        for name in config.getoption(option, None) or ():
+                                      ("harness_backend", "backend", BACKENDS, "an import path 'package.module:Class'"),
+                                      ("harness_serving", "serving stack", STACKS,
+                                       "an import path 'package.module:Class'")):
+        given = config.getoption(option, None) or ()
+        for name in [given] if isinstance(given, str) else given:
             if name not in known and not is_import_path(name):
                 raise pytest.UsageError(f"--{option.replace('_', '-')}: {unknown_name(kind, name, known, also=also)}")
 
@@ -167,10 +211,43 @@ class _ReportHooks:
         if report.when == "call" and (record := getattr(report, RECORD_ATTRIBUTE, None)) is not None:
             self.session.add_record(json.loads(record))
 
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        if any(item.path.suffix == ".toml" for item in session.items):
+            self.session.expect_runs()  # an interrupt before the first result still writes what was asked
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_xdist_node_collection_finished(self, node, ids: list[str]) -> None:
+        if any(nodeid.split("::", 1)[0].endswith(".toml") for nodeid in ids):
+            self.session.expect_runs()
+
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         # interrupted (Ctrl-C) or stopped early (-x, --maxfail): the results are not the whole selection
         stopped = exitstatus == pytest.ExitCode.INTERRUPTED or session.shouldfail or session.shouldstop
+        if stopped:
+            self._take_queued_reports(session.config)
         self.session.finish(complete=not stopped)
+        if self.session.problems and session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED  # pytest returns it after this hook: not all was kept
+
+    def _take_queued_reports(self, config: pytest.Config) -> None:
+        """The reports xdist's controller received from its workers but, interrupted, never processed: their
+        results are in, and belong in the files (events are put back, untouched, for xdist)."""
+        import queue
+
+        dsession = config.pluginmanager.getplugin("dsession")
+        events = getattr(dsession, "queue", None)
+        if events is None:
+            return
+        taken = []
+        while True:
+            try:
+                taken.append(events.get_nowait())
+            except queue.Empty:
+                break
+        for name, kwargs in taken:
+            if name == "testreport" and isinstance(kwargs.get("rep"), pytest.TestReport):
+                self.pytest_runtest_logreport(kwargs["rep"])
+            events.put((name, kwargs))
 
     def pytest_terminal_summary(self, terminalreporter) -> None:
         lines = self.session.summary_lines()
@@ -179,7 +256,9 @@ class _ReportHooks:
         terminalreporter.section("SWA harness verdicts")
         for line in lines:
             terminalreporter.write_line(line)
-        if self.session.json_path is not None:
+        if self.session.results_written:
             terminalreporter.write_line(f"KV results: {self.session.json_path.resolve()}")
         if self.session.report_line():
             terminalreporter.write_line(self.session.report_line())
+        for problem in self.session.problems:
+            terminalreporter.write_line(printable(problem), red=True)

@@ -39,7 +39,8 @@ from ..runspec import Device, KVWrite, Mode
 from ..serving.batch import BackendMetadata, ForwardBatch, ForwardMode, SWALocDesign
 from ..serving.faults import FAULTS, Component, faults_acting_on
 from ..serving.model import DTYPES, ModelSpec
-from ..serving.pool import HybridSWAKVPool, quantize_fp8
+from ..serving.pool import quantize_fp8
+from ..serving.stack import ServingStack
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -166,7 +167,11 @@ class GraphSupport(enum.IntEnum):
 
     def covers(self, batch: AttentionBatch) -> bool:
         """Whether a full graph of a backend with this support may capture a forward of ``batch`` whole."""
-        per_request = batch.tokens_per_request
+        return self.covers_shape(batch.tokens_per_request)
+
+    def covers_shape(self, per_request: int | None) -> bool:
+        """The same for a forward whose requests each add ``per_request`` tokens (None: a mix), as the graph
+        dispatcher (``runners/dispatch.py``) asks it before it hands a forward to a full graph."""
         if self >= GraphSupport.FULL:
             return True
         if self >= GraphSupport.UNIFORM_BATCH:
@@ -189,14 +194,13 @@ _NEEDS = {Mode.EAGER: GraphSupport.NONE, Mode.PIECEWISE: GraphSupport.PIECEWISE_
 class AttentionMetadataBuilder(ABC):
     """Builds the per-forward metadata an implementation reads."""
 
-    def __init__(
-        self, *, model_spec: ModelSpec, pool: HybridSWAKVPool, req_to_token: torch.Tensor, faults: frozenset[str]
-    ) -> None:
+    def __init__(self, *, model_spec: ModelSpec, stack: ServingStack, faults: frozenset[str]) -> None:
         self.model_spec = model_spec
-        self.pool = pool
-        self.req_to_token = req_to_token
+        self.stack = stack
+        self.pool = stack.pool
+        self.req_to_token = stack.req_to_token_pool.req_to_token
         self.faults = faults
-        self.device = pool.device
+        self.device = self.pool.device
 
     @abstractmethod
     def build(self, batch: AttentionBatch) -> BackendMetadata:
@@ -230,11 +234,11 @@ class AttentionImpl(ABC):
     """Writes a layer's new K/V where the design says, then attends."""
 
     def __init__(
-        self, *, model_spec: ModelSpec, pool: HybridSWAKVPool, design: SWALocDesign, kv_write: KVWrite,
+        self, *, model_spec: ModelSpec, stack: ServingStack, design: SWALocDesign, kv_write: KVWrite,
         faults: frozenset[str],
     ) -> None:
         self.model_spec = model_spec
-        self.pool = pool
+        self.stack, self.pool = stack, stack.pool
         self.design = design
         self.kv_write = kv_write
         self.faults = faults
@@ -258,9 +262,9 @@ class AttentionImpl(ABC):
     def _get_layer_cache_loc(
         self, layer_id: int, forward_batch: ForwardBatch, metadata: BackendMetadata
     ) -> torch.Tensor:
-        """Where this layer writes: ``out_cache_loc`` for full layers, the design's rule for SWA layers."""
-        if not self.pool.is_swa_layer(layer_id):
-            return forward_batch.out_cache_loc
+        """Where this layer writes: the stack's slots of its group, the design's rule for SGLang's SWA layers."""
+        if not (self.stack.asks_swa_design and self.pool.is_swa_layer(layer_id)):
+            return self.stack.layer_cache_loc(layer_id, forward_batch.out_cache_loc)
         return self.design(forward_batch, self.pool, metadata, layer_id)
 
     def write_kv(
@@ -368,12 +372,12 @@ class AttentionBackend(ABC):
         self,
         *,
         model_spec: ModelSpec,
-        pool: HybridSWAKVPool,
-        req_to_token: torch.Tensor,
+        stack: ServingStack,
         design: SWALocDesign,
         kv_write: str = KVWrite.PLAIN,
         faults: Collection[str] = (),
     ) -> None:
+        pool = stack.pool
         if kv_write not in self.kv_write_paths:
             raise ValueError(f"kv_write must be one of {sorted(self.kv_write_paths)}, got {kv_write!r}")
         if kv_write == KVWrite.FUSED_FP8 and pool.kv_dtype != "fp8_e4m3":
@@ -381,10 +385,10 @@ class AttentionBackend(ABC):
         if self.page_sizes is not None and pool.page_size not in self.page_sizes:
             raise ValueError(f"backend {self.name} supports page sizes {sorted(self.page_sizes)}, "
                              f"not the pool's {pool.page_size}")
-        self.pool = pool
+        self.stack, self.pool = stack, pool
         self.faults = frozenset(faults) & self.known_faults
-        self.builder = self.builder_cls(model_spec=model_spec, pool=pool, req_to_token=req_to_token, faults=self.faults)
-        self.impl = self.impl_cls(model_spec=model_spec, pool=pool, design=design, kv_write=KVWrite(kv_write),
+        self.builder = self.builder_cls(model_spec=model_spec, stack=stack, faults=self.faults)
+        self.impl = self.impl_cls(model_spec=model_spec, stack=stack, design=design, kv_write=KVWrite(kv_write),
                                   faults=self.faults)
         self.forward_metadata: BackendMetadata | None = None
 
@@ -412,7 +416,6 @@ class AttentionBackend(ABC):
             raise RuntimeError(f"backend {self.name}: forward before init_forward_metadata")
         return self.impl.forward(q, k, v, layer_id, forward_batch, self.forward_metadata)
 
-    # declared here, after the entry points, so that adding it moved no line a run's error frames name
     reference_backend: ClassVar[str | None] = None
     """the backend whose eager run judges this one's runs, for a backend that cannot be its own reference
     (the installed SGLang's torch-native backend, whose read path is under test); None: its own"""

@@ -155,7 +155,7 @@ class TorchNativeImpl(AttentionImpl):
         md = metadata
         t = q.shape[0]
         width = md.kv_width
-        table = md.swa_page_table if self.pool.is_swa_layer(layer_id) else md.page_table
+        table = self._layer_table(layer_id, md)
         slots = table[:, :width][md.token_rows]
         k_all, v_all = self.pool.read_kv(layer_id, slots, self.dtype)  # [T, W, Hkv, D]
         heads, g, d, w = t * self.num_kv_heads, self.group, self.head_dim, k_all.shape[1]
@@ -179,6 +179,10 @@ class TorchNativeImpl(AttentionImpl):
         if probs.dtype != self.dtype:
             probs = probs.to(self.dtype)
         return torch.bmm(probs.view(heads, g, w), v_t).view(t, -1)  # [T, Hkv*G*D]
+
+    def _layer_table(self, layer_id: int, md: TorchNativeMetadata) -> torch.Tensor:
+        """[bs, max_context_len] the slots the layer reads: its pool's page table (SGLang's two pools)."""
+        return md.swa_page_table if self.pool.is_swa_layer(layer_id) else md.page_table
 
 
 class TorchNativeBackend(AttentionBackend):

@@ -1,5 +1,6 @@
-"""The composition root of one run: the serving stack, model, backend, scheduler and runner a ``RunSpec``
-names, each found through its registry, wired together once.
+"""The composition root of one run: the serving stack, model, backend, scheduler and runners a ``RunSpec``
+names, each found through its registry, wired together once: the graph dispatcher over the mode's runners
+(``runners/dispatch.py``), and the speculative worker over the dispatcher.
 
 Nothing else in the harness constructs these pieces for a run, so a new serving stack, eviction policy,
 backend or runner reaches every run (the CLI, pytest, the benchmark) through its registry name alone.
@@ -13,16 +14,16 @@ import torch
 
 from ..backends.base import AttentionBackend
 from ..backends.registry import backend_class
-from ..runners.base import Runner, RunnerContext
-from ..runners.registry import runner_class
-from ..runspec import Mode, RunSpec
+from ..runners.base import RunnerContext
+from ..runners.dispatch import GraphDispatcher
+from ..runners.speculative import SpeculativeWorker
+from ..runspec import RunSpec
 from ..serving.designs import resolve_design
 from ..serving.model import SyntheticModel
-from ..serving.pool import HybridSWAKVPool, ReqToTokenPool
+from ..serving.pool import ReqToTokenPool
 from ..serving.registry import eviction_policy, stack_class
 from ..serving.scheduler import Scheduler
-from ..serving.speculative import SpeculativeWorker
-from ..serving.stack import ServingStack, StackSpec
+from ..serving.stack import ServingStack, stack_spec
 
 
 @dataclass(slots=True)
@@ -34,11 +35,13 @@ class RunParts:
     stack: ServingStack
     scheduler: Scheduler
     backend: AttentionBackend
-    runner: Runner
+    runner: GraphDispatcher
+    """what the run calls: it picks the graph runner (or the eager one) of each forward"""
     worker: SpeculativeWorker
 
     @property
-    def pool(self) -> HybridSWAKVPool:
+    def pool(self):
+        """the stack's ``pool`` (``stack.KVPool``)"""
         return self.stack.pool
 
     @property
@@ -47,7 +50,7 @@ class RunParts:
 
     def run_batch(self, batch) -> list[torch.Tensor]:
         """Hidden states of every forward the batch takes (one per draft step for a draft batch)."""
-        return self.worker.run(self.runner.forward, batch)
+        return self.worker.run(batch)
 
 
 def assemble(spec: RunSpec) -> RunParts:
@@ -55,10 +58,8 @@ def assemble(spec: RunSpec) -> RunParts:
     the pools: nothing has run yet."""
     device = torch.device(spec.device)
     model = SyntheticModel(spec.model, device)
-    stack = stack_class(spec.serving).build(StackSpec(
-        pool=spec.pool, layer_is_swa=tuple(spec.model.layer_is_swa), num_kv_heads=spec.model.num_kv_heads,
-        head_dim=spec.model.head_dim, kv_scales=tuple(model.kv_scales()), device=str(device),
-    ))
+    stack = stack_class(spec.serving).build(
+        stack_spec(spec.model, spec.pool, kv_scales=tuple(model.kv_scales()), device=str(device)))
     scheduler = Scheduler(
         spec.timeline,
         stack=stack,
@@ -68,21 +69,12 @@ def assemble(spec: RunSpec) -> RunParts:
     )
     backend = backend_class(spec.backend)(
         model_spec=spec.model,
-        pool=stack.pool,
-        req_to_token=stack.req_to_token_pool.req_to_token,
+        stack=stack,
         design=resolve_design(spec.design),
         kv_write=spec.kv_write,
         faults=spec.faults,
     )
     ctx = RunnerContext(model=model, backend=backend, pool=stack.pool, req_to_token_pool=stack.req_to_token_pool)
-    runner = make_runner(spec, ctx)
+    runner = GraphDispatcher.for_run(ctx, spec)
     stack.poison()
-    return RunParts(spec, model, stack, scheduler, backend, runner, SpeculativeWorker(spec.faults))
-
-
-def make_runner(spec: RunSpec, ctx: RunnerContext) -> Runner:
-    """The runner the spec names (its mode's built-in one by default), over an eager runner to fall back on."""
-    eager = runner_class(Mode.EAGER).for_run(ctx, spec)
-    if spec.runner is None and spec.mode == Mode.EAGER:
-        return eager
-    return runner_class(spec.runner or Mode(spec.mode).value).for_run(ctx, spec, eager=eager)
+    return RunParts(spec, model, stack, scheduler, backend, runner, SpeculativeWorker(runner, spec.faults))

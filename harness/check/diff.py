@@ -5,7 +5,8 @@ slot assignments, and step s of one lines up with step s of the other. Where the
 design that changes what the scheduler does: a pool run dry, another eviction), the steps are compared
 as far as the schedules agree, and the step where they part is one mismatch of its own (classification
 ``schedule``: which live token they disagree on, and how), the last. Comparison is over live slots only:
-every token of a running request in the full pool, and in the SWA pool the tokens its next query reads;
+every token of a running request in a full-attention group (SGLang's full pool), and in a windowed group (its
+SWA pool) the tokens its next query reads;
 live tokens that share a slot through the prefix cache are one owner of it. The dummy slot 0 is never
 compared, but the steps in which a run changed it are counted.
 
@@ -36,14 +37,14 @@ import torch
 
 from . import hashjoin as hj
 from .rules import RULES, BadRows, Finding, Reported, Rule, classify
-from .snapshot import FULL_SLOT, IN_WINDOW, SHARED, SWA_SLOT, Cursor, KVSnapshot
+from .snapshot import IN_WINDOW, SHARED, SLOTS, Cursor, KVSnapshot
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class KVMismatch:
     step: int
     pool: str
-    """"full", "swa" or "hidden" (a final hidden state rather than a KV slot)"""
+    """the KV group ("full", "swa" in SGLang's layout), or "hidden" (a final hidden state rather than a KV slot)"""
     layer: int | None
     slot: int | None
     rid: str
@@ -64,7 +65,7 @@ class MismatchCount:
 
     step: int
     pool: str
-    """"full", "swa" or "hidden\""""
+    """the KV group, or "hidden\""""
     layer: int | None
     """None for hidden states"""
     count: int
@@ -293,19 +294,17 @@ def diff_runs(
     subject: tuple[KVSnapshot, ...],
     reference: tuple[KVSnapshot, ...],
     *,
-    layer_is_swa: tuple[bool, ...],
     exact: bool = True,
     atol: float = 0.0,
     rtol: float = 0.0,
     limit: int = 200,
     rules: Sequence[Rule] | None = None,
 ) -> DiffResult:
-    """Compare the steps both runs completed; ``exact`` demands equal bytes, else per-dtype closeness.
-    ``rules``: the classification rules in precedence order, ``rules.RULES`` when None."""
-    layer_ids = {
-        "full": [i for i, swa in enumerate(layer_is_swa) if not swa],
-        "swa": [i for i, swa in enumerate(layer_is_swa) if swa],
-    }
+    """Compare the steps both runs completed, group by group (the snapshots' KV groups); ``exact`` demands
+    equal bytes, else per-dtype closeness. ``rules``: the classification rules in precedence order,
+    ``rules.RULES`` when None."""
+    groups = subject[0].groups if subject else reference[0].groups if reference else None
+    layer_ids = {g.name: list(g.layer_ids) for g in groups} if groups is not None else {}
     d = _Differ(layer_ids=layer_ids, exact=exact, atol=atol, rtol=rtol, limit=limit,
                 rules=RULES if rules is None else rules)
     dummy_writes = 0
@@ -325,19 +324,18 @@ def diff_runs(
         table = sub.live_table
         everyone = torch.arange(table.shape[0])
         in_window = table[:, IN_WINDOW].bool()
-        full = _one_owner(everyone, table[:, FULL_SLOT], sub.live_written, table[:, SHARED].bool())
-        swa = _one_owner(everyone[in_window], table[in_window, SWA_SLOT], sub.live_written[in_window],
-                         table[in_window, SHARED].bool())
-        pools = {
-            "full": d.compare_pool(
-                "full", (sub_now.full_k, sub_now.full_v), (ref_now.full_k, ref_now.full_v),
-                (prev.full_k, prev.full_v) if prev else None, sub_now.full_log, sub.step, *full,
-            ),
-            "swa": d.compare_pool(
-                "swa", (sub_now.swa_k, sub_now.swa_v), (ref_now.swa_k, ref_now.swa_v),
-                (prev.swa_k, prev.swa_v) if prev else None, sub_now.swa_log, sub.step, *swa,
-            ),
-        }
+        shared = table[:, SHARED].bool()
+        pools = {}
+        for g_index, g in enumerate(sub.groups):
+            # a windowed group holds the K/V of the tokens the next query reads; the rest may be evicted
+            rows = in_window if g.has_window else None
+            slots = table[:, SLOTS + g_index]
+            owners = (_one_owner(everyone[rows], slots[rows], sub.live_written[rows], shared[rows]) if rows is not None
+                      else _one_owner(everyone, slots, sub.live_written, shared))
+            mine, theirs = sub_now.pools[g_index], ref_now.pools[g_index]
+            before = prev.pools[g_index] if prev else None
+            pools[g.name] = d.compare_pool(g.name, (mine.k, mine.v), (theirs.k, theirs.v),
+                                           (before.k, before.v) if before else None, mine.log, sub.step, *owners)
         dummy_writes += _dummy_changes(sub_now, prev, d.scratch)
         d.end_step(sub.step, sub_now, ref_now, pools, _hidden_mismatches(d, sub, ref))
         steps += 1
@@ -374,41 +372,51 @@ def _one_owner(
 
 
 def _parting(sub: KVSnapshot, ref: KVSnapshot) -> KVMismatch:
-    """Where the two runs' schedules part at a step: the first live token they disagree on, and how."""
+    """Where the two runs' schedules part at a step: the first live token they disagree on, and how. A token
+    is named by its slot in the stack's first group (SGLang's full pool)."""
     def record(pool: str, slot: int | None, rid: str, pos: int, detail: str) -> KVMismatch:
         return KVMismatch(step=sub.step, pool=pool, layer=None, slot=slot, rid=rid, pos=pos, what="schedule",
                           classification=SCHEDULE, detail=f"the schedules part: {detail}")
 
-    if sub.step != ref.step:
+    groups = sub.groups
+    first_group = groups.groups[0]
+    home, home_title = first_group.name, first_group.title
+    if sub.step != ref.step or groups.names != ref.groups.names:
         first = (sub.live or ref.live or (None,))[0]
-        rid, pos, slot = (first.rid, first.pos, first.full_slot) if first is not None else ("-", 0, None)
-        return record("full", slot, rid, pos, f"the subject's step {sub.step} meets the reference's step {ref.step}")
+        rid, pos, slot = (first.rid, first.pos, first.slots[0]) if first is not None else ("-", 0, None)
+        theirs_at = (f"the reference's step {ref.step}" if groups.names == ref.groups.names else
+                     f"the reference's KV groups {', '.join(ref.groups.names)} "
+                     f"(the subject's: {', '.join(groups.names)})")
+        return record(home, slot, rid, pos, f"the subject's step {sub.step} meets {theirs_at}")
     theirs = {(t.rid, t.pos): t for t in ref.live}
     mine = {(t.rid, t.pos): t for t in sub.live}
     for t in sub.live:
         other = theirs.get((t.rid, t.pos))
         if other is None:
-            return record("full", t.full_slot, t.rid, t.pos,
-                          f"{t.rid}@{t.pos} is live in the subject (full slot {t.full_slot}), not in the reference")
-        if other.full_slot != t.full_slot:
-            return record("full", t.full_slot, t.rid, t.pos,
-                          f"the subject keeps {t.rid}@{t.pos} in full slot {t.full_slot}, the reference in "
-                          f"{other.full_slot}")
-        if (other.swa_slot, other.in_window) != (t.swa_slot, t.in_window):
-            def where(x):
-                return f"SWA slot {x.swa_slot}{'' if x.in_window else ' (out of the window)'}"
-            return record("swa", t.swa_slot, t.rid, t.pos,
-                          f"the subject keeps {t.rid}@{t.pos} in {where(t)}, the reference in {where(other)}")
+            return record(home, t.slots[0], t.rid, t.pos,
+                          f"{t.rid}@{t.pos} is live in the subject ({home_title} slot {t.slots[0]}), "
+                          "not in the reference")
+        for i, g in enumerate(groups):
+            if not g.has_window and other.slots[i] != t.slots[i]:
+                return record(g.name, t.slots[i], t.rid, t.pos,
+                              f"the subject keeps {t.rid}@{t.pos} in {g.title} slot {t.slots[i]}, the reference in "
+                              f"{other.slots[i]}")
+            if g.has_window and (other.slots[i], other.in_window) != (t.slots[i], t.in_window):
+                def where(x, i=i, g=g):
+                    return f"{g.title} slot {x.slots[i]}{'' if x.in_window else ' (out of the window)'}"
+                return record(g.name, t.slots[i], t.rid, t.pos,
+                              f"the subject keeps {t.rid}@{t.pos} in {where(t)}, the reference in {where(other)}")
         if other.shared != t.shared:
-            return record("full", t.full_slot, t.rid, t.pos,
+            return record(home, t.slots[0], t.rid, t.pos,
                           f"{t.rid}@{t.pos} is {'' if t.shared else 'not '}the prefix cache's in the subject, "
                           f"{'' if other.shared else 'not '}in the reference")
     for t in ref.live:
         if (t.rid, t.pos) not in mine:
-            return record("full", t.full_slot, t.rid, t.pos,
-                          f"{t.rid}@{t.pos} is live in the reference (full slot {t.full_slot}), not in the subject")
+            return record(home, t.slots[0], t.rid, t.pos,
+                          f"{t.rid}@{t.pos} is live in the reference ({home_title} slot {t.slots[0]}), "
+                          "not in the subject")
     first = sub.live[0]
-    return record("full", first.full_slot, first.rid, first.pos, "the same live tokens in another order")
+    return record(home, first.slots[0], first.rid, first.pos, "the same live tokens in another order")
 
 
 def _hidden_mismatches(d: _Differ, sub: KVSnapshot, ref: KVSnapshot) -> list[KVMismatch]:
@@ -431,9 +439,10 @@ def _hidden_mismatches(d: _Differ, sub: KVSnapshot, ref: KVSnapshot) -> list[KVM
 
 def _dummy_changes(snap: Cursor, prev: Cursor | None, scratch: hj.Scratch) -> int:
     count = 0
-    for now, before in ((snap.full_k, prev.full_k if prev else None), (snap.swa_k, prev.swa_k if prev else None)):
-        if now.shape[0] == 0:
+    for g_index, now in enumerate(snap.pools):
+        if now.k.shape[0] == 0:
             continue
-        base = before[:, 0] if before is not None else torch.zeros_like(now[:, 0])
-        count += int(hj.rows_differ(hj.words(now[:, 0]), hj.words(base), scratch=scratch).sum())
+        before = prev.pools[g_index].k if prev else None
+        base = before[:, 0] if before is not None else torch.zeros_like(now.k[:, 0])
+        count += int(hj.rows_differ(hj.words(now.k[:, 0]), hj.words(base), scratch=scratch).sum())
     return count

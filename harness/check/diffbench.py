@@ -44,45 +44,17 @@ from dataclasses import dataclass
 
 import torch
 
+from ..bench_rows import DiffBenchRow
 from ..runspec import RunSpec
 from ..serving.model import ModelSpec
 from ..serving.pool import PoolSpec, poison_
 from ..serving.timeline import LiveToken, TimelineSpec, TokenKey
 from .diff import DiffResult, diff_runs
 from .result import RunResult
-from .snapshot import WholeStep, snapshots_of
+from .snapshot import WholePool, WholeStep, hybrid_step, snapshots_of
 from .verdict import judge
 
-__all__ = ["DiffBenchRow", "measure_diff"]
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class DiffBenchRow:
-    case: str
-    """"copy", "clone", "identical", "P% of slots mismatched" or "N mismatched slots\""""
-    cache_bytes: int
-    """one snapshot: both pools, every layer, K and V"""
-    steps: int
-    """snapshots per run diffed (copy and clone handle one)"""
-    live_slots: int
-    """(pool, slot) pairs compared per step: full-pool live tokens plus SWA in-window tokens"""
-    mismatched_slots: int
-    """differing (pool, slot) pairs planted; 0 for copy, clone and identical"""
-    found_slots: int
-    """``DiffResult.mismatched_slots`` (equals the request when the diff is right)"""
-    mismatches: int
-    """``DiffResult.total``: bad (layer, slot) rows over all steps"""
-    classes: tuple[tuple[str, int], ...]
-    seconds: float
-    """best of the rounds"""
-    vs_copy: float
-    """throughput relative to ``copy``: (steps x copy seconds) / seconds"""
-    vs_clone: float
-    """throughput relative to ``clone``"""
-    peak_bytes: int | None
-    """largest resident-set growth during one call, None where it cannot be measured"""
-    judge_seconds: float | None = None
-    """best time of ``verdict.judge`` on the same runs; None for copy and clone"""
+__all__ = ["measure_diff"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,11 +85,10 @@ def measure_diff(
     count in ``mismatched_slots``, on a cache of ~``cache_bytes``."""
     gen = torch.Generator().manual_seed(seed)
     cache = _build(cache_bytes, num_kv_heads=num_kv_heads, head_dim=head_dim, dtype=dtype, gen=gen)
-    layer_is_swa = tuple(kind == "swa" for kind in _PATTERN)
     size = _snapshot_bytes(cache.ref)
     live = sum(s.numel() for s in cache.live_slots.values())
     reference = snapshots_of((cache.ref,) * steps)
-    targets = [cache.ref.full_k, cache.ref.full_v, cache.ref.swa_k, cache.ref.swa_v]
+    targets = [t for p in cache.ref.pools for t in (p.k, p.v)]
     copies = [torch.empty_like(t) for t in targets]
 
     def copy() -> None:
@@ -144,7 +115,7 @@ def measure_diff(
         ) -> dict[str, Callable[[], object]]:
             subject = snapshots_of((_corrupted(cache, n, torch.Generator().manual_seed(case_seed)),) * steps)
             return {
-                name: lambda: diff_runs(subject, reference, layer_is_swa=layer_is_swa),
+                name: lambda: diff_runs(subject, reference),
                 _JUDGE + name: lambda: judge(RunResult(spec=spec, snapshots=subject), judged).diff,
             }
 
@@ -186,9 +157,10 @@ _JUDGE = "judge: "
 def _spec(snap: WholeStep, dtype: torch.dtype) -> RunSpec:
     """A run spec of the cache's shape, as ``judge`` reads one: layers, dtype, a CPU run of one backend (exact)."""
     name = str(dtype).removeprefix("torch.")
-    model = ModelSpec(name="diffbench", layer_pattern=_PATTERN, window=128, num_kv_heads=snap.full_k.shape[2],
-                      head_dim=snap.full_k.shape[3], dtype=name)
-    return RunSpec(model=model, pool=PoolSpec(full_size=snap.full_k.shape[1], swa_size=snap.swa_k.shape[1]),
+    full, swa = snap.pool("full").k, snap.pool("swa").k
+    model = ModelSpec(name="diffbench", layer_pattern=_PATTERN, window=128, num_kv_heads=full.shape[2],
+                      head_dim=full.shape[3], dtype=name)
+    return RunSpec(model=model, pool=PoolSpec(full_size=full.shape[1], swa_size=swa.shape[1]),
                    timeline=TimelineSpec(requests=()))
 
 
@@ -212,7 +184,7 @@ def _build(cache_bytes: int, *, num_kv_heads: int, head_dim: int, dtype: torch.d
         first_in = req_len - in_window
         fs, ss = full_slots[r].tolist(), swa_slots[r].tolist()
         live.extend(
-            LiveToken(rid=f"r{r}", pos=p, full_slot=fs[p], swa_slot=ss[p - first_in] if p >= first_in else 0,
+            LiveToken(rid=f"r{r}", pos=p, slots=(fs[p], ss[p - first_in] if p >= first_in else 0),
                       in_window=p >= first_in)
             for p in range(req_len)
         )
@@ -226,8 +198,8 @@ def _build(cache_bytes: int, *, num_kv_heads: int, head_dim: int, dtype: torch.d
         return t
 
     used_full, used_swa = full_slots.flatten(), swa_slots.flatten()
-    ref = WholeStep(
-        step=0, kind="decode", live=tuple(live),
+    ref = hybrid_step(
+        step=0, kind="decode", live=tuple(live), layer_is_swa=tuple(kind == "swa" for kind in _PATTERN),
         full_k=pool(full_size, n_full, used_full), full_v=pool(full_size, n_full, used_full),
         swa_k=pool(swa_size, n_swa, used_swa), swa_v=pool(swa_size, n_swa, used_swa),
         hidden=torch.randn((n_req, 64), generator=gen), hidden_owners=written,
@@ -248,7 +220,7 @@ def _build(cache_bytes: int, *, num_kv_heads: int, head_dim: int, dtype: torch.d
 def _corrupted(cache: _Cache, n: int, gen: torch.Generator) -> WholeStep:
     """A byte-equal copy of the reference snapshot with ``n`` live (pool, slot) pairs made to differ."""
     ref = cache.ref
-    tensors = {"full": (ref.full_k.clone(), ref.full_v.clone()), "swa": (ref.swa_k.clone(), ref.swa_v.clone())}
+    tensors = {name: (ref.pool(name).k.clone(), ref.pool(name).v.clone()) for name in ("full", "swa")}
     counts = {pool: slots.numel() for pool, slots in cache.live_slots.items()}
     if n > sum(counts.values()):
         raise ValueError(f"{n} mismatched slots requested but only {sum(counts.values())} are live")
@@ -259,7 +231,7 @@ def _corrupted(cache: _Cache, n: int, gen: torch.Generator) -> WholeStep:
         at = picked[(picked >= offset) & (picked < offset + count)] - offset
         offset += count
         k, v = tensors[pool]
-        ref_k, ref_v = (ref.full_k, ref.full_v) if pool == "full" else (ref.swa_k, ref.swa_v)
+        ref_k, ref_v = ref.pool(pool).k, ref.pool(pool).v
         poisoned, copied, moved, drifted = (at[torch.arange(at.numel()) % 4 == i] for i in range(4))
         # never written: poison
         for t in (k, v):
@@ -279,14 +251,14 @@ def _corrupted(cache: _Cache, n: int, gen: torch.Generator) -> WholeStep:
         drifted = live[torch.cat([drifted, stayed])]
         k[:, drifted, 0, 0] = (k[:, drifted, 0, 0].float() + 1e-3).to(k.dtype)
     return WholeStep(
-        step=ref.step, kind=ref.kind, live=ref.live,
-        full_k=tensors["full"][0], full_v=tensors["full"][1], swa_k=tensors["swa"][0], swa_v=tensors["swa"][1],
+        step=ref.step, kind=ref.kind, live=ref.live, groups=ref.groups,
+        pools=tuple(WholePool(k=tensors[g.name][0], v=tensors[g.name][1]) for g in ref.groups),
         hidden=ref.hidden.clone(), hidden_owners=ref.hidden_owners,
     )
 
 
 def _snapshot_bytes(s: WholeStep) -> int:
-    return sum(t.numel() * t.element_size() for t in (s.full_k, s.full_v, s.swa_k, s.swa_v))
+    return sum(t.numel() * t.element_size() for p in s.pools for t in (p.k, p.v))
 
 
 # ---- measuring ------------------------------------------------------------------------------------------

@@ -13,6 +13,10 @@ the code under test; those frames are the same in every run and say nothing abou
 
 Frames of the standard library and of torch never count as the user's (``nn.Module.__call__`` adds two
 frames to every module call); the innermost frame is kept wherever it is.
+
+A frame in the harness's own files is keyed by function, its module's file and the qualified name
+(``AttentionBackend.forward``), with no line (``line`` 0): results records then stay the same when the
+harness's code moves, and code need not be ordered to keep line numbers still. A user's frame keeps its line.
 """
 
 from __future__ import annotations
@@ -38,7 +42,9 @@ class ErrorFrame:
 
     file: str
     line: int
+    """0 for a frame of the harness's own code, which its function names alone"""
     function: str
+    """the qualified name (``Class.method``) in the harness's code; the code object's name elsewhere"""
 
 
 def subject_frames(tb: TracebackType | None) -> tuple[ErrorFrame, ...]:
@@ -46,6 +52,7 @@ def subject_frames(tb: TracebackType | None) -> tuple[ErrorFrame, ...]:
     summary = traceback.extract_tb(tb)
     if not summary:
         return ()
+    qualnames = [frame.f_code.co_qualname for frame, _ in traceback.walk_tb(tb)]
     places = [_place(f.filename) for f in summary]
     innermost = len(summary) - 1
     if "user" in places:
@@ -53,9 +60,14 @@ def subject_frames(tb: TracebackType | None) -> tuple[ErrorFrame, ...]:
         keep = {i for i, p in enumerate(places) if p == "user"} | {caller, innermost}
     else:
         keep = {i for i, p in enumerate(places) if p == "built-in subject"} | {innermost}
-    frames = [ErrorFrame(file=f.filename, line=f.lineno or 0, function=f.name)
-              for i, f in enumerate(summary) if i in keep]
+    frames = [_frame(f, places[i], qualnames[i]) for i, f in enumerate(summary) if i in keep]
     return tuple(frames[-FRAMES_KEPT:])
+
+
+def _frame(f: traceback.FrameSummary, place: str, qualname: str) -> ErrorFrame:
+    if place in ("harness", "built-in subject"):
+        return ErrorFrame(file=f.filename, line=0, function=qualname)
+    return ErrorFrame(file=f.filename, line=f.lineno or 0, function=f.name)
 
 
 def _place(filename: str) -> str:

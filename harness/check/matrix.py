@@ -15,7 +15,8 @@ from ..scenario.spec import ScenarioSpec
 from .case import Case, CaseResult
 from .drive import execute
 from .result import RunError, RunResult
-from .verdict import Verdict, judge
+from .judgement import judge_one
+from .verdict import Verdict
 from .workers import WorkerDied, run_grouped, run_one_isolated
 
 
@@ -53,10 +54,8 @@ def run_case(case: Case) -> CaseResult:
     """Run the subject, judge it against the (cached) reference run. Never raises for a run's failure."""
     start = time.perf_counter()
     reference = scenario_reference(case.scenario, backend=case.backend, device=case.device)
-    spec = case.run_spec()
-    # the reference design's eager run of a clean scenario is the reference run itself (runs are deterministic)
-    verdict = judge(reference if spec == reference.spec else execute(spec), reference)
-    return CaseResult(case=case, verdict=verdict, duration_s=time.perf_counter() - start)
+    judged = judge_one(case.run_spec(), case.judgement, reference=reference)
+    return CaseResult(case=case, verdict=judged.verdict, duration_s=time.perf_counter() - start)
 
 
 def run_cases(cases: Sequence[Case], *, jobs: int, done: Callable[[int, CaseResult], None] | None = None,

@@ -13,7 +13,7 @@ import torch
 from ..serving.model import SyntheticModel
 from ..serving.pool import dequantize_fp8
 from ..serving.timeline import TimelineSpec, request_tokens
-from .snapshot import FULL_SLOT, IN_WINDOW, POS, RID, SWA_SLOT, KVSnapshot, replay
+from .snapshot import IN_WINDOW, POS, RID, SLOTS, KVSnapshot, replay
 
 # (atol, rtol) per (model dtype, kv dtype): the paged run rounds to these, the oracle does not.
 _TOLERANCE = {
@@ -96,15 +96,14 @@ def certify(
     kv_scales: list[tuple[float, float]],
     max_problems: int = 5,
 ) -> Certification:
-    """Check every live slot of both pools and every hidden state of a run against the oracle.
+    """Check every live slot of every KV group and every hidden state of a run against the oracle.
 
-    Problems are listed in the order a walk would meet them: step by step, per live token its full-pool
-    layers then (inside the window) its SWA layers, K before V, then the step's hidden states.
+    Problems are listed in the order a walk would meet them: step by step, per live token each group's layers
+    in the stack's order (SGLang's: the full pool's, then inside the window the SWA pool's), K before V, then
+    the step's hidden states.
     """
     spec = model.spec
     atol, rtol = tolerance(spec.dtype, kv_dtype)
-    full_layers = [i for i in range(spec.num_layers) if not spec.layer_is_swa[i]]
-    swa_layers = [i for i in range(spec.num_layers) if spec.layer_is_swa[i]]
     # Every request's oracle rows end to end, so a token's rows are one index away.
     start, at = {}, 0
     for rid, req in oracle.items():
@@ -130,29 +129,30 @@ def certify(
     for snap, pools in replay(snapshots):
         table = snap.live_table
         row = torch.tensor([start[rid] for rid in snap.live_rids], dtype=torch.int64)[table[:, RID]] + table[:, POS]
-        # [tokens, entries]: entry 2i + which is layer i of the full pool, then of the SWA pool.
+        # [tokens, entries]: entry 2i + which is layer i of the first group, then of the next ones.
         bad_parts, err_parts, where = [], [], []
-        for pool, layers, slots in (("full", full_layers, table[:, FULL_SLOT]), ("SWA", swa_layers, table[:, SWA_SLOT])):
-            bufs = (pools.full_k, pools.full_v) if pool == "full" else (pools.swa_k, pools.swa_v)
-            for pool_index, layer in enumerate(layers):
-                for which, (buf, want) in enumerate(zip(bufs, (all_k, all_v))):
+        for g_index, group in enumerate(snap.groups):
+            slots = table[:, SLOTS + g_index]
+            whole = pools.pools[g_index]
+            for pool_index, layer in enumerate(group.layer_ids):
+                for which, (buf, want) in enumerate(zip((whole.k, whole.v), (all_k, all_v))):
                     bad, err = errors(decode(buf[pool_index, slots], layer, which), want[row, layer])
-                    if pool == "SWA":
+                    if group.has_window:
                         inside = table[:, IN_WINDOW].bool()
                         bad, err = bad & inside, torch.where(inside, err, 0.0)
                     bad_parts.append(bad)
                     err_parts.append(err)
-                    where.append((pool, layer, which))
+                    where.append((g_index, layer, which))
         if bad_parts and table.shape[0]:
             bad = torch.stack(bad_parts, 1)
             err = torch.stack(err_parts, 1)
             worst_kv = max(worst_kv, float(err.nan_to_num(float("inf")).max()))
             for t, e in bad.nonzero().tolist()[: max(0, max_problems - len(problems))]:
                 tok = snap.live[t]
-                pool, layer, which = where[e]
-                slot = tok.full_slot if pool == "full" else tok.swa_slot
+                g_index, layer, which = where[e]
+                slot = tok.slots[g_index]
                 problems.append(
-                    f"step {snap.step} {pool} pool layer {layer} slot {slot} ({tok.rid}@{tok.pos}) {'kv'[which]}: "
+                    f"step {snap.step} {snap.groups.groups[g_index].title} pool layer {layer} slot {slot} ({tok.rid}@{tok.pos}) {'kv'[which]}: "
                     f"max |diff| {float(err[t, e]):.3g} (atol {atol}, rtol {rtol})"
                 )
         if snap.hidden_owners:

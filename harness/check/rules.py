@@ -149,6 +149,7 @@ class Reported:
     """A classified bad row whose record is built."""
 
     pool: str
+    """the KV group"""
     layer: int
     """index of the layer among the pool's layers (the first dimension of its tensors)"""
     slot: int
@@ -167,20 +168,22 @@ class Finding:
     """the slot where the expected row was found"""
 
 
+class PoolRows(Protocol):
+    """One group's pool whole: [layers, slots, Hkv, D] K and V."""
+
+    @property
+    def k(self) -> torch.Tensor: ...
+    @property
+    def v(self) -> torch.Tensor: ...
+
+
 class Snapshot(Protocol):
-    """What a ``describe`` reads of a step's ``snapshot.KVSnapshot`` (not imported: the rules sit on the
-    floor below the snapshot's, beside the engine)."""
+    """What a ``describe`` reads of a step's ``snapshot.Cursor`` (not imported: the rules sit on the floor
+    below the snapshot's, beside the engine): its live tokens and each KV group's pool by name."""
 
     @property
     def live(self) -> tuple[LiveToken, ...]: ...
-    @property
-    def full_k(self) -> torch.Tensor: ...
-    @property
-    def full_v(self) -> torch.Tensor: ...
-    @property
-    def swa_k(self) -> torch.Tensor: ...
-    @property
-    def swa_v(self) -> torch.Tensor: ...
+    def pool(self, name: str) -> PoolRows: ...
 
 
 Describe = Callable[[Sequence[Reported], Snapshot, Snapshot], list[Finding]]
@@ -309,14 +312,12 @@ def _name_slot(rows: Sequence[Reported], sub: Snapshot, ref: Snapshot) -> list[F
 def _drift_size(rows: Sequence[Reported], sub: Snapshot, ref: Snapshot) -> list[Finding]:
     """The largest |difference| of K and V of each row, NaN named as such (read for reported rows only)."""
     out: dict[int, Finding] = {}
-    for pool in ("full", "swa"):
+    for pool in dict.fromkeys(r.pool for r in rows):
         mine = [i for i, r in enumerate(rows) if r.pool == pool]
-        if not mine:
-            continue
         li = torch.tensor([rows[i].layer for i in mine])
         sl = torch.tensor([rows[i].slot for i in mine])
-        got = (sub.full_k, sub.full_v) if pool == "full" else (sub.swa_k, sub.swa_v)
-        want = (ref.full_k, ref.full_v) if pool == "full" else (ref.swa_k, ref.swa_v)
+        got_pool, want_pool = sub.pool(pool), ref.pool(pool)
+        got, want = (got_pool.k, got_pool.v), (want_pool.k, want_pool.v)
         size, nan = torch.zeros(len(mine)), torch.zeros(len(mine), dtype=torch.bool)
         for g, w in zip(got, want):
             a, b = g[li, sl].float().flatten(1), w[li, sl].float().flatten(1)

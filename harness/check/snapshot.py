@@ -1,4 +1,4 @@
-"""Per-step records of both KV pools, the live-token map and the step's hidden states, kept as deltas.
+"""Per-step records of every KV group's pool, the live-token map and the step's hidden states, kept as deltas.
 
 Classifying a bad slot needs the rows of every slot of its layer at that step (a misplaced row can sit in
 a free or stale slot) and the previous step's contents of the slot, so the diff needs each step's pools
@@ -9,7 +9,8 @@ by comparing the pools with a shadow copy of the previous step. ``Cursor`` rebui
 whole by applying the deltas in order to a blank pool (every row poison, nothing written), so a run holds
 one shadow while it runs and the diff three working pools, whatever the number of steps.
 
-The write log (``stack.PoolBuffers.full_log``) is the step that last wrote each slot since it was
+Pools are the stack's KV groups (``serving/kv_groups.py``), in its order, named as it names them. The write
+log (``kv_groups.GroupBuffers.log``) is the step that last wrote each slot since it was
 poisoned; the rules read it to tell a slot written with poison's bits (NaN payloads survive arithmetic)
 from one never written. A stack without one gets it inferred from the changes: a changed row was written
 in that step, unless it changed to poison (a re-poisoned free slot).
@@ -26,6 +27,7 @@ from typing import Protocol
 
 import torch
 
+from ..serving.kv_groups import GroupBuffers, KVGroups, hybrid_swa_groups
 from ..serving.pool import NEVER_WRITTEN, poison_
 from ..serving.timeline import LiveToken, TokenKey
 from . import hashjoin as hj
@@ -40,21 +42,19 @@ class ScheduledStepLike(Protocol):
     @property
     def kind(self) -> str: ...
 
-class PoolBuffersLike(Protocol):
-    """What a snapshot reads: a serving stack's ``kv_buffers()``, one [slots, Hkv, D] tensor per layer of
-    each pool, and the write log, one [slots] int32 tensor per layer, or None (``serving.stack.PoolBuffers``;
-    no import of the stack)."""
+class KVBuffersLike(Protocol):
+    """What a snapshot reads: a serving stack's ``kv_buffers()``, its groups and per group one [slots, Hkv, D]
+    tensor per layer and the write log, one [slots] int32 tensor per layer, or None
+    (``serving.kv_groups.KVBuffers``)."""
 
-    full_k: Sequence[torch.Tensor]
-    full_v: Sequence[torch.Tensor]
-    swa_k: Sequence[torch.Tensor]
-    swa_v: Sequence[torch.Tensor]
-    full_log: Sequence[torch.Tensor] | None
-    swa_log: Sequence[torch.Tensor] | None
+    @property
+    def groups(self) -> KVGroups: ...
+    @property
+    def buffers(self) -> Sequence[GroupBuffers]: ...
 
 
-# Columns of ``KVSnapshot.live_table``.
-RID, POS, FULL_SLOT, SWA_SLOT, IN_WINDOW, SHARED = range(6)
+# Columns of ``KVSnapshot.live_table``; the token's slot in group i is column ``SLOTS + i``.
+RID, POS, IN_WINDOW, SHARED, SLOTS = range(5)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -83,38 +83,46 @@ class KVSnapshot:
     kind: str
     """forward mode of the step's batch"""
     live: tuple[LiveToken, ...]
-    full: PoolDelta
-    swa: PoolDelta
+    groups: KVGroups
+    """the stack's KV groups: ``pools`` and each token's ``slots`` are in their order"""
+    pools: tuple[PoolDelta, ...]
+    """what the step changed in each group's pool"""
     hidden: torch.Tensor
     """[tokens of the step, hidden] final hidden states, every forward of the step concatenated"""
     hidden_owners: tuple[TokenKey, ...]
     live_rids: tuple[str, ...] = field(init=False, repr=False, compare=False)
     """distinct request ids of ``live`` in order of first appearance"""
     live_table: torch.Tensor = field(init=False, repr=False, compare=False)
-    """[live, 6] int64 per live token: index into ``live_rids``, pos, full_slot, swa_slot, in_window, shared"""
+    """[live, 4 + groups] int64 per live token: index into ``live_rids``, pos, in_window, shared, then its slot
+    in each group"""
     live_written: torch.Tensor = field(init=False, repr=False, compare=False)
     """[live] bool: the token is among ``hidden_owners`` (the step was to write its K/V)"""
 
     def __post_init__(self) -> None:
         rids: dict[str, int] = {}
-        rows = [(rids.setdefault(t.rid, len(rids)), t.pos, t.full_slot, t.swa_slot, t.in_window, t.shared)
-                for t in self.live]
+        rows = [(rids.setdefault(t.rid, len(rids)), t.pos, t.in_window, t.shared, *t.slots) for t in self.live]
         written = {(key.rid, key.pos) for key in self.hidden_owners}
         object.__setattr__(self, "live_rids", tuple(rids))
-        object.__setattr__(self, "live_table", torch.tensor(rows, dtype=torch.int64).reshape(len(rows), 6))
+        object.__setattr__(self, "live_table",
+                           torch.tensor(rows, dtype=torch.int64).reshape(len(rows), SLOTS + len(self.groups)))
         object.__setattr__(
             self, "live_written", torch.tensor([(t.rid, t.pos) in written for t in self.live], dtype=torch.bool)
         )
 
+    def pool(self, name: str) -> PoolDelta:
+        return self.pools[self.groups.index(name)]
+
     @property
     def nbytes(self) -> int:
         """Bytes the snapshot holds in tensors."""
-        return self.full.nbytes + self.swa.nbytes + self.hidden.numel() * self.hidden.element_size()
+        return sum(p.nbytes for p in self.pools) + self.hidden.numel() * self.hidden.element_size()
 
     def same_schedule(self, other: KVSnapshot) -> bool:
-        """Same step and the same live tokens in the same slots (``live == other.live``, compared as tensors)."""
+        """Same step, groups and the same live tokens in the same slots (``live == other.live``, compared as
+        tensors)."""
         return (
             self.step == other.step
+            and self.groups.names == other.groups.names
             and self.live_rids == other.live_rids
             and torch.equal(self.live_table, other.live_table)
         )
@@ -172,16 +180,17 @@ class SnapshotRecorder:
         self._shadows: dict[str, _Shadow] = {}
         self._scratch = hj.Scratch()
 
-    def take(self, buffers: PoolBuffersLike, step: ScheduledStepLike, live: Sequence[LiveToken],
+    def take(self, buffers: KVBuffersLike, step: ScheduledStepLike, live: Sequence[LiveToken],
              hidden: Sequence[torch.Tensor]) -> KVSnapshot:
-        """What the step changed in both pools, its live tokens and its hidden states (on the host)."""
-        like = (buffers.full_k or buffers.swa_k)[0]
+        """What the step changed in every group's pool, its live tokens and its hidden states (on the host)."""
+        like = next(b.k[0] for b in buffers.buffers if b.k)
         return KVSnapshot(
             step=step.index,
             kind=step.kind,
             live=tuple(live),
-            full=self._delta("full", buffers.full_k, buffers.full_v, buffers.full_log, step.index, like),
-            swa=self._delta("swa", buffers.swa_k, buffers.swa_v, buffers.swa_log, step.index, like),
+            groups=buffers.groups,
+            pools=tuple(self._delta(g.name, b.k, b.v, b.log, step.index, like)
+                        for g, b in zip(buffers.groups, buffers.buffers)),
             hidden=_concat(list(hidden)),
             hidden_owners=tuple(key for forward in step.forwards for key in forward),
         )
@@ -235,33 +244,52 @@ class SnapshotRecorder:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class WholePool:
+    """One group's pool whole, as tests and benchmarks build it."""
+
+    k: torch.Tensor
+    """[layers of the group, slots, Hkv, D] in the pool's storage dtype"""
+    v: torch.Tensor
+    log: torch.Tensor | None = None
+    """[layers, slots] int32 write log, None to infer it from the changes"""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class WholeStep:
     """One step of a run with its pools given whole, as tests and benchmarks build them."""
 
     step: int
     kind: str = "decode"
     live: tuple[LiveToken, ...]
-    full_k: torch.Tensor
-    """[full layers, full_size, Hkv, D] in the pool's storage dtype"""
-    full_v: torch.Tensor
-    swa_k: torch.Tensor
-    """[SWA layers, swa_size, Hkv, D]"""
-    swa_v: torch.Tensor
+    groups: KVGroups
+    pools: tuple[WholePool, ...]
+    """each group's pool, in the groups' order"""
     hidden: torch.Tensor
     hidden_owners: tuple[TokenKey, ...]
-    full_log: torch.Tensor | None = None
-    """[full layers, full_size] int32 write log, None to infer it from the changes"""
-    swa_log: torch.Tensor | None = None
+
+    def pool(self, name: str) -> WholePool:
+        return self.pools[self.groups.index(name)]
+
+
+def hybrid_step(*, step: int, kind: str = "decode", live: Sequence[LiveToken], layer_is_swa: Sequence[bool],
+                full_k: torch.Tensor, full_v: torch.Tensor, swa_k: torch.Tensor, swa_v: torch.Tensor,
+                hidden: torch.Tensor, hidden_owners: tuple[TokenKey, ...], full_log: torch.Tensor | None = None,
+                swa_log: torch.Tensor | None = None) -> WholeStep:
+    """A step of SGLang's layout given whole: the full pool's layers [full layers, slots, Hkv, D] and the SWA
+    pool's, as the groups ``full`` and ``swa`` (tokens' ``slots`` are (full slot, SWA slot))."""
+    like = full_k if full_k.shape[0] else swa_k
+    groups = hybrid_swa_groups(layer_is_swa=layer_is_swa, layer_windows=(), full_size=full_k.shape[1],
+                               swa_size=swa_k.shape[1], page_size=1, kv_dtype="float32",
+                               num_kv_heads=like.shape[2], head_dim=like.shape[3])
+    return WholeStep(step=step, kind=kind, live=tuple(live), groups=groups,
+                     pools=(WholePool(k=full_k, v=full_v, log=full_log), WholePool(k=swa_k, v=swa_v, log=swa_log)),
+                     hidden=hidden, hidden_owners=hidden_owners)
 
 
 @dataclass(frozen=True, slots=True)
 class _WholeBuffers:
-    full_k: Sequence[torch.Tensor]
-    full_v: Sequence[torch.Tensor]
-    swa_k: Sequence[torch.Tensor]
-    swa_v: Sequence[torch.Tensor]
-    full_log: Sequence[torch.Tensor] | None
-    swa_log: Sequence[torch.Tensor] | None
+    groups: KVGroups
+    buffers: tuple[GroupBuffers, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -276,9 +304,8 @@ def snapshots_of(steps: Sequence[WholeStep]) -> tuple[KVSnapshot, ...]:
     recorder = SnapshotRecorder()
     out = []
     for w in steps:
-        buffers = _WholeBuffers(list(w.full_k), list(w.full_v), list(w.swa_k), list(w.swa_v),
-                                None if w.full_log is None else list(w.full_log),
-                                None if w.swa_log is None else list(w.swa_log))
+        buffers = _WholeBuffers(w.groups, tuple(
+            GroupBuffers(k=list(p.k), v=list(p.v), log=None if p.log is None else list(p.log)) for p in w.pools))
         out.append(recorder.take(buffers, _Step(w.step, w.kind, (w.hidden_owners,)), w.live, [w.hidden]))
     return tuple(out)
 
@@ -296,24 +323,35 @@ def _concat(parts: list[torch.Tensor]) -> torch.Tensor:
 
 # ---- reading them back ----------------------------------------------------------------------------------
 
+@dataclass(slots=True)
+class WorkingPool:
+    """One group's pool whole at a cursor's step: [layers, slots, ...] K, V and write log."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+    log: torch.Tensor
+
+
 class Cursor:
-    """Both pools of a run whole, at the step of the last snapshot applied: working tensors updated in place,
-    so what is read from them holds until the next ``apply``."""
+    """Every group's pool of a run whole, at the step of the last snapshot applied: working tensors updated in
+    place, so what is read from them holds until the next ``apply``."""
 
     def __init__(self, first: KVSnapshot) -> None:
-        self.full_k, self.full_v, self.full_log = _blank(first.full)
-        self.swa_k, self.swa_v, self.swa_log = _blank(first.swa)
+        self.groups = first.groups
+        self.pools = tuple(WorkingPool(*_blank(delta)) for delta in first.pools)
         self.live: tuple[LiveToken, ...] = ()
         self.step: int | None = None
 
+    def pool(self, name: str) -> WorkingPool:
+        return self.pools[self.groups.index(name)]
+
     def apply(self, snap: KVSnapshot) -> Cursor:
         """Move to the step of ``snap``, the snapshot after the last one applied (the run's first, at first)."""
-        for delta, k, v, log in ((snap.full, self.full_k, self.full_v, self.full_log),
-                                 (snap.swa, self.swa_k, self.swa_v, self.swa_log)):
+        for delta, now in zip(snap.pools, self.pools):
             if delta.slots.numel():
-                k[:, delta.slots] = delta.k
-                v[:, delta.slots] = delta.v
-                log[:, delta.slots] = delta.last_write
+                now.k[:, delta.slots] = delta.k
+                now.v[:, delta.slots] = delta.v
+                now.log[:, delta.slots] = delta.last_write
         self.live = snap.live
         self.step = snap.step
         return self

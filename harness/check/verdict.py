@@ -1,5 +1,5 @@
-"""A verdict per run: ``match``, ``diverge`` or ``error`` (docs/design.md section 8). Data only; the report
-layer words it."""
+"""A verdict per run: ``match``, ``diverge`` or ``error`` (docs/design.md section 8). Data, and one plain line
+(``summary``) for a test's assertion message; the report layer words it for people."""
 
 from __future__ import annotations
 
@@ -33,6 +33,22 @@ class Verdict:
     def first(self) -> KVMismatch | None:
         return self.diff.mismatches[0] if self.diff and self.diff.mismatches else None
 
+    def summary(self) -> str:
+        """The verdict in one line: the outcome, then the error or the first mismatch and how many there are."""
+        if self.error is not None:
+            at = f" at step {self.error.step}" if self.error.step is not None else ""
+            return f"{self.outcome}{at}: {self.error.type}: {_one_line(self.error.message)}"
+        first = self.first
+        if first is None:
+            return str(self.outcome)
+        total = self.diff.total if self.diff is not None else 0
+        return (f"{self.outcome}: first at step {first.step}: {first.classification} ({_one_line(first.detail)}); "
+                f"{total} mismatch{'es' if total != 1 else ''}")
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
 
 def judge(subject: RunResult, reference: RunResult) -> Verdict:
     """Compare a finished subject run with its reference run."""
@@ -52,8 +68,7 @@ def judge(subject: RunResult, reference: RunResult) -> Verdict:
     # The diff counts every mismatch per (step, pool, layer) and builds records for the first DETAIL_LIMIT
     # only: building them all to count them cost three times the diff at 10% of a 512 MiB cache bad.
     diff = diff_runs(
-        subject.snapshots, reference.snapshots, layer_is_swa=spec.model.layer_is_swa, exact=exact, atol=atol,
-        rtol=rtol, limit=DETAIL_LIMIT,
+        subject.snapshots, reference.snapshots, exact=exact, atol=atol, rtol=rtol, limit=DETAIL_LIMIT,
     )
     common = {"diff": diff, "observations": subject.observations, "steps": subject.steps, "counts": diff.counts}
     if subject.error is not None:

@@ -11,7 +11,9 @@ A task's processes end with it. Each child leads a process group of its own, whi
 when the task ends (a result, a crash, the deadline, an interrupt), so a process the task started cannot
 outlive it and hold the caller's stdout open (``harness run | tee`` would wait for it). On Linux each child
 also asks the kernel to kill it when the parent dies (``PR_SET_PDEATHSIG``), so even a parent killed with
-SIGKILL leaves no hanging child behind. What a child writes to its stdout and stderr (file descriptors 1
+SIGKILL leaves no hanging child behind. The child is a guard: the task runs in a process it forks, so a task
+that kills its parent (``os.kill(os.getppid(), SIGKILL)``) kills only the guard, a crash like any other, and
+never the caller (a pytest-xdist worker, with the other cases of its file). What a child writes to its stdout and stderr (file descriptors 1
 and 2, so C code and subprocesses too) is captured, as pytest captures a test's output, and handed back
 to the caller with the task's result; ``output_block`` shows it with every control character escaped.
 
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import ctypes
 import faulthandler
+import hashlib
 import io
 import multiprocessing
 import os
@@ -41,6 +44,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
+from pathlib import Path
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -51,6 +55,10 @@ _PR_SET_PDEATHSIG = 1
 DIST_INPUT = "harness_dist"
 """the key of the pytest-xdist controller's ``--dist`` in each worker's input: whether a worker gets a scenario
 file whole, and so may run the file's cases in one child (``plugin.pytest_configure_node``, ``collect._Batches``)"""
+_GUARD_EXIT_S = 5.0
+"""seconds a guard gets to die as its task's process died (it needs milliseconds)"""
+SESSION_DIR_INPUT = "harness_session_dir"
+"""the key, in each pytest-xdist worker's input, of the folder where workers mark what they run (``RunningMarks``)"""
 OUTPUT_LIMIT = 64 * 1024
 """bytes of a task's output kept; a design printing in a loop must not fill the caller's memory"""
 
@@ -170,6 +178,7 @@ def _child(conn: Connection, out: tuple[int, int], parent: int, fn: Callable[[An
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a handler inherited from the parent would survive a kill
     _die_with_parent(parent)
     os.close(out[0])
+    _guard(conn, out[1])
     _capture_output(out[1])
     for k, arg in enumerate(args):
         # each task after the first waits for the parent to take the previous one's output and result, so
@@ -197,6 +206,40 @@ def _child(conn: Connection, out: tuple[int, int], parent: int, fn: Callable[[An
     conn.close()
     # no atexit handlers: they belong to the parent
     os._exit(0)
+
+
+def _guard(conn: Connection, out: int) -> None:
+    """Run the tasks one process further down, this one only waiting for it and dying as it did.
+
+    A task's ``os.getppid()`` is then this guard, not the caller: a task that kills its parent (as a design
+    may, by accident or on purpose) kills the guard, which the caller sees die as any crashing task, and the
+    caller (the CLI, a pytest-xdist worker) goes on with the other tasks. The task's process is in this
+    process group, so the caller's kill of the group ends it with the guard.
+    """
+    guard = os.getpid()
+    pid = os.fork()
+    if pid == 0:
+        _die_with_parent(guard)
+        return  # the task's process: runs the tasks
+    conn.close()  # only the task's process talks to the caller
+    os.close(out)
+    for signum in (signal.SIGINT, signal.SIGHUP):  # the task's process answers them; the guard only waits
+        signal.signal(signum, signal.SIG_IGN)
+    while True:
+        try:
+            _, status = os.waitpid(pid, 0)
+            break
+        except ChildProcessError:
+            os._exit(1)
+        except InterruptedError:
+            continue
+    if os.WIFSIGNALED(status):
+        # died of a signal: so does the guard, so that the caller says which (``worker died (signal 6)``)
+        signum = os.WTERMSIG(status)
+        signal.signal(signum, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [signum])
+        os.kill(os.getpid(), signum)
+    os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1)
 
 
 def _go_on(conn: Connection) -> bool:
@@ -314,6 +357,9 @@ def _answer(run: _Running) -> tuple[Any, bool]:
     try:
         kind, value = pickle.loads(run.conn.recv_bytes())
     except (EOFError, OSError):
+        # the task's process is gone; its guard dies the same way a moment later: wait for it, so that the
+        # group's kill does not become the death the caller reports
+        run.proc.join(timeout=_GUARD_EXIT_S)
         run.end()
         return _death(run.proc), True
     result = value if kind == "ok" else WorkerDied(f"the task raised {value}")
@@ -409,15 +455,20 @@ def run_grouped(
                                           [timeout_s(args[i]) for i in indices], held))
             now = time.monotonic()
             outputs = {r.out: r for r in running if r.out >= 0}
-            ready = wait([r.conn for r in running] + list(outputs),
+            # a guard's exit too: a task that killed its guard may leave the task's process holding the pipes
+            sentinels = {r.proc.sentinel: r for r in running}
+            ready = wait([r.conn for r in running] + list(outputs) + list(sentinels),
                          timeout=max(0.0, min(r.deadline for r in running) - now))
             for fd in ready:
-                if isinstance(fd, int):
+                if isinstance(fd, int) and fd in outputs:
                     outputs[fd].read_output()
             still: list[_Running] = []
             for run in running:
                 if run.conn in ready:
                     result, gone = _answer(run)
+                elif run.proc.sentinel in ready:  # the guard died (its task killed it) and left no answer
+                    run.end()
+                    result, gone = _death(run.proc), True
                 elif time.monotonic() >= run.deadline:
                     result, gone = _kill(run), True
                 else:
@@ -440,3 +491,62 @@ def run_grouped(
 
 def run_one_isolated(fn: Callable[[T], R], arg: T, *, timeout_s: float) -> R | WorkerDied:
     return run_isolated(fn, [arg], jobs=1, timeout_s=lambda _: timeout_s)[0]
+
+
+class RunningMarks:
+    """A folder the processes of one session share, where each marks the task it runs while it runs it.
+
+    A process that dies with its task (a task run in-process, or one that kills its process's whole line)
+    leaves its mark behind: whoever is given that task next (pytest-xdist hands a crashed worker's item to
+    the worker that replaces it) finds the mark and reports the crash as the task's result instead of
+    running it again, which would kill that process too, and its successor, in turn.
+    """
+
+    def __init__(self, folder: Path, owner: str) -> None:
+        self.folder = Path(folder)
+        self.owner = owner
+        """who is running, in the words a successor reports (``pytest-xdist worker gw1 (pid 123)``)"""
+
+    def _path(self, key: str) -> Path:
+        return self.folder / (hashlib.sha256(key.encode("utf-8", "backslashreplace")).hexdigest() + ".running")
+
+    def crashed(self, key: str) -> str | None:
+        """Who died running ``key``, or None when nobody did."""
+        try:
+            return self._path(key).read_text(encoding="utf-8") or "a process"
+        except FileNotFoundError:
+            return None
+
+    def forget(self, key: str) -> None:
+        self._path(key).unlink(missing_ok=True)
+
+    @contextmanager
+    def running(self, key: str) -> Iterator[None]:
+        path = self._path(key)
+        try:
+            path.write_text(self.owner, encoding="utf-8")
+        except OSError:  # no mark (a full disk): the task still runs, as it did before marks existed
+            yield
+            return
+        try:
+            yield
+        finally:
+            path.unlink(missing_ok=True)
+
+
+def watch_parent(*, interval_s: float = 0.5) -> None:
+    """End this process when its parent dies, however it dies (SIGKILL included): a pytest-xdist worker whose
+    controller is gone has nobody to report to. A daemon thread polls the parent's pid (portable; the
+    kernel's ``PR_SET_PDEATHSIG`` follows the parent's thread, which may end first). The tasks' processes
+    this one started die with it (``_die_with_parent``)."""
+    import threading
+
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(interval_s)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="harness-parent-watch", daemon=True).start()
+

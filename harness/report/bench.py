@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
-from ..check.diffbench import DiffBenchRow
+from ..bench_rows import GOAL, BenchRow, DiffBenchRow
 from .files import write_atomic
 from .text import table
 
@@ -26,39 +25,6 @@ The goal is replay at most 0.7x eager in every row (a graph exists to remove per
 above it says `no` in the `goal` column. These numbers are measurements of one machine, never test
 assertions. The section below is rewritten on every run.
 """
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class BenchRow:
-    preset: str
-    kind: str
-    """"decode" (full decode graph) or "prefill" (piecewise prefill graph)"""
-    bucket: int
-    """captured bucket: batch size for decode, token count for prefill"""
-    real: int
-    """real rows (decode) or tokens (prefill) in the batch; below ``bucket`` when padded"""
-    engine: str
-    device: str
-    eager_ms: float
-    """median of the eager forwards"""
-    replay_ms: float
-    """median of the graph forwards"""
-    ratio: float
-    """median of replay/eager over interleaved pairs"""
-    ratio_p10: float
-    ratio_p90: float
-    capture_ms: float
-    """median time to capture this bucket's graph, warm-up included"""
-
-    @property
-    def ok(self) -> bool:
-        """Replay meets the goal: at most GOAL x the eager forward it replaces."""
-        return self.ratio <= GOAL
-
-
-GOAL = 0.7
-
-
 
 _HEADER = ("preset", "kind", "bucket", "real", "engine", "eager ms", "replay ms", "replay/eager", "p10-p90",
            "capture ms", "goal")

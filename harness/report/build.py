@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib.util
 import shlex
@@ -17,6 +18,10 @@ from ..imports import is_import_path
 from ..runners.observations import GraphObservations
 from ..runspec import Device, Engine
 from ..scenario.spec import ScenarioSpec
+from ..serving.kv_groups import KVGroups
+from ..serving.registry import stack_class
+from ..serving.stack import stack_spec
+from .slots import groups_of
 from .views import (
     CaseView,
     ErrorView,
@@ -24,6 +29,7 @@ from .views import (
     ForwardView,
     FrameView,
     GraphView,
+    GroupView,
     HeatView,
     MismatchView,
     SetupView,
@@ -61,14 +67,35 @@ def case_view(result: CaseResult | None, *, case: Case | None = None, duration_s
 
 
 def setup_view(scenario: ScenarioSpec) -> SetupView:
+    """The scenario's setup, its KV groups as its serving stack declares them (SGLang's two when the stack
+    cannot be loaded: its runs failed, and say why)."""
     model, pool, timeline, graphs = scenario.model, scenario.pool, scenario.timeline, scenario.graphs
-    return SetupView(
-        model=model.name, layers=tuple(model.layer_pattern), window=model.window, full_size=pool.full_size,
+    declared = _declared_groups(scenario)
+    layers = (tuple(declared.of_layer(i).name for i in range(model.num_layers)) if declared is not None
+              else tuple(model.layer_pattern))  # SGLang's group names are its layer kinds
+    setup = SetupView(
+        model=model.name, layers=layers, window=model.window, full_size=pool.full_size,
         swa_size=pool.swa_size, kv_dtype=pool.kv_dtype, model_seed=model.seed, timeline_seed=timeline.seed,
         decode_buckets=tuple(graphs.decode_buckets), prefill_buckets=tuple(graphs.prefill_buckets),
         chunk_size=timeline.chunk_size, draft_steps=timeline.draft_steps, page_size=pool.page_size,
         eviction=scenario.eviction.policy, serving=scenario.serving,
     )
+    if declared is None:
+        return setup
+    groups = tuple(GroupView(name=g.name, label=g.title, size=g.size, window=g.window, layers=g.layer_ids)
+                   for g in declared)
+    # SGLang's two groups are what the fields above already say: records keep their shape for them
+    return setup if groups_of(setup) == groups else dataclasses.replace(setup, groups=groups)
+
+
+def _declared_groups(scenario: ScenarioSpec) -> KVGroups | None:
+    try:
+        groups = stack_class(scenario.serving).kv_groups(stack_spec(scenario.model, scenario.pool))
+        for layer in range(scenario.model.num_layers):
+            groups.of_layer(layer)
+    except (KeyError, ImportError, ValueError):
+        return None
+    return groups
 
 
 def _step(s: StepRecord) -> StepView:
@@ -76,8 +103,7 @@ def _step(s: StepRecord) -> StepView:
         index=s.index, kind=s.kind, batch_size=s.batch_size, tokens=s.tokens,
         forwards=tuple(ForwardView(path=str(f.path), rows=f.rows, bucket=f.bucket, captured=f.captured,
                                    graph=f.graph) for f in s.forwards),
-        written=tuple(TokenSlotsView(rid=t.rid, pos=t.pos, full_slot=t.full_slot, swa_slot=t.swa_slot)
-                      for t in s.written),
+        written=tuple(TokenSlotsView(rid=t.rid, pos=t.pos, slots=t.slots) for t in s.written),
         evicted=tuple((k.rid, k.pos) for k in s.evicted), finished=s.finished, aborted=s.aborted,
     )
 
@@ -189,7 +215,7 @@ def _graph(obs: GraphObservations | None) -> GraphView | None:
         eager_fallbacks=obs.eager_fallbacks,
         findings=tuple(FindingView(kind=str(f.kind), graph=f.graph, path=f.path, dtype=f.dtype, shape=tuple(f.shape),
                                    replays=f.replays, captured=f.captured, now=f.now) for f in obs.findings),
-        rerun_ops=tuple(obs.rerun_ops), notes=tuple(obs.notes),
+        rerun_ops=tuple(obs.rerun_ops), notes=tuple(obs.notes), forwards=tuple(obs.forwards),
     )
 
 

@@ -21,8 +21,9 @@ only in BASE are ``removed``.
 
 The rule for the exit status: a change is for the worse when a run is a ``masked regression``, ``regressed``
 or is a ``new failure``; ``python -m harness compare`` exits 1 when there is one, else 0 (2 when a file
-cannot be read). The summary groups the runs changed for the worse by kind, design and mode, so that
-twenty regressions of one design in one mode read as one line with a count.
+cannot be read, or the report of ``--report-dir`` cannot be written: then no part of it is). The summary
+groups the runs changed for the worse by kind, design and mode, so that twenty regressions of one design in
+one mode read as one line with a count.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from typing import Any, TextIO
 import numpy as np
 import pandas as pd
 
-from .files import ReportFolder
+from .files import os_error_text
 from .html import now_label, render, report_pages, write_report
 from .matrix import frame
 from .records import read_results
@@ -351,11 +352,17 @@ def run_compare(base_path: Path, head_path: Path, *, report_dir: Path | None, ou
                         generated=now_label())
     print(summary_text(page), file=out)
     if report_dir is not None:
-        write_report(report_dir, head, environment=head_doc.get("environment") or {},
-                     duration_s=head_doc.get("duration_s"), complete=bool(head_doc.get("complete", True)),
-                     generated=page.generated, compare_href="compare.html", document=head_doc)
-        with ReportFolder(report_dir) as folder:
-            path = folder.write("compare.html", render("compare.html.j2", page=page))
+        # HEAD's pages and the comparison land together or not at all: a failure leaves no half a report
+        try:
+            write_report(report_dir, head, environment=head_doc.get("environment") or {},
+                         duration_s=head_doc.get("duration_s"), complete=bool(head_doc.get("complete", True)),
+                         generated=page.generated, compare_href="compare.html", document=head_doc,
+                         extra={"compare.html": render("compare.html.j2", page=page)})
+        except OSError as exc:
+            print(printable(f"--report-dir {report_dir}: the report was not written: {os_error_text(exc)}"), file=err)
+            return 2
+        path = report_dir / "compare.html"
         print(f"KV compare: {path.resolve().as_uri()}", file=out)
     return page.exit_status
+
 

@@ -12,7 +12,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from .slots import SlotState, Tenure, pool_label
+from .slots import SlotState, Tenure
 from .views import ForwardView, HeatView, StepView
 
 KIND_COLOURS = {"extend": "#4e79a7", "decode": "#59a14f", "draft": "#b07aa1"}
@@ -93,6 +93,7 @@ def forward_label(forwards: Sequence[ForwardView]) -> tuple[str, str, str]:
         text = (f"{f.rows}/{f.bucket}" if padded else f"R{f.bucket}") + times
         tip = (f"replayed the bucket-{f.bucket} graph with {f.rows} real rows"
                + (f" ({f.bucket - f.rows} padded)" if padded else "")
+               + (f", graph {f.graph}" if f.graph else "")
                + (", captured on demand just before" if f.captured else "")
                + (f"; {len(forwards)} forwards (draft steps)" if times else ""))
         return ("C" if f.captured else "") + text, PATH_COLOURS["padded" if padded else "replay"], tip
@@ -105,16 +106,19 @@ def timeline_figure(
     steps: Sequence[StepView],
     lanes: Sequence[tuple[str, Sequence[StepView]]],
     marks: Mapping[int, Sequence[tuple[str, str]]],
+    *,
+    windowed: str = "SWA",
 ) -> Figure:
-    """Steps left to right: kind and batch size, tokens per request, SWA evictions, how each graph mode ran
-    the step, and where runs first diverged (``marks``: step -> (run label, "diverge" | "error"))."""
+    """Steps left to right: kind and batch size, tokens per request, evictions (from the windowed groups,
+    named ``windowed``), how each graph mode ran the step, and where runs first diverged (``marks``: step ->
+    (run label, "diverge" | "error"))."""
     rids: list[str] = []
     for st in steps:
         for rid, _ in st.tokens:
             if rid not in rids:
                 rids.append(rid)
     col = {st.index: i for i, st in enumerate(steps)}
-    rows = ["step", "batch", *[f"req {r}" for r in rids], "SWA evicted", *[label for label, _ in lanes],
+    rows = ["step", "batch", *[f"req {r}" for r in rids], f"{windowed} evicted", *[label for label, _ in lanes],
             "first divergence"]
     width = _LABEL_W + _CELL_W * max(len(steps), 1) + 8
     height = _TOP + _ROW_H * (len(rows) - 1) + 6
@@ -161,7 +165,7 @@ def timeline_figure(
             y = y_of(2 + len(rids))
             names = ", ".join(f"{rid}@{pos}" for rid, pos in st.evicted)
             out.append(_text(x + _CELL_W / 2, y + 15, f"\u2212{len(st.evicted)}", size=10, fill=MUTED,
-                             title=f"after step {st.index}, SWA slots freed (left the window): {names}"))
+                             title=f"after step {st.index}, {windowed} slots freed (left the window): {names}"))
     for li, (label, lane_steps) in enumerate(lanes):
         y = y_of(3 + len(rids) + li)
         for st in lane_steps:
@@ -208,8 +212,10 @@ def _dark(colour: str) -> bool:
 
 
 def heatmap_figure(pool: str, layers: Sequence[int], steps: Sequence[int], heat: Sequence[HeatView],
-                   first: tuple[int, int | None] | None) -> Figure:
-    """Mismatched slots of one pool per (layer, step); ``first`` (step, layer) is outlined."""
+                   first: tuple[int, int | None] | None, *, label: str | None = None) -> Figure:
+    """Mismatched slots of one group's pool per (layer, step); ``first`` (step, layer) is outlined; ``label``:
+    how prose names the group (its name by default)."""
+    label = label or pool
     counts = {(h.layer, h.step): h.count for h in heat if h.pool == pool}
     most = max(counts.values(), default=0)
     cw, rh, left, top = 26, 22, 70, 24
@@ -227,7 +233,7 @@ def heatmap_figure(pool: str, layers: Sequence[int], steps: Sequence[int], heat:
             n = counts.get((layer, step), 0)
             x = left + cw * i
             is_first = first == (step, layer)
-            tip = (f"step {step}, {pool_label(pool)} layer {layer}: {n} mismatched slot{'s' if n != 1 else ''}"
+            tip = (f"step {step}, {label} layer {layer}: {n} mismatched slot{'s' if n != 1 else ''}"
                    + (" (the first divergence)" if is_first else ""))
             out.append(_rect(x + 1, y + 1, cw - 2, rh - 2, heat_colour(n, most), rx=2, title=tip,
                              stroke=INK if is_first else None, stroke_width=2 if is_first else 1,
@@ -236,7 +242,7 @@ def heatmap_figure(pool: str, layers: Sequence[int], steps: Sequence[int], heat:
                 out.append(_text(x + cw / 2, y + 15, str(n) if n < 1000 else "1k+", size=9,
                                  fill="#ffffff" if _dark(heat_colour(n, most)) else INK))
     return Figure(width=width, height=height, shapes=tuple(out), name="heatmap",
-                  label=f"{pool_label(pool)} pool: mismatched slots per layer and step")
+                  label=f"{label} pool: mismatched slots per layer and step")
 
 
 # ---- slot map ---------------------------------------------------------------------------------------------
@@ -251,8 +257,8 @@ def _tenure(t: Tenure) -> str:
     return f"{t.token} (written at step {t.since}, freed after step {t.freed_after}: {t.reason})"
 
 
-def slot_tooltip(pool: str, s: SlotState) -> str:
-    lines = [f"{pool_label(pool)} slot {s.slot}: {_STATUS_WORDS.get(s.status, s.status)}"]
+def slot_tooltip(pool: str, s: SlotState, *, label: str | None = None) -> str:
+    lines = [f"{label or pool} slot {s.slot}: {_STATUS_WORDS.get(s.status, s.status)}"]
     if s.owner:
         lines.append(f"belongs to {s.owner}: the writer the reference run saw")
     for b in s.bad:
@@ -268,9 +274,10 @@ def slot_tooltip(pool: str, s: SlotState) -> str:
 
 
 def slotmap_figure(pool: str, states: Sequence[SlotState], step: int, per_row: int = 16,
-                   highlight: int | None = None) -> Figure:
-    """Every slot of one pool at ``step``, coloured by status or mismatch class, labelled with its owner;
-    ``highlight``: the slot of the first divergence, framed."""
+                   highlight: int | None = None, *, label: str | None = None) -> Figure:
+    """Every slot of one group's pool at ``step``, coloured by status or mismatch class, labelled with its
+    owner; ``highlight``: the slot of the first divergence, framed; ``label``: how prose names the group."""
+    label = label or pool
     cw, rh, left, top = 54, 36, 4, 4
     rows = max(1, math.ceil(len(states) / per_row))
     out: list[Shape] = []
@@ -280,7 +287,7 @@ def slotmap_figure(pool: str, states: Sequence[SlotState], step: int, per_row: i
         fill = STATUS_COLOURS.get(s.status, GRID)
         bad = s.status in CLASS_COLOURS
         first = s.slot == highlight
-        tip = ("the first divergence\n" if first else "") + slot_tooltip(pool, s)
+        tip = ("the first divergence\n" if first else "") + slot_tooltip(pool, s, label=label)
         out.append(_rect(x + 1, y + 1, cw - 2, rh - 2, fill, rx=3, title=tip,
                          stroke=INK if s.receives_misplaced or first else (None if not bad else "#7a1010"),
                          stroke_width=3 if first else 1, dash="3 2" if s.receives_misplaced else None,
@@ -296,4 +303,4 @@ def slotmap_figure(pool: str, states: Sequence[SlotState], step: int, per_row: i
         if holder:  # the observed writer, when the diff named it
             out.append(_text(x + cw / 2, y + 32.5, _fit(f"has {holder}", 11), size=8, fill=ink))
     return Figure(width=left * 2 + cw * min(per_row, max(len(states), 1)), height=top * 2 + rh * rows,
-                  shapes=tuple(out), name="slotmap", label=f"{pool_label(pool)} pool slots at step {step}")
+                  shapes=tuple(out), name="slotmap", label=f"{label} pool slots at step {step}")

@@ -119,11 +119,13 @@ def write_report(
     compare_href: str | None = None,
     load_errors: Sequence[str] = (),
     document: dict[str, Any] | None = None,
+    extra: Mapping[str, str] | None = None,
 ) -> Path:
     """Write ``index.html``, one page per scenario under ``scenarios/``, ``results.json`` and ``results.csv``
     into ``directory``, and remove the pages of an earlier report there; the index's path. ``document``: a
     results document to write as it is (a report rendered from a results file keeps that file's
-    environment), else one is made from ``views``."""
+    environment), else one is made from ``views``. ``extra``: more top-level files (``compare.html``) that
+    belong to this report, written with it. Nothing lands unless everything does (``ReportFolder``)."""
     directory = Path(directory)
     env = dict(environment if environment is not None else current_environment())
     pages, anchors = report_pages(views)
@@ -137,9 +139,11 @@ def write_report(
         doc = document if document is not None else results_document(views, complete=complete, duration_s=duration_s)
         folder.write("results.json", json.dumps(doc, indent=1) + "\n")
         folder.write("results.csv", results_csv(views))
+        for name, text in (extra or {}).items():
+            folder.write(name, text)
         index = index_page(views, page_of=pages, anchors=anchors, environment=env, duration_s=duration_s,
                            complete=complete, command=command, generated=generated, compare_href=compare_href,
                            load_errors=load_errors)
         path = folder.write("index.html", render_index(index))  # last: the index links to pages that exist by now
-        folder.remove_stale(keep=[compare_href] if compare_href else ())  # one report per folder
+        folder.remove_stale(keep=[compare_href] if compare_href else ())  # one report per folder, at the commit
     return path

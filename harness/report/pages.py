@@ -21,7 +21,7 @@ VERDICTS = ("match", "diverge", "invariant", "error", "skipped")
 MODE_ORDER = tuple(Mode)
 DESIGN_ORDER: tuple[str, ...] = ()
 """none: designs keep the order the matrix planned them in (the scenario's, by default the registry's)"""
-"""the built-in designs in the README's order; a third-party design follows them"""
+"""the built-in designs in docs/scenarios.md's order; a third-party design follows them"""
 
 
 def family(name: str) -> str:

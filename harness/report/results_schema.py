@@ -92,7 +92,12 @@ def _nonempty(value: Any) -> str | None:
 
 _COUNT = _between(0, COUNT_LIMIT)
 _STEP = _between(0, _STEP_LIMIT)
-_POOLS = _choice("full", "swa", "hidden")
+def _group_name(value: Any) -> str | None:
+    # a stack names its own KV groups ("full" and "swa" for SGLang's); "hidden" is a hidden state's record
+    return None if value.isidentifier() and len(value) <= 64 else "expected a KV group's name (an identifier)"
+
+
+_POOLS = _group_name
 _OUTCOMES = tuple(Outcome)
 
 # (view, field) -> the rule beyond its type; applied to each item of a tuple field
@@ -125,7 +130,7 @@ _RULES: dict[tuple[str, str], Callable[[Any], str | None]] = {
     ("GraphView", "replays"): _COUNT,
     ("GraphView", "padded_replays"): _COUNT,
     ("GraphView", "eager_fallbacks"): _COUNT,
-    ("SetupView", "layers"): _choice("swa", "full"),
+    ("SetupView", "layers"): _group_name,
     ("SetupView", "window"): _between(1, MAX_POSITIONS),
     # a report draws every slot of a pool: bounded as a scenario's pools are (``setup.full_size = 10**9``
     # would loop over a billion slots)
@@ -142,8 +147,12 @@ _RULES: dict[tuple[str, str], Callable[[Any], str | None]] = {
     ("ForwardView", "rows"): _COUNT,
     ("ForwardView", "bucket"): _between(1, POOL_SIZE_LIMIT),
     ("TokenSlotsView", "pos"): _between(0, MAX_POSITIONS),
-    ("TokenSlotsView", "full_slot"): _between(0, POOL_SIZE_LIMIT - 1),
-    ("TokenSlotsView", "swa_slot"): _between(0, POOL_SIZE_LIMIT - 1),
+    ("TokenSlotsView", "slots"): _between(0, POOL_SIZE_LIMIT - 1),
+    ("GroupView", "name"): _group_name,
+    ("GroupView", "label"): _nonempty,
+    ("GroupView", "size"): _between(0, POOL_SIZE_LIMIT),
+    ("GroupView", "window"): _between(0, MAX_POSITIONS),
+    ("GroupView", "layers"): _between(0, 4095),
     ("StepView", "index"): _STEP,
     ("StepView", "kind"): _choice("extend", "decode", "draft"),
     ("StepView", "batch_size"): _COUNT,
@@ -153,8 +162,26 @@ _RULES: dict[tuple[str, str], Callable[[Any], str | None]] = {
     ("HeatView", "count"): _COUNT,
 }
 _SEQUENCE_LIMIT = {("CaseView", "details"): 10_000, ("SetupView", "layers"): 4096, ("FindingView", "shape"): 16,
-                   ("ErrorView", "frames"): 64}
+                   ("ErrorView", "frames"): 64, ("SetupView", "groups"): 64, ("GroupView", "layers"): 4096,
+                   ("TokenSlotsView", "slots"): 64}
 """items a tuple field may hold, where more would only be a way to make a report slow"""
+
+
+_DERIVED_AT_READING = {("CaseView", "clean_rerun")}
+"""fields a file of an older harness lacks that ``CaseView.from_record`` derives (from the run's name)"""
+
+
+def _version_problem(value: Any, what: str) -> str | None:
+    """Why ``value`` is not a version this harness reads: compared by type and value, as JSON has them (Python
+    holds ``1.0 == True == 1``); an older file reads, its later fields defaulted; a newer one is named."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        return f"expected {what} version, the integer {RECORD_VERSION}, got {_found(value)}"
+    if value > RECORD_VERSION:
+        return (f"written by a newer harness (version {value}); this one reads versions up to {RECORD_VERSION}: "
+                "update the harness to read it")
+    if value < 1:
+        return f"expected {what} version from 1 to {RECORD_VERSION}, got {_found(value)}"
+    return None
 
 
 Checker = Callable[[Any], None]
@@ -233,8 +260,9 @@ def _fields(view: type) -> tuple[tuple[str, bool, Checker], ...]:
     for f in dataclasses.fields(view):
         if not f.init:
             continue
-        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
         key = (view.__name__, f.name)
+        required = (f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+                    and key not in _DERIVED_AT_READING)
         check = _check_written if key == ("StepView", "written") else \
             _compile(hints[f.name], _RULES.get(key), _SEQUENCE_LIMIT.get(key))
         out.append((f.name, required, check))
@@ -262,27 +290,55 @@ def _check_view(value: Any, view: type) -> None:
             raise _within(name, exc) from None
 
 
-_TOKEN_ROWS = _compile(tuple[tuple[str, int, int, int], ...])
-
-
 def _check_written(value: Any) -> None:
-    # a step's tokens are ``[rid, pos, full_slot, swa_slot]`` arrays in a record, to keep files small
-    _TOKEN_ROWS(value)
-    for i, (rid, pos, full_slot, swa_slot) in enumerate(value):
+    # a step's tokens are ``[rid, pos, slot in each group...]`` arrays in a record, to keep files small
+    # (``[rid, pos, full_slot, swa_slot]`` for SGLang's two groups, as every file before groups has them)
+    if not isinstance(value, list):
+        raise _Refused("", f"expected an array, got {_found(value)}")
+    for i, row in enumerate(value):
         try:
-            _check_view({"rid": rid, "pos": pos, "full_slot": full_slot, "swa_slot": swa_slot}, TokenSlotsView)
+            if not isinstance(row, list) or len(row) < 2:
+                raise _Refused("", f"expected an array [rid, pos, slot...], got {_found(row)}")
+            _check_view({"rid": row[0], "pos": row[1], "slots": row[2:]}, TokenSlotsView)
         except _Refused as exc:
             raise _within(f"[{i}]", exc) from None
+
+
+_HYBRID_GROUPS = ("full", "swa")
+"""the groups a setup without ``groups`` has: SGLang's full and SWA pools"""
+
+
+def _check_groups(record: dict[str, Any]) -> None:
+    """Every pool a record names is one of its setup's KV groups (SGLang's two without ``groups``) or
+    "hidden", and every written token names one slot per group, so that the report can draw each group."""
+    setup = record.get("setup") or {}
+    names = tuple(g["name"] for g in setup.get("groups") or ()) or _HYBRID_GROUPS
+    allowed = (*names, "hidden")
+    places = [(f"details[{i}].pool", m["pool"]) for i, m in enumerate(record.get("details") or ())]
+    places += [(f"heat[{i}].pool", h["pool"]) for i, h in enumerate(record.get("heat") or ())]
+    places += [("first.pool", record["first"]["pool"])] if record.get("first") else []
+    for i, name in enumerate(setup.get("layers") or ()):
+        if name not in names:
+            raise _Refused(f"setup.layers[{i}]", f"expected one of {', '.join(map(repr, names))}, got {_found(name)}")
+    for at, name in places:
+        if name not in allowed:
+            raise _Refused(at, f"expected one of {', '.join(map(repr, allowed))}, got {_found(name)}")
+    width = 2 + len(names)
+    for i, step in enumerate(record.get("steps") or ()):
+        for j, row in enumerate(step["written"]):
+            if len(row) != width:
+                raise _Refused(f"steps[{i}].written[{j}]", f"expected an array of {width}, got {_found(row)}")
 
 
 def _check_record(record: Any, at: str) -> None:
     """``at``: the record, ``records[3] (run 'x')``; a problem reads ``records[3] (run 'x'): field: ...``."""
     try:
         _check_view(record, CaseView)
-        if "version" in record and record["version"] != RECORD_VERSION:
-            raise _Refused("version", f"expected {RECORD_VERSION}, got {_found(record['version'])}")
+        if "version" in record and (problem := _version_problem(record["version"], "a record")) is not None:
+            raise _Refused("version", problem)
         if "ok" in record and not isinstance(record["ok"], bool):
             raise _Refused("ok", f"expected true or false, got {_found(record['ok'])}")
+        _check_groups(record)
     except _Refused as exc:
         exc.at = f"{at}: {exc.at}" if exc.at else at
         raise
@@ -300,9 +356,8 @@ def _check_document(doc: Any) -> None:
     if not isinstance(doc, dict):
         raise _Refused("", f"expected a results document (a JSON object), got {_found(doc)}")
     _unique_keys(doc)
-    if doc.get("version") != RECORD_VERSION:
-        raise _Refused("version", f"expected a results document of version {RECORD_VERSION}, "
-                                  f"got {_found(doc.get('version'))}")
+    if (problem := _version_problem(doc.get("version"), "a results document")) is not None:
+        raise _Refused("version", problem)
     if "complete" in doc and not isinstance(doc["complete"], bool):
         raise _Refused("complete", f"expected true or false, got {_found(doc['complete'])}")
     env = doc.get("environment", {})

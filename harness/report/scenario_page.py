@@ -21,7 +21,7 @@ from .pages import (
     unexpected_first,
 )
 from .cause import Cause, first_divergence_cause
-from .slots import pool_label, pools_of, slot_map
+from .slots import groups_of, pool_label, pools_of, slot_map
 from .text import FRAMES_TITLE, finding_line, frame_lines
 from .views import CaseView, FindingView, GraphView, StepView
 
@@ -89,7 +89,7 @@ class RunSection:
     cause: tuple[FindingRow, ...]
     """the findings shown beside the first divergence, each linking to its row of the input audit"""
     cause_label: str
-    """which graphs' audit ``cause`` comes from: ``the graph step 1 replayed (decode bs=4)``"""
+    """which graphs' audit ``cause`` comes from: ``the graph step 1 replayed (decode/bs4)``"""
     graph: GraphView | None
     graph_stats: tuple[tuple[str, str], ...]
     failed_in: str | None
@@ -134,9 +134,17 @@ def _scenario_settings(view: CaseView, faults: Sequence[str]) -> tuple[tuple[str
     rows = [("file", view.path)]
     s = view.setup
     if s is not None:
-        layers = " ".join("S" if k == "swa" else "F" for k in s.layers)
+        groups = groups_of(s)
+        windowed = {g.name for g in groups if g.window is not None}
+        if s.groups:  # a stack of its own groups: each layer by its group's name
+            layers = " ".join(s.layers)
+            pools = ", ".join(f"{g.label} {g.size} slots" + (f" (window {g.window})" if g.window is not None else "")
+                              for g in groups)
+        else:
+            layers = " ".join("S" if k in windowed else "F" for k in s.layers)
+            pools = ", ".join(f"{g.label} {g.size} slots" for g in groups)
         rows += [("model", f"{s.model}: {len(s.layers)} layers ({layers}), window {s.window}"),
-                 ("pools", f"full {s.full_size} slots, SWA {s.swa_size} slots, KV {s.kv_dtype}"),
+                 ("pools", f"{pools}, KV {s.kv_dtype}"),
                  ("seeds", f"model {s.model_seed}, timeline {s.timeline_seed}"),
                  ("graph buckets", f"decode {list(s.decode_buckets)}, prefill {list(s.prefill_buckets)}")]
         extra = [f"chunked prefill {s.chunk_size} tokens" if s.chunk_size else "",
@@ -169,7 +177,8 @@ def _timeline(views: Sequence[CaseView]) -> tuple[Figure | None, str]:
             marks.setdefault(v.first.step, []).append((label, "diverge"))
     note = ("graph lanes: R4 = replay of bucket 4, 3/4 = 3 real rows in bucket 4 (padded), C = captured on demand, "
             "E = eager (no graph for this batch kind), F = eager fallback (no bucket fits)")
-    return timeline_figure(base.steps, lanes, marks), note
+    windowed = "/".join(g.label for g in groups_of(base.setup) if g.window is not None and g.layers) or "SWA"
+    return timeline_figure(base.steps, lanes, marks, windowed=windowed), note
 
 
 def _pictures(view: CaseView) -> tuple[tuple[PoolPicture, ...], tuple[PoolPicture, ...]]:
@@ -180,15 +189,16 @@ def _pictures(view: CaseView) -> tuple[tuple[PoolPicture, ...], tuple[PoolPictur
     heatmaps, slotmaps = [], []
     for pool, layers in pools_of(view.setup):
         total = sum(h.count for h in view.heat if h.pool == pool)
+        label = pool_label(pool, view.setup)
         figure = heatmap_figure(pool, layers, steps, view.heat,
-                                (first.step, first.layer) if first.pool == pool else None)
-        heatmaps.append(PoolPicture(pool=pool, label=f"{pool_label(pool)} pool", figure=figure,
+                                (first.step, first.layer) if first.pool == pool else None, label=label)
+        heatmaps.append(PoolPicture(pool=pool, label=f"{label} pool", figure=figure,
                                     caption=f"{total} mismatched slot-layers over the run" if total else "no mismatch"))
         if view.steps:
             states = slot_map(view, pool, first.step)
             bad = sum(1 for s in states if s.bad)
-            slotmaps.append(PoolPicture(pool=pool, label=f"{pool_label(pool)} pool at step {first.step}",
-                                        figure=slotmap_figure(pool, states, first.step,
+            slotmaps.append(PoolPicture(pool=pool, label=f"{label} pool at step {first.step}",
+                                        figure=slotmap_figure(pool, states, first.step, label=label,
                                                               highlight=first.slot if first.pool == pool else None),
                                         caption=f"{bad} slot{'s' if bad != 1 else ''} differ at step {first.step}"))
     hidden = sum(h.count for h in view.heat if h.pool == "hidden")

@@ -7,6 +7,10 @@ which pytest-xdist serializes with the report and sends to the controller; the c
 records back into views, so results of every worker arrive whole and in one place, and the files written
 at the end (JSON, the HTML report) come from that one place only. The record is not a ``user_property``:
 those go into JUnit XML whole.
+
+Results are never lost to a destination that fails at the end (a full disk, a file-size limit): the JSON is
+written first, atomically, then the report, each on its own; what could not be written is one line in
+``problems``, and the front ends print it and exit non-zero.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from .files import os_error_text
 from .text import fault_split_line, totals_line
 from .views import CaseView
 
@@ -41,6 +46,11 @@ class ReportSession:
         self._plan = {name: i for i, name in enumerate(planned)} if planned is not None else None
         self._seen: set[str] = set()
         self._started = time.perf_counter()
+        self._expected = False
+        self.problems: list[str] = []
+        """one line per requested file that ``finish`` could not write"""
+        self.results_written = False
+        """whether ``finish`` wrote the JSON results"""
 
     def add(self, view: CaseView) -> None:
         # a rerun of the same item (pytest-rerunfailures, --lf) replaces, never duplicates
@@ -48,6 +58,11 @@ class ReportSession:
             self.views = [v for v in self.views if v.name != view.name]
         self._seen.add(view.name)
         self.views.append(view)
+
+    def expect_runs(self) -> None:
+        """Scenario runs were selected (pytest knows once it has collected): an interrupted session writes
+        the files asked for, with what finished, even before its first result."""
+        self._expected = True
 
     def add_record(self, record: dict) -> None:
         self.add(CaseView.from_record(record))
@@ -57,9 +72,10 @@ class ReportSession:
         return time.perf_counter() - self._started
 
     def finish(self, *, complete: bool = True) -> list[Path]:
-        """Write the requested files; the paths written."""
+        """Write the requested files, the results first; the paths written. A destination that fails is a line
+        in ``problems``, and the others are still written."""
         written: list[Path] = []
-        if not self._asked_for_runs:
+        if not self._asked_for_runs and not (self._expected and not complete):
             return written
         # the writers (jinja2, pandas) are imported once there is something to write: every pytest session
         # holds a report session, and most gather no scenario result
@@ -68,13 +84,21 @@ class ReportSession:
 
         views = self.ordered()
         if self.json_path is not None:
-            write_results(self.json_path, views, complete=complete, duration_s=self.duration_s)
-            written.append(self.json_path)
+            try:
+                write_results(self.json_path, views, complete=complete, duration_s=self.duration_s)
+                written.append(self.json_path)
+                self.results_written = True
+            except OSError as exc:
+                self.problems.append(f"the results were not written to {self.json_path}: {os_error_text(exc)}")
         if self.report_dir is not None:
-            self.report_index = write_report(self.report_dir, views, duration_s=self.duration_s, complete=complete,
-                                             command=self.command, generated=now_label(),
-                                             load_errors=[line for problems in self.load_errors for line in problems])
-            written.append(self.report_index)
+            try:
+                self.report_index = write_report(
+                    self.report_dir, views, duration_s=self.duration_s, complete=complete, command=self.command,
+                    generated=now_label(), load_errors=[line for problems in self.load_errors for line in problems])
+                written.append(self.report_index)
+            except OSError as exc:
+                self.problems.append(f"the HTML report was not written to {self.report_dir} (nothing of it is "
+                                     f"there): {os_error_text(exc)}")
         return written
 
     def report_line(self) -> str | None:

@@ -1,8 +1,10 @@
 """Who held which pool slot at a step, and the first divergence said in one sentence.
 
-Both are derived from a case's views alone: the pool's ownership is replayed from the timeline
-(``StepView.written`` gives each token its slots; ``evicted``, ``finished`` and ``aborted`` free them), and
-the mismatches of the step are laid over it. A reviewer reads the result as a slot map::
+Both are derived from a case's views alone: a KV group's pool ownership is replayed from the timeline
+(``StepView.written`` gives each token its slot in each group; ``evicted`` frees the windowed groups' slots,
+``finished`` and ``aborted`` every group's), and the mismatches of the step are laid over it. The groups are
+the setup's (``groups_of``): SGLang's full and SWA pools for a record that lists none. A reviewer reads the
+result as a slot map::
 
     slot 30   slot 31   slot 32                    slot 33
     c@5 ok    a@8 ok    d@9 OVERWRITTEN            free
@@ -15,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..serving.eviction import window_start
-from .views import CaseView, MismatchView, SetupView, StepView
+from .views import CaseView, GroupView, MismatchView, SetupView, StepView
 
 CLASS_ORDER = ("overwritten", "misplaced", "unwritten", "drift")
 """worst first: the class a slot map shows when a slot differs in several layers"""
@@ -50,7 +52,8 @@ class SlotBad:
 class SlotState:
     slot: int
     status: str
-    """"dummy", "free", "live" (compared), "outside_window" (held, not compared: SWA only) or a mismatch class"""
+    """"dummy", "free", "live" (compared), "outside_window" (held, not compared: windowed groups only) or a
+    mismatch class"""
     owner: str | None
     """``rid@pos`` of the token the slot belongs to: the writer the reference run saw"""
     previous: Tenure | None
@@ -65,9 +68,39 @@ def token(rid: str, pos: int) -> str:
     return f"{rid}@{pos}"
 
 
-def pool_history(steps: Sequence[StepView], pool: str, up_to: int) -> tuple[dict[int, Tenure], dict[int, Tenure]]:
-    """(current, previous) tenure per slot of ``pool`` as of step ``up_to``: its writes done, nothing freed
-    after it yet (the state a snapshot of that step sees)."""
+_HYBRID = (("full", "full", False), ("swa", "SWA", True))
+"""(name, label, windowed) of SGLang's two groups, in its order: what a setup without ``groups`` describes"""
+
+
+def groups_of(setup: SetupView | None) -> tuple[GroupView, ...]:
+    """The KV groups of a setup, in the stack's order (the order of ``TokenSlotsView.slots``): its own list,
+    or SGLang's full and SWA pools, which its sizes, window and per-layer group names describe."""
+    if setup is not None and setup.groups:
+        return setup.groups
+    out = []
+    for name, label, windowed in _HYBRID:
+        layers = tuple(i for i, g in enumerate(setup.layers) if g == name) if setup is not None else ()
+        size = (setup.swa_size if windowed else setup.full_size) if setup is not None else 0
+        window = (setup.window if layers and setup is not None else 0) if windowed else None
+        out.append(GroupView(name=name, label=label, size=size, window=window, layers=layers))
+    return tuple(out)
+
+
+def group_of(setup: SetupView | None, pool: str) -> tuple[int, GroupView]:
+    """The position and view of the group named ``pool``; KeyError naming the groups there are."""
+    groups = groups_of(setup)
+    for i, g in enumerate(groups):
+        if g.name == pool:
+            return i, g
+    raise KeyError(f"no KV group {pool!r}; the setup has {', '.join(g.name for g in groups)}")
+
+
+def pool_history(steps: Sequence[StepView], pool: str, up_to: int,
+                 setup: SetupView | None = None) -> tuple[dict[int, Tenure], dict[int, Tenure]]:
+    """(current, previous) tenure per slot of group ``pool`` (of ``setup``) as of step ``up_to``: its writes
+    done, nothing freed after it yet (the state a snapshot of that step sees)."""
+    index, group = group_of(setup, pool)
+    windowed = group.window is not None
     current: dict[int, Tenure] = {}
     previous: dict[int, Tenure] = {}
     where: dict[str, int] = {}  # token -> its slot in this pool
@@ -86,7 +119,7 @@ def pool_history(steps: Sequence[StepView], pool: str, up_to: int) -> tuple[dict
             for tok in sorted(by_rid.pop(rid, set())):
                 free(tok, st.index - 1, "aborted")
         for t in st.written:
-            slot = t.full_slot if pool == "full" else t.swa_slot
+            slot = t.slots[index]
             if slot <= 0:
                 continue
             tok = token(t.rid, t.pos)
@@ -98,7 +131,7 @@ def pool_history(steps: Sequence[StepView], pool: str, up_to: int) -> tuple[dict
             by_rid.setdefault(t.rid, set()).add(tok)
         if st.index == up_to:
             break
-        if pool == "swa":
+        if windowed:
             for rid, pos in st.evicted:
                 free(token(rid, pos), st.index, "evicted")
         for rid in st.finished:
@@ -136,9 +169,10 @@ def slot_map(view: CaseView, pool: str, step: int) -> list[SlotState]:
     """Every slot of ``pool`` at ``step``: owner, previous holder, and the step's mismatches laid over."""
     setup = view.setup
     assert setup is not None
-    size = setup.full_size if pool == "full" else setup.swa_size
-    current, previous = pool_history(view.steps, pool, step)
-    window = _in_window(view.steps, step, setup.window) if pool == "swa" else None
+    _, group = group_of(setup, pool)
+    current, previous = pool_history(view.steps, pool, step, setup)
+    # a windowed group holds the tokens inside the eviction window (the model's widest), as the diff compares
+    window = _in_window(view.steps, step, setup.window) if group.window is not None else None
     bad: dict[int, list[MismatchView]] = {}
     receivers: set[int] = set()
     for m in view.details:
@@ -147,7 +181,7 @@ def slot_map(view: CaseView, pool: str, step: int) -> list[SlotState]:
             if m.found_in is not None:
                 receivers.add(m.found_in)
     out = []
-    for slot in range(size):
+    for slot in range(group.size):
         held = current.get(slot)
         mismatches = sorted(bad.get(slot, []), key=lambda m: (m.layer or 0))
         if slot < setup.page_size:  # the dummy page: padded rows write here, never compared
@@ -174,8 +208,9 @@ def _class_rank(name: str) -> int:
     return CLASS_ORDER.index(name) if name in CLASS_ORDER else len(CLASS_ORDER)
 
 
-def pool_label(pool: str) -> str:
-    return "SWA" if pool == "swa" else pool
+def pool_label(pool: str, setup: SetupView | None = None) -> str:
+    """How prose names group ``pool`` of ``setup`` ("SWA" for SGLang's ``swa``)."""
+    return next((g.label for g in groups_of(setup) if g.name == pool), pool)
 
 
 def first_divergence_sentence(view: CaseView) -> str:
@@ -193,7 +228,7 @@ def first_divergence_sentence(view: CaseView) -> str:
         return f"step {m.step}: the hidden state of {m.owner} differs from the reference ({m.detail})"
     if m.classification == "schedule":
         return f"step {m.step}: {m.detail} (schedule)"
-    where = f"step {m.step}: {pool_label(m.pool)} layer {m.layer} slot {m.slot}, which belongs to {m.owner},"
+    where = f"step {m.step}: {pool_label(m.pool, view.setup)} layer {m.layer} slot {m.slot}, which belongs to {m.owner},"
     cls = m.classification
     if cls == "overwritten" and m.holder:
         sentence = f"{where} holds the K/V of {m.holder} (overwritten)"
@@ -217,7 +252,7 @@ def _write_context(view: CaseView, m: MismatchView) -> str:
     if not view.steps or m.slot is None:
         return ""
     parts = []
-    current, _ = pool_history(view.steps, m.pool, m.step)
+    current, _ = pool_history(view.steps, m.pool, m.step, view.setup)
     held = current.get(m.slot)
     if held is not None and held.token == m.owner and held.since < m.step:
         parts.append(f"{m.owner} was written at step {held.since}")
@@ -230,7 +265,8 @@ def _write_context(view: CaseView, m: MismatchView) -> str:
 
 
 def pools_of(setup: SetupView) -> tuple[tuple[str, tuple[int, ...]], ...]:
-    """(pool, its layer ids) for the pools the model has, SWA first: the pool the harness exists for."""
-    swa = tuple(i for i, kind in enumerate(setup.layers) if kind == "swa")
-    full = tuple(i for i, kind in enumerate(setup.layers) if kind != "swa")
-    return tuple((name, layers) for name, layers in (("swa", swa), ("full", full)) if layers)
+    """(group, its layer ids) for the groups the model has layers in, windowed ones first (narrowest window
+    first: the pools the harness exists for), then the full-attention ones, each in the stack's order."""
+    used = [g for g in groups_of(setup) if g.layers]
+    windowed = sorted((g for g in used if g.window is not None), key=lambda g: g.window or 0)
+    return tuple((g.name, g.layers) for g in (*windowed, *(g for g in used if g.window is None)))

@@ -78,8 +78,9 @@ FRAMES_TITLE = "raised at, innermost last (the harness's own machinery left out)
 
 
 def frame_lines(error: ErrorView) -> list[str]:
-    """Where the error was raised, one ``file:line in function`` per frame, outermost first."""
-    return [f"{printable(f.file)}:{f.line} in {printable(f.function)}" for f in error.frames]
+    """Where the error was raised, one ``file:line in function`` per frame, outermost first (``file in
+    Class.method`` for the harness's own frames, which are keyed by function, line 0)."""
+    return [f"{printable(f.file)}{f':{f.line}' if f.line else ''} in {printable(f.function)}" for f in error.frames]
 
 
 def graph_lines(graph: GraphView) -> list[str]:

@@ -4,7 +4,7 @@ The terminal failure block, the run table, the verdict matrix, the JSON records 
 pages) are renderers of these. A ``CaseView`` round-trips through its JSON record, which is how results
 cross from pytest-xdist workers to the controller without loss. Fields added after version 1 of the
 record (``setup``, ``steps``, ``heat``, a mismatch's ``holder`` and ``found_in``, an error's ``frames``, a
-forward's ``graph``) have defaults, so a results file written before them still reads; ``clean_rerun``,
+forward's ``graph``, the setup's ``groups``) have defaults, so a results file written before them still reads; ``clean_rerun``,
 which such a file only shows in the run's name, is derived from that name at reading, in
 ``CaseView.from_record`` only.
 """
@@ -24,7 +24,7 @@ RECORD_VERSION = 1
 class MismatchView:
     step: int
     pool: str
-    """"full", "swa" or "hidden\""""
+    """the KV group ("full", "swa" in SGLang's layout) or "hidden\""""
     layer: int | None
     slot: int | None
     owner: str
@@ -80,6 +80,22 @@ class GraphView:
     """custom ops the engine replays by calling them again (their work is invisible to the dispatcher)"""
     notes: tuple[str, ...] = ()
     """what the engine could not model and says so (a capture-query guard that cannot see the capture)"""
+    forwards: tuple[tuple[str, int], ...] = ()
+    """(graph name, forwards that used it): ``decode/bs4``, ``eager`` for the forwards no graph took"""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GroupView:
+    """One KV group of the stack under test (``serving.kv_groups.KVGroup``), as the report draws it."""
+
+    name: str
+    label: str
+    """how prose names it ("SWA")"""
+    size: int
+    """slots of its pool, the dummy page included"""
+    window: int | None
+    """None for a full-attention group"""
+    layers: tuple[int, ...]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -89,7 +105,7 @@ class SetupView:
     model: str
     """the model preset's name"""
     layers: tuple[str, ...]
-    """per layer: "swa" or "full\""""
+    """per layer: the name of the KV group holding its K/V ("swa" or "full" in SGLang's layout)"""
     window: int
     full_size: int
     """slots in the full pool, the dummy slot 0 included"""
@@ -107,6 +123,9 @@ class SetupView:
     """the SWA eviction policy's name"""
     serving: str = "miniature"
     """the serving stack under test"""
+    groups: tuple[GroupView, ...] = ()
+    """the stack's KV groups, in its order; empty for SGLang's two (``full`` of ``full_size`` slots, then ``swa``
+    of ``swa_size`` with ``window``), which the fields above describe (left out of the JSON record when empty)"""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -118,16 +137,16 @@ class ForwardView:
     captured: bool
     """replayed right after an on-demand capture"""
     graph: str | None = None
-    """the replayed graph's label (``decode bs=4``), as the input audit's findings name it"""
+    """the graph the forward used (``decode/bs4``, ``eager``), as the input audit's findings name a replayed one"""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TokenSlotsView:
     rid: str
     pos: int
-    full_slot: int
-    swa_slot: int
-    """0 once evicted (the dummy slot)"""
+    slots: tuple[int, ...]
+    """the token's slot in each KV group, in the stack's order (SGLang's: full, then SWA); 0 in a windowed
+    group once evicted (the dummy slot)"""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -140,9 +159,10 @@ class StepView:
     """(rid, tokens written this step), batch order"""
     forwards: tuple[ForwardView, ...]
     written: tuple[TokenSlotsView, ...]
-    """the slots of the tokens the step wrote; ``[rid, pos, full_slot, swa_slot]`` in the JSON record"""
+    """the slots of the tokens the step wrote; ``[rid, pos, slot in each group...]`` in the JSON record
+    (``[rid, pos, full_slot, swa_slot]`` for SGLang's two groups)"""
     evicted: tuple[tuple[str, int], ...]
-    """(rid, pos) of tokens whose SWA slots were freed after the step"""
+    """(rid, pos) of tokens whose windowed groups' (SWA) slots were freed after the step"""
     finished: tuple[str, ...]
     aborted: tuple[str, ...]
 
@@ -209,7 +229,7 @@ class CaseView:
         return self.verdict == "match" and self.expected != "match"
 
     def to_record(self, *, timing: bool = False) -> dict[str, Any]:
-        """The JSON record (documented in README's "results.json" section).
+        """The JSON record (documented in docs/reference.md, "results.json").
 
         Records are deterministic: the same inputs give equal records. ``timing`` adds the run's duration,
         for carrying a view between processes (pytest-xdist), never for results files.
@@ -222,7 +242,9 @@ class CaseView:
         record["first_divergent_step"] = self.first.step if self.first else None
         for step in record["steps"]:
             # every token of a run appears once here: [rid, pos, full_slot, swa_slot] keeps results.json small
-            step["written"] = [[t["rid"], t["pos"], t["full_slot"], t["swa_slot"]] for t in step["written"]]
+            step["written"] = [[t["rid"], t["pos"], *t["slots"]] for t in step["written"]]
+        if record["setup"] is not None and not record["setup"]["groups"]:
+            del record["setup"]["groups"]
         return record
 
     @classmethod
@@ -244,11 +266,13 @@ class CaseView:
             g["findings"] = tuple(FindingView(**{**f, "shape": tuple(f["shape"])}) for f in g["findings"])
             for name in ("rerun_ops", "notes"):
                 g[name] = tuple(g.get(name, ()))
+            g["forwards"] = tuple((str(name), int(n)) for name, n in g.get("forwards", ()))
             data["graph"] = GraphView(**g)
         if data.get("setup"):
             setup = dict(data["setup"])
             for key in ("layers", "decode_buckets", "prefill_buckets"):
                 setup[key] = tuple(setup[key])
+            setup["groups"] = tuple(GroupView(**{**g, "layers": tuple(g["layers"])}) for g in setup.get("groups") or ())
             data["setup"] = SetupView(**setup)
         data["steps"] = tuple(_step(s) for s in data.get("steps") or ())
         data["heat"] = tuple(HeatView(**h) for h in data.get("heat") or ())
@@ -260,8 +284,8 @@ def _step(record: dict[str, Any]) -> StepView:
         index=record["index"], kind=record["kind"], batch_size=record["batch_size"],
         tokens=tuple((str(rid), int(n)) for rid, n in record["tokens"]),
         forwards=tuple(ForwardView(**f) for f in record["forwards"]),
-        written=tuple(TokenSlotsView(rid=str(rid), pos=int(pos), full_slot=int(full), swa_slot=int(swa))
-                      for rid, pos, full, swa in record["written"]),
+        written=tuple(TokenSlotsView(rid=str(rid), pos=int(pos), slots=tuple(int(s) for s in slots))
+                      for rid, pos, *slots in record["written"]),
         evicted=tuple((str(rid), int(pos)) for rid, pos in record["evicted"]),
         finished=tuple(record["finished"]), aborted=tuple(record["aborted"]),
     )

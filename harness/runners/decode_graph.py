@@ -28,6 +28,7 @@ from ..serving.batch import ForwardBatch, ForwardMode
 from ..serving.loc_plan import KVLocPlan
 from ..serving.faults import Component
 from .base import GraphRunner, Runner, RunnerContext, fill_static, swa_out_cache_loc
+from .dispatch import GraphCover
 
 
 class DecodeGraphRunner(GraphRunner):
@@ -49,6 +50,7 @@ class DecodeGraphRunner(GraphRunner):
         faults: Collection[str] = (),
     ) -> None:
         super().__init__(ctx, eager=eager, engine=engine, buckets=buckets, faults=faults)
+        self.covers = (GraphCover(forward_mode=ForwardMode.DECODE, tokens_per_request=1, buckets=self.buckets),)
         max_bs = self.buckets[-1]
         dev = self.pool.device
         self.input_ids = torch.zeros(max_bs, dtype=torch.int64, device=dev)
@@ -134,7 +136,7 @@ class DecodeGraphRunner(GraphRunner):
 
         graph = self.engine.capture(
             forward,
-            label=f"decode bs={bs}",
+            label=self.covers[0].key(bs).name,
             roots={"pool": self.pool, "backend": self.backend, "runner": self, "model": self.model,
                    # module-level state of the design, the backend and this runner, named module.attr
                    **module_roots(self.backend.impl.design, self.backend.impl, self.backend, self)},

@@ -25,7 +25,7 @@ class FindingKind(enum.StrEnum):
 class AuditFinding:
     kind: FindingKind
     graph: str
-    """the captured graph's label, e.g. ``decode bs=4``"""
+    """the captured graph's label, the dispatcher's name for it (``decode/bs4``)"""
     path: str | None
     """the attribute path that held the tensor (``pool.swa_loc``), None when no root reaches it"""
     dtype: str
@@ -61,7 +61,8 @@ class ForwardRecord:
     captured: bool = False
     """the graph was captured for this forward (on-demand capture) rather than at startup"""
     graph: str | None = None
-    """the replayed graph's label, as ``AuditFinding.graph`` names it: which findings bear on this forward"""
+    """the graph the forward used, as the dispatcher and ``AuditFinding.graph`` name it (``decode/bs4``: which
+    findings bear on this forward), ``eager`` for a forward no graph took; None in records written before"""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -78,3 +79,5 @@ class GraphObservations:
     notes: tuple[str, ...] = ()
     """what the graph engine could not model and says instead of staying silent (a capture-query guard that
     cannot see the capture on a machine without CUDA), once each"""
+    forwards: tuple[tuple[str, int], ...] = ()
+    """(graph name, forwards that used it) in first-use order, ``eager`` for the forwards no graph took"""

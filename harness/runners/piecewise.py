@@ -27,6 +27,7 @@ from ..serving.batch import ForwardBatch, ForwardMode, make_forward_batch
 from ..serving.faults import Component
 from ..serving.loc_plan import KVLocPlan
 from .base import GraphRunner, Runner, RunnerContext, fill_static, swa_out_cache_loc
+from .dispatch import GraphCover
 
 
 class PiecewisePrefillRunner(GraphRunner):
@@ -47,6 +48,9 @@ class PiecewisePrefillRunner(GraphRunner):
         faults: Collection[str] = (),
     ) -> None:
         super().__init__(ctx, eager=eager, engine=engine, buckets=buckets, faults=faults)
+        # extend batches of any mix of lengths, bucketed by tokens
+        self.covers = (GraphCover(forward_mode=ForwardMode.EXTEND, tokens_per_request=None, buckets=self.buckets,
+                                  captures_attention=False),)
         n, dev = self.buckets[-1], self.pool.device
         self.input_ids = torch.zeros(n, dtype=torch.int64, device=dev)
         self.positions = torch.zeros(n, dtype=torch.int64, device=dev)
@@ -116,6 +120,8 @@ class PiecewisePrefillRunner(GraphRunner):
                 out_cache_loc=self.out_cache_loc[:bucket],
                 req_to_token_pool=self.req_to_token_pool,
                 pool=self.pool,
+                # a runner holds the pool, not the stack; every token of this batch writes the dummy slot
+                translate=self.pool.translate_loc_from_full_to_swa,
             ),
             bucket,
         )
@@ -134,7 +140,7 @@ class PiecewisePrefillRunner(GraphRunner):
 
         graph = self.engine.capture(
             forward,
-            label=f"prefill tokens={bucket}",
+            label=self.covers[0].key(bucket).name,
             # not the runner: its _batch is per-replay Python state that the island reads, never the graph
             roots={"pool": self.pool, "backend": self.backend, "model": self.model,
                    # module-level state of the design, the backend and this runner, named module.attr

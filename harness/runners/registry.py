@@ -4,7 +4,9 @@ line ``--runner MODE=package.module:Class``, under pytest ``--harness-runner``),
 
 The contract a runner keeps (``base.Runner``): ``forward(batch)`` returns the final hidden states of one
 forward; ``forward_log()`` says how each completed forward ran; ``observations()`` gives graph statistics
-and audit findings (None without graphs). It is built by the classmethod
+and audit findings (None without graphs). A graph runner also declares ``covers``, the batches its graphs
+take (``dispatch.GraphCover``s), and the run's dispatcher hands it those forwards only; a runner without
+``covers`` takes every forward. It is built by the classmethod
 ``for_run(ctx, spec, *, eager)`` from the run's context (model, backend, pools), its ``RunSpec`` (graph
 engine, buckets, capture policy, faults) and the eager runner to fall back on; a graph runner makes a fresh
 engine of ``spec.engine`` (``graphs.registry.get_engine``).
@@ -21,6 +23,14 @@ RUNNERS: dict[str, str] = {
     Mode.PIECEWISE: "harness.runners.piecewise:PiecewisePrefillRunner",
 }
 """the built-in runner of each mode"""
+
+GRAPH_RUNNERS: dict[str, tuple[str, ...]] = {
+    Mode.EAGER: (),
+    Mode.FULL: (Mode.FULL,),
+    Mode.PIECEWISE: (Mode.PIECEWISE,),
+}
+"""the graph runners each mode registers with the dispatcher (``dispatch.py``), by registered name or
+``package.module:Class``, first cover first: a runner for another batch shape is one more name here"""
 
 
 def runner_class(name: str) -> type:

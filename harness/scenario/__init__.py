@@ -1,7 +1,8 @@
 """Scenario files: one TOML file per scenario, read into a ``ScenarioSpec`` and validated in full.
 
 ``load_scenario`` / ``load_all`` read files; ``check_scenario`` validates a spec however it was made;
-``scenario_toml`` writes a spec back out as a file that loads to an equal spec.
+``scenario_toml`` writes a spec back out as a file that loads to an equal spec; ``scenario_of`` makes a
+scenario of one generated ``RunSpec``, its expectations from the designs' declarations.
 """
 
 from .loader import (
@@ -12,6 +13,7 @@ from .loader import (
     load_all,
     load_scenario,
 )
+from .generated import scenario_of
 from .spec import BackendExpectation, Expectation, ScenarioSpec
 from .writer import scenario_toml
 
@@ -25,5 +27,6 @@ __all__ = [
     "discover",
     "load_all",
     "load_scenario",
+    "scenario_of",
     "scenario_toml",
 ]

@@ -14,13 +14,14 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from ..backends.registry import BACKENDS, backend_class
+from ..imports import is_import_path, unknown_name
 from ..runspec import Problem
 from ..serving.faults import FAULTS, Component
-from ..serving.registry import EVICTION_POLICIES
+from ..serving.registry import EVICTION_POLICIES, STACKS
 from .dry_run import dry_run
 from .names import look_alike_note, skeleton
 from .schema import parse, read_document
-from .spec import ScenarioSpec, is_import_path
+from .spec import ScenarioSpec
 from .toml_access import Reader
 
 SCENARIO_ROOT_DEFAULT = "scenarios"
@@ -52,7 +53,7 @@ def check_scenario(spec: ScenarioSpec, *, dry: bool = True) -> list[Problem]:
 
 def _registry_problems(spec: ScenarioSpec) -> list[Problem]:
     # A design or backend named by import path is imported when a run needs it, never to load or list a
-    # file (the trust model: see the README); only the built-in registries are consulted here.
+    # file (the trust model: docs/scenarios.md, "Trust"); only the built-in registries are consulted here.
     out = []
     backend_faults = [(i, f) for i, f in enumerate(spec.faults)
                       if f in FAULTS and FAULTS[f].acts_on is Component.ATTENTION_BACKEND]
@@ -70,6 +71,9 @@ def _registry_problems(spec: ScenarioSpec) -> list[Problem]:
         for j, fault in backend_faults:
             if fault not in cls.known_faults:
                 out.append(Problem(f"run.faults[{j}]", f"{fault} is not a switch of backend {name}"))
+    if spec.serving not in STACKS and not is_import_path(spec.serving) and spec.serving.isidentifier():
+        out.append(Problem("serving.stack", unknown_name("serving stack", spec.serving, STACKS,
+                                                         also="an import path 'package.module:Class'")))
     policy = spec.eviction.policy
     if policy not in EVICTION_POLICIES and not is_import_path(policy):
         out.append(Problem("eviction.policy", f"expected one of {', '.join(map(repr, EVICTION_POLICIES))} "

@@ -31,7 +31,7 @@ from ..runspec import (
 from ..serving.designs import DEFAULT_DESIGNS
 from ..serving.eviction import EvictionSpec
 from ..serving.model import PRESETS, ModelSpec, model_spec
-from ..serving.pool import PoolSpec
+from ..serving.pool import FREE_ORDERS, PoolSpec
 from ..serving.timeline import RequestSpec, TimelineSpec
 from .toml_access import (
     Check,
@@ -155,7 +155,8 @@ def _too_deep(text: str) -> tuple[int, int] | None:
     return None
 
 
-_TOP_KEYS = ("description", "tags", "references", "model", "pool", "eviction", "graphs", "timeline", "run", "expect")
+_TOP_KEYS = ("description", "tags", "references", "model", "pool", "serving", "eviction", "graphs", "timeline", "run",
+             "expect")
 
 
 def read_document(r: Reader, data: dict, path: Path) -> ScenarioSpec | None:
@@ -166,6 +167,13 @@ def read_document(r: Reader, data: dict, path: Path) -> ScenarioSpec | None:
     references = r.array(data, "", "references", string(nonempty=True), ())
     model = _read_model(r, r.table(data, "", "model", required=True))
     pool = _read_pool(r, r.table(data, "", "pool", required=True))
+    serving, free_order = _read_serving(r, r.table(data, "", "serving", required=False) or {})
+    if pool is not None and free_order is not None:
+        if "free_order" in (data.get("pool") or {}):
+            r.add("serving.free_order", "given in [pool] too; set it once, here (the order the stack hands freed "
+                                        "slots out again)")
+        else:
+            pool = dataclasses.replace(pool, free_order=free_order)
     eviction = _read_eviction(r, r.table(data, "", "eviction", required=False) or {})
     graphs, modes = _read_graphs(r, r.table(data, "", "graphs", required=False) or {})
     timeline = _read_timeline(r, r.table(data, "", "timeline", required=True))
@@ -188,7 +196,8 @@ def read_document(r: Reader, data: dict, path: Path) -> ScenarioSpec | None:
     parts.update(description=(description or "").strip(), tags=tags or (), references=references or (),
                  designs=designs or DEFAULT_DESIGNS,
                  backends=backends or DEFAULT_BACKENDS, kv_write=kv_write or KVWrite.PLAIN, faults=faults or ())
-    return ScenarioSpec(name=scenario_name(path.stem), path=path, timeout_s=timeout_s, eviction=eviction, **parts)
+    return ScenarioSpec(name=scenario_name(path.stem), path=path, timeout_s=timeout_s, serving=serving,
+                        eviction=eviction, **parts)
 
 
 def _as_enum(enum_type: type[enum.StrEnum], value: str) -> Any:
@@ -249,6 +258,20 @@ def _read_pool(r: Reader, table: dict | None) -> PoolSpec | None:
         "free_order": r.value(table, "pool", "free_order", string(), defaults.free_order),
     }
     return PoolSpec(**{k: (getattr(defaults, k) if v is None else v) for k, v in fields.items()})
+
+
+_SERVING_KEYS = ("stack", "free_order")
+
+
+def _read_serving(r: Reader, table: dict) -> tuple[str, str | None]:
+    """(stack, free_order) of ``[serving]``: the stack by registered name or ``package.module:Class``, and
+    the order it hands freed slots out again (``PoolSpec.free_order``; None: the pool's, ``[pool]``'s)."""
+    r.known_keys(table, "serving", _SERVING_KEYS)
+    default = ScenarioSpec.__dataclass_fields__["serving"].default
+    stack = r.value(table, "serving", "stack", string(nonempty=True), default)
+    # checked here, not by the pool's rules: a problem names the key the file has
+    free_order = r.value(table, "serving", "free_order", choice(FREE_ORDERS), None)
+    return (default if stack is None else stack.strip()), free_order
 
 
 _EVICTION_KEYS = ("policy", "interval", "prefix_cache")

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..imports import is_import_path
 from ..runspec import (
     TIMEOUT_DEFAULT_S,
     TIMEOUT_MAX_S,
@@ -101,12 +102,6 @@ def _pick(by_mode: tuple[tuple[Mode, Outcome], ...], mode: str, default: Outcome
     return default
 
 
-def is_import_path(name: str) -> bool:
-    """``package.module:attribute``: the one way a scenario names code outside the harness."""
-    module, sep, attr = name.partition(":")
-    return bool(sep) and all(p.isidentifier() for p in module.split(".")) and attr.isidentifier()
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ScenarioSpec:
     name: str
@@ -131,7 +126,8 @@ class ScenarioSpec:
     timeout_s: float = TIMEOUT_DEFAULT_S
     """each run's time limit; past it the run is an ``error`` verdict and the others go on"""
     serving: str = "miniature"
-    """the serving stack under test (``serving/registry.py``)"""
+    """the serving stack under test (``[serving] stack``): a name in ``serving/registry.py`` (a target package
+    registers its own) or ``package.module:Class``"""
     eviction: EvictionSpec = EvictionSpec()
     """the SWA eviction policy and its knobs"""
 
@@ -191,6 +187,9 @@ class ScenarioSpec:
         out.extend(_list_problems("graphs.modes", self.modes, lambda k, v: choice_problem(k, v, Mode)))
         out.extend(_list_problems("run.designs", self.designs, _design_problem))
         out.extend(_list_problems("run.backends", self.backends, _backend_problem))
+        if not (self.serving.isidentifier() or is_import_path(self.serving)):
+            out.append(Problem("serving.stack", f"expected a serving stack's name or an import path "
+                                                f"'package.module:Class', got {self.serving!r}"))
         out.extend(_list_problems("run.faults", self.faults, self._fault_problem, nonempty=False))
         out.extend(self._expectation_problems())
         if not 0 < self.timeout_s <= TIMEOUT_MAX_S:

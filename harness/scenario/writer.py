@@ -20,6 +20,9 @@ from .toml_access import toml_key, toml_string
 from .spec import DEFAULT_BACKENDS, Expectation, ScenarioSpec
 
 
+_DEFAULT_STACK = ScenarioSpec.__dataclass_fields__["serving"].default
+
+
 def _value(v: object) -> str:
     if isinstance(v, bool):
         return "true" if v else "false"
@@ -58,7 +61,12 @@ def scenario_toml(spec: ScenarioSpec) -> str:
     lines += _table("model", [("preset", spec.model.name), *_changed(spec.model, PRESETS[spec.model.name], ("name",))])
     pool_defaults = PoolSpec(full_size=spec.pool.full_size, swa_size=spec.pool.swa_size)
     lines += _table("pool", [("full_size", spec.pool.full_size), ("swa_size", spec.pool.swa_size),
-                             *_changed(spec.pool, pool_defaults, ("full_size", "swa_size"))])
+                             *_changed(spec.pool, pool_defaults, ("full_size", "swa_size", "free_order"))])
+    serving = [] if spec.serving == _DEFAULT_STACK else [("stack", spec.serving)]
+    if spec.pool.free_order != pool_defaults.free_order:  # the stack's knob: [serving] is its home
+        serving.append(("free_order", spec.pool.free_order))
+    if serving:
+        lines += _table("serving", serving)
     if eviction := _changed(spec.eviction, EvictionSpec()):
         lines += _table("eviction", eviction)
     graphs = _changed(spec.graphs, GraphSpec())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -109,11 +110,14 @@ def make_forward_batch(
     out_cache_loc: torch.Tensor,
     req_to_token_pool: ReqToTokenPool,
     pool: HybridSWAKVPool,
+    translate: Callable[[torch.Tensor], torch.Tensor] | None,
     draft_out_cache_loc: torch.Tensor | None = None,
     draft_input_ids: torch.Tensor | None = None,
     kv_loc_plan: KVLocPlan | None = None,
 ) -> ForwardBatch:
-    """Build a batch; ``out_cache_loc_swa`` is translated once here, as SGLang does at batch creation."""
+    """Build a batch; ``out_cache_loc_swa`` is translated once here, as SGLang does at batch creation, by
+    ``translate`` (the scheduler's serving stack's ``ServingStack.translate``: every slot through the stack);
+    None for a stack without an SWA pool, whose batches carry no SWA locations."""
     device = out_cache_loc.device
     prefix = torch.tensor(prefix_lens, dtype=torch.int64, device=device)
     extend = torch.tensor(extend_lens, dtype=torch.int64, device=device)
@@ -128,7 +132,7 @@ def make_forward_batch(
         extend_seq_lens=extend,
         extend_seq_lens_cpu=tuple(extend_lens),
         out_cache_loc=out_cache_loc,
-        out_cache_loc_swa=pool.translate_loc_from_full_to_swa(out_cache_loc),
+        out_cache_loc_swa=translate(out_cache_loc) if translate is not None else None,
         req_to_token_pool=req_to_token_pool,
         token_to_kv_pool=pool,
         draft_out_cache_loc=draft_out_cache_loc,

@@ -6,14 +6,18 @@ layers only; full layers always write at ``out_cache_loc``.
 ``metadata`` is the backend's per-forward metadata; its ``out_cache_loc_swa`` is filled by the backend
 once per forward (the ``metadata`` design reads it).
 
-A third-party design is a function with the same signature named by import path,
-``package.module:function``; no harness file needs editing.
+Each built-in design is declared by a ``Design`` record (sound or known-wrong, needs a plan, opt-in, the
+real change it stands for, its rule in a line) in ``DESIGN_RECORDS``: the matrix, the report, the design
+table of docs/scenarios.md and the tests read the records. A third-party design is a function with the same signature named by
+import path, ``package.module:function``; no harness file needs editing, and ``declare`` gives it the same
+record.
 """
 
 from __future__ import annotations
 
 import importlib
 import traceback
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the names of the designs are what --help and option errors need, not torch
@@ -91,21 +95,84 @@ def untranslated(
     return in_bounds(forward_batch.out_cache_loc, pool.swa_size, f"the SWA pool ({pool.swa_size} slots)")
 
 
-DESIGNS: dict[str, SWALocDesign] = {
-    "translate": translate,
-    "stale_state": stale_state,
-    "forward_batch": forward_batch,
-    "memoized": memoized,
-    "metadata": metadata,
-    "plan": plan,
-    "untranslated": untranslated,
-}
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Design:
+    """One rule for where an SWA layer writes, declared as a backend declares itself: what the matrix, the
+    report, the design table in docs/scenarios.md and the tests read, instead of lists of names kept beside the functions."""
 
-OPT_IN_DESIGNS = frozenset({"untranslated"})
+    name: str
+    fn: SWALocDesign
+    sound: bool
+    """resolves every SWA write location correctly: expected to match the reference in every clean run; a
+    known-wrong design (False) is expected to fail somewhere, and what it gives is each scenario's to say"""
+    rule: str
+    """the rule in one line (the design table in docs/scenarios.md)"""
+    reference: str
+    """the real change it stands for, e.g. ``SGLang PR 24138 as merged``"""
+    needs_plan: bool = False
+    """reads the iteration's ``KVLocPlan``: a batch without one is an error, never a silent fallback"""
+    opt_in: bool = False
+    """run only by the scenarios that list it (a plain bug), not by one that lists no designs"""
+
+
+DESIGN_RECORDS: tuple[Design, ...] = (
+    Design(name="translate", fn=translate, sound=True,
+           rule="translate out_cache_loc through the pool's mapping in every layer",
+           reference="SGLang PR 19107; again after PR 25824"),
+    Design(name="stale_state", fn=stale_state, sound=False,
+           rule="read the pool's swa_loc attribute, whatever batch last set it",
+           reference="SGLang PR 24138, first draft (rejected in review)"),
+    Design(name="forward_batch", fn=forward_batch, sound=True,
+           rule="the batch's precomputed out_cache_loc_swa, translating only without it (the reference)",
+           reference="SGLang PR 24138 as merged"),
+    Design(name="memoized", fn=memoized, sound=True,
+           rule="the pool caches the translation by (data_ptr, numel), invalidated once per forward",
+           reference="SGLang PR 25824"),
+    Design(name="metadata", fn=metadata, sound=True,
+           rule="the backend's per-forward copy; graphs refill a persistent buffer, padded tail zeroed",
+           reference="SGLang PR 27617"),
+    Design(name="plan", fn=plan, sound=True, needs_plan=True,
+           rule="this forward's columns of the iteration's location plan, translated once per iteration",
+           reference="SGLang 0.5.23's KVLocPlan (PRs 35245, 37307, 37550, 37926)"),
+    Design(name="untranslated", fn=untranslated, sound=False, opt_in=True,
+           rule="write at the full-pool out_cache_loc as if its slots were SWA slots",
+           reference="the bug SGLang PR 19107 fixed"),
+)
+
+DESIGN_REGISTRY: dict[str, Design] = {d.name: d for d in DESIGN_RECORDS}
+"""every built-in design by name, in docs/scenarios.md's order"""
+
+DESIGNS: dict[str, SWALocDesign] = {d.name: d.fn for d in DESIGN_RECORDS}
+"""name -> function, for what only needs to call one"""
+
+SOUND_DESIGNS: tuple[str, ...] = tuple(d.name for d in DESIGN_RECORDS if d.sound)
+"""the built-in designs expected to match the reference in every clean run"""
+
+OPT_IN_DESIGNS = frozenset(d.name for d in DESIGN_RECORDS if d.opt_in)
 """registered designs that are plain bugs, run only by the scenarios that list them"""
 
 DEFAULT_DESIGNS: tuple[str, ...] = tuple(name for name in DESIGNS if name not in OPT_IN_DESIGNS)
 """what a scenario runs when it lists no designs: every registered rule but the opt-in bugs"""
+
+
+def declared(name: str) -> Design | None:
+    """The declaration of a design: a built-in one's record, or the ``Design`` a third-party function by
+    ``package.module:function`` carries as its ``design`` attribute (``declare``); None when it declares
+    nothing (it runs all the same, and a caller states what it expects of it)."""
+    if name in DESIGN_REGISTRY:
+        return DESIGN_REGISTRY[name]
+    record = getattr(resolve_design(name), "design", None)
+    return record if isinstance(record, Design) else None
+
+
+def declare(**fields: object):
+    """Decorator for a third-party design: ``@declare(sound=True, rule=..., reference=...)`` attaches its
+    ``Design`` record (named by its import path) to the function, which stays a plain design."""
+    def wrap(fn: SWALocDesign) -> SWALocDesign:
+        name = f"{fn.__module__}:{fn.__name__}"
+        fn.design = Design(name=name, fn=fn, **fields)  # type: ignore[attr-defined, arg-type]
+        return fn
+    return wrap
 
 
 class DesignImportError(ImportError):

@@ -5,7 +5,9 @@ module is the only list of them. A component takes the faults it knows from here
 (``faults_acting_on``), so adding a fault is one entry here plus the ``if`` where it acts.
 
 A fault on code the harness does not own (the installed SGLang) has no ``if`` to live in: it names a
-``patch`` instead, a context manager the run driver enters around the run in the run's own process.
+``patch`` instead, a context manager the run driver enters around the run in the run's own process. Such
+faults belong to the target package that owns the adapter and are registered by it (``register_faults``,
+from its ``harness.targets`` entry point), so this module names no target.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from __future__ import annotations
 import enum
 from collections.abc import Collection
 from dataclasses import dataclass
+
+from ..imports import Registry
 
 
 class Component(enum.StrEnum):
@@ -26,8 +30,9 @@ class Component(enum.StrEnum):
     """its SWA eviction (which slots it frees after a step) and what it hands the prefix cache"""
     PREFIX_CACHE = "prefix cache"
     """the SWA radix cache: what a prompt matches, and what cache pressure evicts"""
-    INSTALLED_SGLANG = "installed SGLang"
-    """the installed SGLang's own code under the SGLang target (``harness/sglang``): its faults are patches"""
+    TARGET = "target's own code"
+    """code the harness does not own, under a target package that registers its faults itself (``harness/sglang``,
+    the installed SGLang's): such faults are patches"""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -50,7 +55,7 @@ class Fault:
     and the scenario items). None: a switch inside a component of the harness"""
 
 
-FAULTS: dict[str, Fault] = {
+FAULTS: Registry[Fault] = Registry({
     f.name: f
     for f in (
         Fault(name="no_zero_swa_pad", acts_on=Component.DECODE_GRAPH_RUNNER, modes=("full",),
@@ -199,25 +204,21 @@ FAULTS: dict[str, Fault] = {
                       "extend queries attend to every key of their pages, the tokens before the window included, "
                       "while decode wrappers keep W - 1",
               reference="SGLang PR 31501 (pass the sliding window to the SWA prefill wrapper's plan)"),
-        # patches on the installed SGLang 0.5.23 (the SGLang target: serving = "sglang")
-        Fault(name="sglang_evict_one_page_too_far", acts_on=Component.INSTALLED_SGLANG, modes=("eager",),
-              patch="harness.sglang.faults:evict_one_page_too_far",
-              summary="the installed free_swa_out_of_window_slots is called with a sliding window one page short: "
-                      "its frontier runs a page past the window and the oldest key still inside it loses its SWA "
-                      "slot, which SGLang's allocator hands out again",
-              reference="SGLang PR 22470 (the frontier over-evicting); PR 23982 (slots freed inside the window)"),
-        Fault(name="sglang_skip_metadata_refresh", acts_on=Component.INSTALLED_SGLANG, modes=("eager",),
-              patch="harness.sglang.designs:skip_metadata_refresh",
-              summary="the TRTLLMMHAMetadata the installed _get_layer_cache_loc reads is built for a run's first "
-                      "forward only: a longer batch's swa_out_cache_loc passes its length assert and is sliced",
-              reference="SGLang PR 24138 (the function's metadata seam); PR 27617 (the per-forward refill)"),
-        Fault(name="sglang_reuse_plan", acts_on=Component.INSTALLED_SGLANG, modes=("eager",),
-              patch="harness.sglang.faults:reuse_previous_plan",
-              summary="the installed KVIndexTranslator hands each iteration's KVLocPlan the previous plan's "
-                      "sliding-window ids: a memo keyed by sub-pool outlives its iteration",
-              reference="SGLang PR 35245 and PR 37307 (KVLocPlan's per-iteration memo)"),
     )
-}
+})
+"""the harness's own faults, then those target packages register (``register_faults``)"""
+
+
+def register_faults(*faults: Fault) -> None:
+    """Add a target's faults to the catalog. Each acts on the target's own code (``Component.TARGET``) and so
+    names the ``patch`` that applies it; a name already taken is refused."""
+    for fault in faults:
+        if fault.name in FAULTS and FAULTS[fault.name] != fault:
+            raise ValueError(f"fault {fault.name!r} is in the catalog already")
+        if fault.acts_on is not Component.TARGET or fault.patch is None:
+            raise ValueError(f"fault {fault.name!r}: a target's fault acts on the target's own code "
+                             "(Component.TARGET) through a patch ('package.module:function')")
+        FAULTS[fault.name] = fault
 
 
 def faults_acting_on(component: Component) -> frozenset[str]:

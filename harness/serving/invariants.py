@@ -23,16 +23,18 @@ locked match reads must hold an SWA slot (``window``); and two more:
   can end, so a branch whose trailing window is tombstoned holds full KV no prompt can reuse (SGLang PRs
   29860 and 35515).
 
-A stack answers with the live tokens, its free slots and what its prefix cache holds; this module knows no
-stack.
+The invariants are said per KV group (``kv_groups.py``): ``owned_twice``, ``dummy`` and ``free_but_owned`` hold in
+every group; ``window`` and ``retained`` in every windowed one (SGLang's SWA pool). A stack answers with the
+live tokens, each group's free slots and what its prefix cache holds; this module knows no stack.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from .kv_groups import KVGroup, KVGroups
 from .timeline import LiveToken
 
 INVARIANTS = ("owned_twice", "dummy", "free_but_owned", "window", "retained", "tombstone", "unmatchable")
@@ -66,7 +68,7 @@ class InvariantViolation:
     invariant: str
     """one of INVARIANTS"""
     pool: str
-    """"full" or "swa\""""
+    """the KV group whose slot it names ("full" or "swa" in SGLang's layout)"""
     slot: int
     detail: str
     """what is wrong, naming the tokens (``rid@pos``) involved"""
@@ -75,30 +77,40 @@ class InvariantViolation:
         return f"{self.invariant}: {self.pool} slot {self.slot}: {self.detail}"
 
 
-def pool_violations(live: Sequence[LiveToken], *, free_full: Collection[int], free_swa: Collection[int],
-                    page_size: int, cached: Sequence[CachedToken] = ()) -> list[InvariantViolation]:
-    """Every invariant broken by the live tokens, the free lists and the prefix cache's tokens as they stand,
-    in a stable order."""
+def pool_violations(live: Sequence[LiveToken], *, groups: KVGroups, free: Mapping[str, Collection[int]],
+                    cached: Sequence[CachedToken] = ()) -> list[InvariantViolation]:
+    """Every invariant broken by the live tokens (their ``slots`` in ``groups``' order), each group's free
+    slots and the prefix cache's tokens as they stand, in a stable order."""
     out: list[InvariantViolation] = []
-    for pool, free in (("full", free_full), ("swa", free_swa)):
-        for slot in sorted(s for s in free if s < page_size):
-            out.append(InvariantViolation(invariant="dummy", pool=pool, slot=slot,
+    for g in groups:
+        for slot in sorted(s for s in free[g.name] if s < g.page_size):
+            out.append(InvariantViolation(invariant="dummy", pool=g.name, slot=slot,
                                           detail="the dummy page is on the free list"))
     owners: dict[tuple[str, int], LiveToken] = {}
-    free = {"full": set(free_full), "swa": set(free_swa)}
-    by_cache = _cache_violations(cached, free, page_size, out)
+    free_sets = {g.name: set(free[g.name]) for g in groups}
+    by_cache = _cache_violations(cached, groups, free_sets, out) if cached else {}
+    # a token with no slot in a windowed group is named by its slot in the first group that always holds one
+    anchor = next((i for i, g in enumerate(groups) if not g.has_window), None)
+    windowed = [(i, g) for i, g in enumerate(groups) if g.has_window]
+    always = [(i, g) for i, g in enumerate(groups) if not g.has_window]
     for t in live:
         who = f"{t.rid}@{t.pos}"
-        held = [("full", t.full_slot)] + ([("swa", t.swa_slot)] if t.swa_slot > 0 else [])
-        if t.in_window and t.swa_slot <= 0:
-            # the token has no SWA slot to name: name its full slot
-            out.append(InvariantViolation(invariant="window", pool="full", slot=t.full_slot,
-                                          detail=f"{who} is inside its window but holds no SWA slot"))
-        if t.past_frontier and t.swa_slot > 0:
-            out.append(InvariantViolation(invariant="retained", pool="swa", slot=t.swa_slot,
-                                          detail=f"{who} is behind its eviction frontier but still holds it"))
-        for pool, slot in held:
-            if slot < page_size:
+        held = [(g, t.slots[i]) for i, g in always] + [(g, t.slots[i]) for i, g in windowed if t.slots[i] > 0]
+        held.sort(key=lambda h: groups.index(h[0].name))
+        for i, g in windowed:
+            slot = t.slots[i]
+            if t.in_window and slot <= 0:
+                named, at = (groups.groups[anchor].name, t.slots[anchor]) if anchor is not None else (g.name, slot)
+                out.append(InvariantViolation(invariant="window", pool=named, slot=at,
+                                              detail=f"{who} is inside its window but holds no {g.title} slot"))
+        for i, g in windowed:
+            slot = t.slots[i]
+            if t.past_frontier and slot > 0:
+                out.append(InvariantViolation(invariant="retained", pool=g.name, slot=slot,
+                                              detail=f"{who} is behind its eviction frontier but still holds it"))
+        for g, slot in held:
+            pool = g.name
+            if slot < g.page_size:
                 out.append(InvariantViolation(invariant="dummy", pool=pool, slot=slot,
                                               detail=f"{who} owns a slot of the dummy page"))
                 continue
@@ -113,7 +125,7 @@ def pool_violations(live: Sequence[LiveToken], *, free_full: Collection[int], fr
                                               detail=f"owned by {first.rid}@{first.pos} and {who}"))
             else:
                 owners[(pool, slot)] = t
-            if slot in free[pool]:
+            if slot in free_sets[pool]:
                 out.append(InvariantViolation(invariant="free_but_owned", pool=pool, slot=slot,
                                               detail=f"{who} owns it, and it is on the free list"))
     return out
@@ -123,34 +135,47 @@ def _cache_who(c: CachedToken) -> str:
     return f"cache@{c.pos}"
 
 
-def _cache_violations(cached: Sequence[CachedToken], free: dict[str, set[int]], page_size: int,
+def _cache_groups(groups: KVGroups) -> tuple[KVGroup, KVGroup]:
+    """The groups a cached token's ``full_slot`` and ``swa_slot`` are slots of: the SWA radix cache runs on
+    SGLang's layout, the first full-attention group and the first windowed one."""
+    full = next((g for g in groups if not g.has_window), None)
+    swa = next((g for g in groups if g.has_window), None)
+    if full is None or swa is None:
+        raise ValueError(f"a prefix cache needs a full-attention and a windowed KV group; the stack has "
+                         f"{', '.join(groups.names)}")
+    return full, swa
+
+
+def _cache_violations(cached: Sequence[CachedToken], groups: KVGroups, free: dict[str, set[int]],
                       out: list[InvariantViolation]) -> dict[tuple[str, int], CachedToken]:
     """Append what the prefix cache's tokens break; return who owns each of their slots."""
+    full, swa = _cache_groups(groups)
     owners: dict[tuple[str, int], CachedToken] = {}
     dead_ends: set[int] = set()
     for c in cached:
         who = _cache_who(c)
         if c.tombstoned and c.swa_slot > 0:
-            out.append(InvariantViolation(invariant="tombstone", pool="swa", slot=c.swa_slot,
+            out.append(InvariantViolation(invariant="tombstone", pool=swa.name, slot=c.swa_slot,
                                           detail=f"{who} is tombstoned in the prefix cache but still holds it"))
         if not c.tombstoned and c.swa_slot <= 0:
-            out.append(InvariantViolation(invariant="tombstone", pool="full", slot=c.full_slot,
-                                          detail=f"{who} is cached as live SWA KV, but holds no SWA slot"))
+            out.append(InvariantViolation(invariant="tombstone", pool=full.name, slot=c.full_slot,
+                                          detail=f"{who} is cached as live {swa.title} KV, but holds no {swa.title} slot"))
         if c.read_by and c.swa_slot <= 0:
             out.append(InvariantViolation(
-                invariant="window", pool="full", slot=c.full_slot,
+                invariant="window", pool=full.name, slot=c.full_slot,
                 detail=f"{who} is inside the window {', '.join(c.read_by)} reads from its matched prefix, but "
-                       "holds no SWA slot"))
+                       f"holds no {swa.title} slot"))
         for end in c.trailing_of:
             if c.tombstoned and end not in dead_ends:
                 dead_ends.add(end)
                 out.append(InvariantViolation(
-                    invariant="unmatchable", pool="full", slot=c.full_slot,
+                    invariant="unmatchable", pool=full.name, slot=c.full_slot,
                     detail=f"the cached branch ending at {end} cannot be matched: {who} in its trailing window is "
                            "tombstoned, so its full KV is held for nothing"))
-        held = [("full", c.full_slot)] + ([("swa", c.swa_slot)] if c.swa_slot > 0 else [])
-        for pool, slot in held:
-            if slot < page_size:
+        held = [(full, c.full_slot)] + ([(swa, c.swa_slot)] if c.swa_slot > 0 else [])
+        for g, slot in held:
+            pool = g.name
+            if slot < g.page_size:
                 out.append(InvariantViolation(invariant="dummy", pool=pool, slot=slot,
                                               detail=f"{who} holds a slot of the dummy page"))
                 continue

@@ -8,18 +8,25 @@ from collections.abc import Sequence
 import torch
 
 from .allocator import SWATokenToKVPoolAllocator
+from .kv_groups import KVGroups
 from .pool import HybridSWAKVPool, ReqToTokenPool
-from .stack import PoolBuffers, ServingStack, StackSpec
+from .stack import HybridSWAStack, StackSpec
 
 
-class MiniatureStack(ServingStack):
+class MiniatureStack(HybridSWAStack):
     name = "miniature"
 
     def __init__(self, *, pool: HybridSWAKVPool, allocator: SWATokenToKVPoolAllocator,
-                 req_to_token_pool: ReqToTokenPool) -> None:
+                 req_to_token_pool: ReqToTokenPool, groups: KVGroups | None = None) -> None:
         self.pool = pool
         self.allocator = allocator
         self.req_to_token_pool = req_to_token_pool
+        if groups is None:  # a stack over a pool built by hand: its geometry read back from its buffers
+            row = next(b for b in (*pool.full_k_buffer, *pool.swa_k_buffer)).shape[1:]
+            groups = self.kv_groups(StackSpec(
+                pool=pool.spec, layer_is_swa=tuple(pool.is_swa_layer(i) for i in sorted(pool.layers_mapping)),
+                num_kv_heads=row[0], head_dim=row[1]))
+        self.groups = groups
 
     @classmethod
     def build(cls, spec: StackSpec) -> MiniatureStack:
@@ -32,10 +39,12 @@ class MiniatureStack(ServingStack):
             device=spec.device,
         )
         return cls(pool=pool, allocator=SWATokenToKVPoolAllocator(pool, poison_freed=spec.poison_freed),
-                   req_to_token_pool=req_to_token_pool)
+                   req_to_token_pool=req_to_token_pool, groups=cls.kv_groups(spec))
 
-    def poison(self) -> None:
-        self.pool.poison()
+    @classmethod
+    def over(cls, pool: HybridSWAKVPool, req_to_token_pool: ReqToTokenPool) -> MiniatureStack:
+        """A stack over a pool and request rows built by hand (tests, benchmarks), with an allocator of its own."""
+        return cls(pool=pool, allocator=SWATokenToKVPoolAllocator(pool), req_to_token_pool=req_to_token_pool)
 
     def alloc_req_row(self) -> int:
         return self.req_to_token_pool.alloc()
@@ -59,10 +68,5 @@ class MiniatureStack(ServingStack):
     def translate(self, full_slots: torch.Tensor) -> torch.Tensor:
         return self.pool.translate_loc_from_full_to_swa(full_slots)
 
-    def free_slots(self) -> tuple[frozenset[int], frozenset[int]]:
+    def hybrid_free_slots(self) -> tuple[frozenset[int], frozenset[int]]:
         return self.allocator.free_slots()
-
-    def kv_buffers(self) -> PoolBuffers:
-        p = self.pool
-        return PoolBuffers(full_k=p.full_k_buffer, full_v=p.full_v_buffer, swa_k=p.swa_k_buffer, swa_v=p.swa_v_buffer,
-                           full_log=p.full_last_write, swa_log=p.swa_last_write)

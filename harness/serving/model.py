@@ -51,6 +51,9 @@ class ModelSpec:
     rope_theta: float = 10000.0
     dtype: str = "float32"
     seed: int = 0
+    layer_windows: tuple[int | None, ...] = ()
+    """per layer, for a model whose sliding-window layers differ: an SWA layer's window (at most ``window``,
+    the widest, which eviction frees by), None for a full layer; empty: every SWA layer's window is ``window``"""
 
     @property
     def num_layers(self) -> int:
@@ -62,7 +65,9 @@ class ModelSpec:
 
     def layer_window(self, layer_id: int) -> int | None:
         """Keys visible in ``layer_id``; None for full attention."""
-        return self.window if self.layer_pattern[layer_id] == "swa" else None
+        if self.layer_pattern[layer_id] != "swa":
+            return None
+        return self.layer_windows[layer_id] if self.layer_windows else self.window
 
     def problems(self) -> list[str]:
         """Every rule the spec breaks, as ``field: what is wrong``."""
@@ -72,6 +77,16 @@ class ModelSpec:
         bad = sorted({k for k in self.layer_pattern if k not in ("swa", "full")})
         if bad:
             out.append(f"layer_pattern: expected entries 'swa' or 'full', got {bad}")
+        if self.layer_windows:
+            if len(self.layer_windows) != len(self.layer_pattern):
+                out.append(f"layer_windows: expected one entry per layer ({len(self.layer_pattern)}), "
+                           f"got {len(self.layer_windows)}")
+            else:
+                for i, (kind, w) in enumerate(zip(self.layer_pattern, self.layer_windows)):
+                    if kind == "full" and w is not None:
+                        out.append(f"layer_windows[{i}]: a full layer has no window (None), got {w}")
+                    elif kind == "swa" and not (isinstance(w, int) and 1 <= w <= self.window):
+                        out.append(f"layer_windows[{i}]: expected an integer from 1 to window ({self.window}), got {w}")
         for name, hi in _BOUNDS.items():
             value = getattr(self, name)
             if not 1 <= value <= hi:

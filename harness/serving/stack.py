@@ -1,25 +1,33 @@
-"""The serving-stack seam: everything a run needs from the SGLang memory layer under test.
+"""The serving-stack seam: everything a run needs from the memory layer under test.
 
-A run builds one stack for its spec, and the scheduler, the snapshots and the runners go through it: the
-scheduler allocates and frees slots and request rows and evicts through it, snapshots read the pools' K/V
-buffers through it, designs and backends receive its ``pool``. The harness's own miniature of SGLang
-(``serving/miniature.py``) is the first implementation; another (the installed SGLang) is one more module
-and one line in ``serving/registry.py``.
+A run builds one stack for its spec, and the scheduler, the snapshots, the backends and the runners go
+through it: the scheduler allocates and frees slots and request rows and evicts through it, snapshots read
+its K/V buffers group by group (``kv_groups.py``), backends are constructed with it and write and read
+through its ``pool``. The harness's own miniature of SGLang (``serving/miniature.py``) is the first
+implementation; another (the installed SGLang) is one more module and one line in ``serving/registry.py``,
+or a ``package.module:Class`` path.
 
-Slot numbers are the stack's own: the full pool's slots and, through ``translate``, the SWA pool's. The
-dummy page (page 0, slot 0 at page size 1) is where padded rows write; it is never handed out.
+A token's slot, as the scheduler holds it (``alloc_extend``'s answer, ``out_cache_loc``), is the stack's
+own number; ``group_slots`` maps it to the slot the token holds in each KV group. The dummy page (page 0,
+slot 0 at page size 1) of every group is where padded rows write; it is never handed out.
+
+``HybridSWAStack`` is SGLang's layout: a full pool and an SWA pool (two groups, ``full`` and ``swa``), the SWA
+slot found by translating the full one. Only stacks with that SWA pool ask the SWA-location designs where an
+SWA layer writes (``asks_swa_design``); any other stack says where each layer writes (``layer_cache_loc``).
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar, Protocol
 
 import torch
 
 from .invariants import CacheHoldings, InvariantViolation, pool_violations
+from .kv_groups import GroupBuffers, KVBuffers, KVGroups, hybrid_swa_groups
+from .model import ModelSpec
 from .pool import HybridSWAKVPool, PoolSpec, ReqToTokenPool
 from .timeline import LiveToken
 
@@ -30,7 +38,7 @@ class StackSpec:
 
     pool: PoolSpec
     layer_is_swa: tuple[bool, ...]
-    """per layer: the layer attends over a sliding window (its K/V live in the SWA pool)"""
+    """per layer: the layer attends over a sliding window"""
     num_kv_heads: int
     head_dim: int
     kv_scales: tuple[tuple[float, float], ...] | None = None
@@ -38,31 +46,61 @@ class StackSpec:
     device: str = "cpu"
     poison_freed: bool = True
     """re-poison slots as they are freed, so a read of a freed slot shows as poison"""
+    layer_windows: tuple[int | None, ...] = ()
+    """per layer: the keys its window holds, None for full attention (``ModelSpec.layer_window``); empty
+    for a bookkeeping-only spec (the load-time dry run)"""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class PoolBuffers:
-    """The K/V buffers of both pools, one tensor per layer of each pool, [slots, Hkv, D] in storage dtype."""
+def stack_spec(model: ModelSpec, pool: PoolSpec, *, kv_scales: tuple[tuple[float, float], ...] | None = None,
+               device: str = "cpu") -> StackSpec:
+    """The stack spec of a run of ``model`` over ``pool``: what a run builds its stack from, and what the
+    report asks a stack's groups for."""
+    return StackSpec(pool=pool, layer_is_swa=tuple(model.layer_is_swa), num_kv_heads=model.num_kv_heads,
+                     head_dim=model.head_dim, kv_scales=kv_scales, device=device,
+                     layer_windows=tuple(model.layer_window(i) for i in range(model.num_layers)))
 
-    full_k: Sequence[torch.Tensor]
-    full_v: Sequence[torch.Tensor]
-    swa_k: Sequence[torch.Tensor]
-    swa_v: Sequence[torch.Tensor]
-    full_log: Sequence[torch.Tensor] | None = None
-    """per full layer, [slots] int32: the step that last wrote each slot since it was poisoned, -1 for none
-    (the pool's write log); None where the stack keeps no log (snapshots then infer writes from changes)"""
-    swa_log: Sequence[torch.Tensor] | None = None
+
+class KVPool(Protocol):
+    """What backends, designs and runners use of a stack's ``pool``: SGLang's ``token_to_kv_pool`` surface,
+    per layer (``HybridSWAKVPool`` is the miniature's)."""
+
+    device: torch.device
+    page_size: int
+    kv_dtype: str
+    kv_scales: list[tuple[float, float]]
+    swa_loc: torch.Tensor | None
+
+    def is_swa_layer(self, layer_id: int) -> bool: ...
+    def get_kv_buffer(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]: ...
+    def set_kv_buffer(self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None: ...
+    def read_kv(self, layer_id: int, slots: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]: ...
+    def log_write(self, layer_id: int, loc: torch.Tensor) -> None: ...
+    def translate_loc_from_full_to_swa(self, locs: torch.Tensor) -> torch.Tensor: ...
+    def invalidate_translate_cache(self) -> None: ...
+    def set_swa_loc(self, loc: torch.Tensor | None) -> None: ...
+    def buffers(self) -> list[torch.Tensor]: ...
+    def begin_step(self, step: int) -> None: ...
 
 
 class ServingStack(ABC):
     """Pools, allocator and request rows of one run, behind the operations the harness uses."""
 
     name: ClassVar[str]
+    asks_swa_design: ClassVar[bool] = False
+    """an SWA layer's write locations come from the run's SWA-location design (``serving/designs.py``): a
+    stack with SGLang's SWA pool asks that question; any other says where each layer writes"""
 
-    pool: HybridSWAKVPool
-    """what designs and backends receive as the KV pool"""
+    pool: Any
+    """what backends and runners read and write K/V through (``KVPool``)"""
     req_to_token_pool: ReqToTokenPool
+    groups: KVGroups
+    """its KV groups (``kv_groups`` for the spec it was built from)"""
     _prefix_cache: CacheHoldings | None = None
+
+    @classmethod
+    @abstractmethod
+    def kv_groups(cls, spec: StackSpec) -> KVGroups:
+        """The KV groups a stack built from ``spec`` has, without building it (the report names them)."""
 
     @classmethod
     @abstractmethod
@@ -92,38 +130,50 @@ class ServingStack(ABC):
 
     @abstractmethod
     def write_req_to_token(self, row: int, start: int, slots: torch.Tensor) -> None:
-        """Record the full slots of positions ``start ..`` of the request in ``row``."""
+        """Record the slots of positions ``start ..`` of the request in ``row``."""
 
     # ---- token slots -----------------------------------------------------------------------------------
     @abstractmethod
     def alloc_extend(self, *, prefix_lens: Sequence[int], extend_lens: Sequence[int],
                      last_locs: Sequence[int]) -> torch.Tensor:
-        """Full slots [sum(extend_lens)] int64 for each request's new tokens after its cached prefix,
-        continuing the page of its last slot; each token also gets an SWA slot."""
+        """Slots [sum(extend_lens)] int64 for each request's new tokens after its cached prefix, continuing
+        the page of its last slot; each token also gets a slot in every group."""
 
     @abstractmethod
     def free(self, full_slots: torch.Tensor) -> None:
-        """A finished or aborted request's tokens: both pools."""
+        """A finished or aborted request's tokens: every group."""
 
     @abstractmethod
     def free_swa(self, full_slots: torch.Tensor) -> None:
-        """Evict: free the SWA slots of tokens that left the window, keep their full slots."""
+        """Evict: free the windowed groups' slots of tokens that left the window, keep the others."""
 
     @abstractmethod
+    def group_slots(self, slots: torch.Tensor) -> torch.Tensor:
+        """[groups, n] int64: the slot each of ``slots`` (tokens' slots, int64 [n]) holds in each group, in
+        the groups' order; 0 where it holds none (evicted, or the dummy)."""
+
     def translate(self, full_slots: torch.Tensor) -> torch.Tensor:
-        """The SWA slots of full slots (0 for evicted and dummy slots, -1 for -1), int32."""
+        """The SWA slots of full slots (0 for evicted and dummy slots, -1 for -1), int32: SGLang's
+        translation, which the location plan and the prefix cache ask of a stack with an SWA pool."""
+        raise NotImplementedError(f"serving stack {self.name} has no SWA pool to translate slots into")
+
+    def layer_cache_loc(self, layer_id: int, out_cache_loc: torch.Tensor) -> torch.Tensor:
+        """Where layer ``layer_id`` writes the new tokens ``out_cache_loc``: their slots in its group. A
+        backend asks this of a stack that does not ask the SWA-location designs (``asks_swa_design``)."""
+        row = self.groups.index(self.groups.of_layer(layer_id).name)
+        return self.group_slots(out_cache_loc.to(torch.int64))[row]
 
     # ---- what snapshots and checks read -----------------------------------------------------------------
     @abstractmethod
-    def kv_buffers(self) -> PoolBuffers: ...
+    def kv_buffers(self) -> KVBuffers: ...
 
     def begin_step(self, step: int) -> None:
         """The writes from now on belong to step ``step`` (the write log ``kv_buffers`` hands out)."""
         self.pool.begin_step(step)
 
     @abstractmethod
-    def free_slots(self) -> tuple[frozenset[int], frozenset[int]]:
-        """Every slot of the full and of the SWA pool that is free now (whole free pages)."""
+    def free_slots(self) -> Mapping[str, frozenset[int]]:
+        """Per group name, every slot of the group's pool that is free now (whole free pages)."""
 
     def hold_prefix_cache(self, cache: CacheHoldings) -> None:
         """Count the tokens ``cache`` keeps in the invariants: slots it owns, shared by the live tokens that
@@ -132,6 +182,53 @@ class ServingStack(ABC):
 
     def invariant_violations(self, live: Sequence[LiveToken]) -> list[InvariantViolation]:
         """The pool invariants (``invariants.py``) that ``live``, the free lists and the prefix cache break now."""
-        free_full, free_swa = self.free_slots()
         cached = self._prefix_cache.cached_tokens() if self._prefix_cache is not None else ()
-        return pool_violations(live, free_full=free_full, free_swa=free_swa, page_size=self.page_size, cached=cached)
+        return pool_violations(live, groups=self.groups, free=self.free_slots(), cached=cached)
+
+
+class HybridSWAStack(ServingStack):
+    """SGLang's layout: a full pool and an SWA pool behind ``HybridSWAKVPool``'s surface, two groups."""
+
+    asks_swa_design = True
+    keeps_write_log: ClassVar[bool] = True
+    """the pool's write log records every K/V write (False where code the harness does not own writes)"""
+    pool: HybridSWAKVPool
+
+    @classmethod
+    def kv_groups(cls, spec: StackSpec) -> KVGroups:
+        return hybrid_swa_groups(
+            layer_is_swa=spec.layer_is_swa, layer_windows=spec.layer_windows, full_size=spec.pool.full_size,
+            swa_size=spec.pool.swa_size, page_size=spec.pool.page_size, kv_dtype=spec.pool.kv_dtype,
+            num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim)
+
+    def group_slots(self, slots: torch.Tensor) -> torch.Tensor:
+        return torch.stack([slots.to(torch.int64), self.translate(slots).to(torch.int64)])
+
+    def layer_cache_loc(self, layer_id: int, out_cache_loc: torch.Tensor) -> torch.Tensor:
+        """A full layer writes at ``out_cache_loc`` itself; an SWA layer where the design says (the backend
+        asks it, ``asks_swa_design``), here translated as the ``translate`` design does."""
+        if not self.pool.is_swa_layer(layer_id):
+            return out_cache_loc
+        return self.translate(out_cache_loc)
+
+    @abstractmethod
+    def translate(self, full_slots: torch.Tensor) -> torch.Tensor: ...
+
+    @abstractmethod
+    def hybrid_free_slots(self) -> tuple[frozenset[int], frozenset[int]]:
+        """Every free slot of the full and of the SWA pool."""
+
+    def free_slots(self) -> Mapping[str, frozenset[int]]:
+        free_full, free_swa = self.hybrid_free_slots()
+        return {"full": free_full, "swa": free_swa}
+
+    def poison(self) -> None:
+        self.pool.poison()
+
+    def kv_buffers(self) -> KVBuffers:
+        p = self.pool
+        logs = self.keeps_write_log
+        return KVBuffers(groups=self.groups, buffers=(
+            GroupBuffers(k=p.full_k_buffer, v=p.full_v_buffer, log=p.full_last_write if logs else None),
+            GroupBuffers(k=p.swa_k_buffer, v=p.swa_v_buffer, log=p.swa_last_write if logs else None),
+        ))

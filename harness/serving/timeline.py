@@ -123,13 +123,14 @@ class TokenKey:
 class LiveToken:
     rid: str
     pos: int
-    full_slot: int
-    swa_slot: int
-    """0 when the token has been evicted from the SWA pool"""
+    slots: tuple[int, ...]
+    """the slot the token holds in each KV group of its stack, in the groups' order (``kv_groups.KVGroups``;
+    SGLang's: the full slot, then the SWA slot); 0 in a windowed group once evicted from it"""
     in_window: bool
-    """among the W-1 latest tokens of its request, which its next query reads: its SWA slot must hold its K/V"""
+    """among the W-1 latest tokens of its request, which its next query reads: its slot in every windowed
+    group must hold its K/V"""
     past_frontier: bool = False
-    """the eviction policy has freed this token's SWA slot by now: it must hold none"""
+    """the eviction policy has freed this token's windowed slots by now: it must hold none"""
     shared: bool = False
     """its slots are the prefix cache's (a matched prefix, or this request's own tokens once cached): the
     request reads them, the cache owns and frees them"""

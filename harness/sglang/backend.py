@@ -2,7 +2,7 @@
 layers run as SGLang ``RadixAttention`` over the real backend, which writes and reads the real pool.
 
 Name it in a scenario as ``backends = ["harness.sglang.backend:InstalledTorchNativeAttn"]``, under
-``serving = "sglang"`` (it needs the installed pool it reads: ``stack.installed_stack``). Per forward the
+``[serving] stack = "sglang"`` (it is constructed with the run's stack, which must be the installed one). Per forward the
 builder makes SGLang's ``ForwardBatch`` by hand (its seven required fields and the extend lengths) and calls
 the real ``init_forward_metadata``, which translates ``out_cache_loc`` into the backend's
 ``swa_out_cache_loc``. Per layer the implementation maps the design under test onto that write seam (an SWA
@@ -34,7 +34,7 @@ from ..backends.base import (
 )
 from ..runspec import Device, KVWrite, Mode
 from ..serving.batch import ForwardBatch, ForwardMode
-from .stack import installed_stack
+from .stack import require_installed
 
 _NO_GRAPHS = ("the installed TorchNativeAttnBackend runs eager only: SGLang disables CUDA graphs with torch_native, "
               "and its graph runners (DecodeCudaGraphRunner, PrefillCudaGraphRunner) need CUDA and a full ModelRunner")
@@ -57,7 +57,7 @@ class InstalledTorchNativeBuilder(AttentionMetadataBuilder):
 
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
-        stack = installed_stack(self.pool)
+        stack = require_installed(self.stack)
         self.api = stack.api
         # TorchNativeAttnBackend reads only these three attributes of its model runner
         runner = types.SimpleNamespace(device=str(self.device), req_to_token_pool=stack.req_to_token_pool.real,
@@ -102,7 +102,7 @@ class InstalledTorchNativeImpl(AttentionImpl):
 
     def __init__(self, **kwargs) -> None:
         super().__init__(**kwargs)
-        stack = installed_stack(self.pool)
+        stack = require_installed(self.stack)
         spec = self.model_spec
         # SGLang's sliding_window_size is the window without the query's own key (-1: full attention)
         windows = [spec.layer_window(i) for i in range(spec.num_layers)]

@@ -46,7 +46,7 @@ class _Adapter:
         self.metadata_cls = api.TRTLLMMHAMetadata
         self.backend = object.__new__(api.TRTLLMHAAttnBackend)
         # the function reads layers_mapping[layer_id] -> (index, is_swa); the harness's view of the pool
-        # (SGLang's own SWAKVPool under serving = "sglang") has it in that shape
+        # (SGLang's own SWAKVPool under [serving] stack = "sglang") has it in that shape
         self.backend._swa_kv_pool = pool
         self.backend.forward_metadata = None
         self.forward: BackendMetadata | None = None
@@ -124,7 +124,7 @@ def installed_plan(
 ) -> torch.Tensor:
     """The SWA write ids of the installed ``KVLocPlan``: one plan per scheduler iteration from the installed
     ``KVIndexTranslator``, translated once per sub-pool and shared by every forward of the iteration (SGLang
-    0.5.23, PRs 35245, 37307). Needs ``serving = "sglang"``."""
+    0.5.23, PRs 35245, 37307). Needs ``[serving] stack = "sglang"``."""
     global _plans
     if _plans is None or _plans.pool is not pool:
         _plans = _PlanAdapter(pool)

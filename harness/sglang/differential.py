@@ -24,7 +24,7 @@ from ..serving.miniature import MiniatureStack
 from ..serving.pool import PoolExhausted
 from ..serving.registry import eviction_policy
 from ..serving.scheduler import Scheduler
-from ..serving.stack import ServingStack, StackSpec
+from ..serving.stack import HybridSWAStack, StackSpec
 from .eviction import InstalledSGLangEviction
 from .stack import SGLangStack, free_order, unsupported
 
@@ -108,7 +108,7 @@ def trace(spec: RunSpec, *, installed: bool) -> Trace:
     """The timeline of ``spec`` (made comparable) through the miniature or the installed SGLang."""
     spec = comparable_spec(spec)
     stack_spec = _stack_spec(spec)
-    stack: ServingStack = SGLangStack.build(stack_spec) if installed else _TwoSegmentFree.build(stack_spec)
+    stack: HybridSWAStack = SGLangStack.build(stack_spec) if installed else _TwoSegmentFree.build(stack_spec)
     window, page = spec.model.window, spec.pool.page_size
     policy = (InstalledSGLangEviction(spec.eviction, window=window, page_size=page) if installed
               else eviction_policy(spec.eviction, window=window, page_size=page))
@@ -120,7 +120,8 @@ def trace(spec: RunSpec, *, installed: bool) -> Trace:
             full = step.batch.out_cache_loc
             swa = stack.translate(full)
             end = sched.finish_step()
-            free_full, free_swa = stack.free_slots()
+            free = stack.free_slots()
+            free_full, free_swa = free["full"], free["swa"]
             steps.append(StepSlots(
                 index=step.index, kind=step.kind, full=tuple(full.tolist()), swa=tuple(swa.tolist()),
                 mapping=tuple(mapping.tolist()), finished=end.finished,

@@ -4,7 +4,7 @@ the way 0.5.23's ``ScheduleBatch.maybe_evict_swa`` gates it, says where a reques
 Name it in a scenario as ``eviction.policy = "harness.sglang.eviction:InstalledSGLangEviction"``. The policy
 asks the real function, over a request record (``ReqKvInfo``) holding the request's frontier so far, and
 reads the frontier it leaves; the function's free is not taken there but by the scheduler, which frees the
-slots it names through the stack (under ``serving = "sglang"``, the installed allocator's
+slots it names through the stack (under ``[serving] stack = "sglang"``, the installed allocator's
 ``free_swa_segment``, the call the real function makes). The caller's gates are reproduced from 0.5.23:
 decode batches free once the window has slid ``interval`` tokens past the frontier (the batch's trigger;
 the function itself is then called with an interval of 1), never in a request's first decode batch, and

@@ -4,7 +4,9 @@ and ``ReqToTokenPool``, built on the CPU, behind the operations the harness uses
 Every slot, request row, free and translation is SGLang's own. What the harness's designs and backends see
 as ``pool`` is the miniature's pool class over SGLang's buffers: its K/V tensors *are* the real pool's
 per-layer buffers and its ``full_to_swa_index_mapping`` *is* the real allocator's, so whatever a design
-writes lands in the real pool, and the snapshots and the diff read the real pool slot by slot.
+writes lands in the real pool, and the snapshots and the diff read the real pool slot by slot, as SGLang's two
+KV groups, ``full`` and ``swa`` (``serving.stack.HybridSWAStack``). Backends are constructed with the stack;
+a design, handed only the pool, finds the stack through the view (``installed_stack``).
 
 Units agree once converted: SGLang's ``size`` excludes the dummy page and its buffers have ``size +
 page_size`` rows, which is the harness's ``full_size`` (dummy included). A pool's ``free_order`` must be
@@ -14,13 +16,12 @@ expressible against 0.5.23 through this stack and ``unsupported()`` says why.
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Sequence
 
 import torch
 
 from ..serving.pool import HybridSWAKVPool, PoolExhausted, ReqToTokenPool
-from ..serving.stack import PoolBuffers, ServingStack, StackSpec
+from ..serving.stack import HybridSWAStack, ServingStack, StackSpec
 from .installed import SGLangAPI, load
 
 SGLANG_FREE_ORDER = {1: "fifo"}
@@ -52,17 +53,32 @@ def unsupported(spec: StackSpec, *, prefix_cache: bool = False) -> str | None:
     return None
 
 
-_BUILT: weakref.WeakKeyDictionary[HybridSWAKVPool, SGLangStack] = weakref.WeakKeyDictionary()
+class InstalledPoolView(HybridSWAKVPool):
+    """The miniature's pool surface over SGLang's buffers, as the stack hands it to backends and designs;
+    ``installed`` is the stack it belongs to, for a design (handed only the pool) that builds SGLang's own
+    objects from it."""
+
+    installed: SGLangStack
 
 
-def installed_stack(pool: HybridSWAKVPool) -> SGLangStack:
-    """The SGLang stack whose view ``pool`` is: what a backend over the installed pool (``backend.py``) builds
+def installed_stack(pool: object) -> SGLangStack:
+    """The SGLang stack whose view ``pool`` is: what a design over the installed pool (``designs.py``) builds
     SGLang's own objects from. ValueError for a pool of another stack."""
-    stack = _BUILT.get(pool)
-    if stack is None:
-        raise ValueError("this backend runs the installed SGLang's code over its own pool: it needs serving = "
-                         "\"sglang\" (the pool given is another stack's)")
+    if not isinstance(pool, InstalledPoolView):
+        raise ValueError(_NEEDS_SGLANG)
+    return pool.installed
+
+
+def require_installed(stack: ServingStack) -> SGLangStack:
+    """``stack`` as the SGLang stack a backend over the installed pool (``backend.py``) runs on; ValueError
+    for another stack."""
+    if not isinstance(stack, SGLangStack):
+        raise ValueError(_NEEDS_SGLANG)
     return stack
+
+
+_NEEDS_SGLANG = ("this backend runs the installed SGLang's code over its own pool: it needs [serving] "
+                 "stack = \"sglang\" in the scenario (the pool given is another stack's)")
 
 
 class _RealRows(ReqToTokenPool):
@@ -84,13 +100,16 @@ class _RealRows(ReqToTokenPool):
         self.real.free_rows([row])  # type: ignore[attr-defined]
 
 
-class SGLangStack(ServingStack):
-    """SGLang 0.5.23's pool, allocator and request rows (``installed.SUPPORTED_VERSION``)."""
+class SGLangStack(HybridSWAStack):
+    """SGLang 0.5.23's pool, allocator and request rows (``installed.SUPPORTED_VERSION``): SGLang's two
+    groups, ``full`` and ``swa``."""
 
     name = "sglang"
+    # SGLang's own backends write through SGLang's set_kv_buffer, which keeps no harness write log
+    keeps_write_log = False
 
     def __init__(self, *, api: SGLangAPI, spec: StackSpec, kv_pool: object, allocator: object,
-                 rows: _RealRows, view: HybridSWAKVPool) -> None:
+                 rows: _RealRows, view: InstalledPoolView) -> None:
         self.api = api
         self.spec = spec
         self.kv_pool = kv_pool
@@ -99,6 +118,8 @@ class SGLangStack(ServingStack):
         """SGLang's ``SWATokenToKVPoolAllocator``"""
         self.req_to_token_pool = rows
         self.pool = view
+        self.groups = self.kv_groups(spec)
+        view.installed = self
 
     @classmethod
     def build(cls, spec: StackSpec) -> SGLangStack:
@@ -121,18 +142,13 @@ class SGLangStack(ServingStack):
         )
         real_rows = api.ReqToTokenPool(size=spec.pool.max_running_requests, max_context_len=spec.pool.max_context_len,
                                        device=spec.device, enable_memory_saver=False)
-        view = HybridSWAKVPool(spec=spec.pool, layer_is_swa=spec.layer_is_swa, num_kv_heads=spec.num_kv_heads,
+        view = InstalledPoolView(spec=spec.pool, layer_is_swa=spec.layer_is_swa, num_kv_heads=spec.num_kv_heads,
                                head_dim=spec.head_dim, kv_scales=spec.kv_scales, device=spec.device)
         full, swa = kv_pool.full_kv_pool, kv_pool.swa_kv_pool
         view.full_k_buffer, view.full_v_buffer = list(full.k_buffer), list(full.v_buffer)
         view.swa_k_buffer, view.swa_v_buffer = list(swa.k_buffer), list(swa.v_buffer)
         view.full_to_swa_index_mapping = allocator.full_to_swa_index_mapping
-        stack = cls(api=api, spec=spec, kv_pool=kv_pool, allocator=allocator, rows=_RealRows(real_rows), view=view)
-        _BUILT[view] = stack
-        return stack
-
-    def poison(self) -> None:
-        self.pool.poison()
+        return cls(api=api, spec=spec, kv_pool=kv_pool, allocator=allocator, rows=_RealRows(real_rows), view=view)
 
     # ---- request rows ----------------------------------------------------------------------------------
     def alloc_req_row(self) -> int:
@@ -201,17 +217,8 @@ class SGLangStack(ServingStack):
         return self.kv_pool.translate_loc_from_full_to_swa(full_slots.to(torch.int64)).to(torch.int32)
 
     # ---- what snapshots and checks read -----------------------------------------------------------------
-    def kv_buffers(self) -> PoolBuffers:
-        v = self.pool
-        return PoolBuffers(full_k=v.full_k_buffer, full_v=v.full_v_buffer, swa_k=v.swa_k_buffer, swa_v=v.swa_v_buffer)
-
-    def free_slots(self) -> tuple[frozenset[int], frozenset[int]]:
+    def hybrid_free_slots(self) -> tuple[frozenset[int], frozenset[int]]:
         return self._free_of(self.allocator.full_attn_allocator), self._free_of(self.allocator.swa_attn_allocator)
-
-    def free_lists(self) -> tuple[list[int], list[int]]:
-        """The full and SWA free lists in the order SGLang hands them out (slots at page 1, pages otherwise)."""
-        return ([int(i) for i in self.allocator.full_attn_allocator.free_pages.tolist()],
-                [int(i) for i in self.allocator.swa_attn_allocator.free_pages.tolist()])
 
     # ---- internals -------------------------------------------------------------------------------------
     def _free_of(self, inner: object) -> frozenset[int]:

@@ -52,6 +52,15 @@ CASES = {
     "unknown_top_key": ("comment: unknown key", "comment = 1\n" + BASE),
     "tags_not_array": ("tags: expected an array", sub('tags = ["corpus"]', 'tags = "corpus"')),
     "tag_not_printable": ("tags[0]: expected a non-empty printable string", sub('tags = ["corpus"]', 'tags = ["a\\u001b[31m"]')),
+    # serving
+    "serving_string": ("serving: expected a table, got string 'sglang'", 'serving = "sglang"\n' + BASE),
+    "serving_unknown_stack": ("serving.stack: unknown serving stack 'sglnag' (did you mean 'sglang'?)",
+                              BASE + '[serving]\nstack = "sglnag"\n'),
+    "serving_unknown_key": ("serving.policy: unknown key; expected one of stack, free_order",
+                            BASE + '[serving]\npolicy = "tight"\n'),
+    "serving_free_order_twice": ("serving.free_order: given in [pool] too",
+                                 sub('swa_size = 32\n', 'swa_size = 32\nfree_order = "fifo"\n')
+                                 + '[serving]\nfree_order = "lifo"\n'),
     # model
     "missing_model": ("model: missing required table", sub('[model]\npreset = "gpt-oss-mini"\n', "")),
     "unknown_preset": ("model.preset: expected one of", sub('"gpt-oss-mini"', '"llama-mini"')),

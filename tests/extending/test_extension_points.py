@@ -17,6 +17,7 @@ from harness.runners.registry import RUNNERS
 from harness.runspec import GraphSpec, RunSpec
 from harness.serving import registry
 from harness.serving.allocator import SWATokenToKVPoolAllocator
+from harness.serving.designs import SOUND_DESIGNS
 from harness.serving.eviction import EvictionPolicy, EvictionSpec, RequestWindow
 from harness.serving.miniature import MiniatureStack
 from harness.serving.model import model_spec
@@ -24,7 +25,7 @@ from harness.serving.pool import FreeList, PoolSpec
 from harness.serving.stack import StackSpec
 from harness.serving.timeline import RequestSpec, TimelineSpec
 
-SOUND = ("translate", "forward_batch", "memoized", "metadata")
+SOUND = SOUND_DESIGNS  # every design declared sound
 
 
 class _HighestFirst(FreeList):
@@ -90,7 +91,8 @@ def _spec(**kw) -> RunSpec:
 
 
 def _swa_slots(result) -> list[tuple[str, int, int]]:
-    return [(t.rid, t.pos, t.swa_slot) for snap in result.snapshots for t in snap.live]
+    swa = 1  # the miniature's groups: full, then swa
+    return [(t.rid, t.pos, t.slots[swa]) for snap in result.snapshots for t in snap.live]
 
 
 def _evictions(result) -> list[tuple[int, tuple]]:

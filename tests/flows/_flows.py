@@ -10,7 +10,7 @@ from harness.check.assemble import assemble
 from harness.runspec import GraphSpec, RunSpec
 from harness.serving.model import model_spec
 from harness.serving.pool import PoolSpec
-from harness.serving.workloads import heterogeneous_decode, heterogeneous_prefill  # noqa: F401  (the flows import them from here)
+from workloads import heterogeneous_decode, heterogeneous_prefill  # noqa: F401  (the flows import them from here)
 
 
 def spec_for(preset: str, timeline_fn, mode: str, design: str = "forward_batch", **kw) -> RunSpec:
@@ -33,17 +33,25 @@ def nan_before_replay(runner) -> None:
         graph.replay = poisoned_replay
 
 
+def graph_runner(session):
+    """The run's graph runner (the one its dispatcher holds in a full or piecewise run); None in an eager run."""
+    runners = session.runner.runners
+    assert len(runners) <= 1, runners
+    return runners[0] if runners else None
+
+
 def drive(spec: RunSpec, *, poison_outputs: bool = False):
-    """Run a spec step by step; returns (hidden states per step, pool snapshots per step, runner)."""
+    """Run a spec step by step; returns (hidden states per step, pool snapshots per step, the graph runner, or
+    the dispatcher of an eager run)."""
     session = assemble(spec)
-    if poison_outputs and hasattr(session.runner, "graphs"):
-        nan_before_replay(session.runner)
+    if poison_outputs and (runner := graph_runner(session)) is not None:
+        nan_before_replay(runner)
     hidden, pools = [], []
     while (step := session.scheduler.next_step()) is not None:
         hidden.append(torch.cat(session.run_batch(step.batch)))
         pools.append([b.clone() for b in session.pool.buffers()])
         session.scheduler.finish_step()
-    return hidden, pools, session.runner
+    return hidden, pools, graph_runner(session) or session.runner
 
 
 def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -7,7 +7,7 @@ import torch
 from harness.backends.registry import backend_class
 from harness.runners.base import swa_out_cache_loc
 from harness.serving.batch import ForwardMode
-from harness.serving.workloads import draft_after_prefill
+from workloads import draft_after_prefill
 
 from harness.check.assemble import assemble
 

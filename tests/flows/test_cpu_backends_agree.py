@@ -11,7 +11,7 @@ from harness.check.verdict import judge
 from harness.runspec import GraphSpec, RunSpec
 from harness.serving.model import model_spec
 from harness.serving.pool import PoolSpec
-from harness.serving.workloads import heterogeneous_decode
+from workloads import heterogeneous_decode
 
 
 @pytest.mark.parametrize("preset,page_size", [("gpt-oss-mini", 1), ("gpt-oss-mini", 4), ("all-swa", 1)])

@@ -7,13 +7,13 @@ import random
 import pytest
 
 from harness.check.drive import execute
-from harness.check.verdict import judge
-from harness.runspec import GraphSpec, RunSpec
+from harness.check.judgement import declared_judgement, judge_one
+from harness.runspec import GraphSpec, Mode, RunSpec
+from harness.serving.designs import SOUND_DESIGNS, declare
 from harness.serving.model import PRESETS, model_spec
 from harness.serving.pool import PoolSpec
 from harness.serving.timeline import RequestSpec, TimelineSpec
 
-SOUND_DESIGNS = ("translate", "forward_batch", "memoized", "metadata")
 KV_SETUPS = (("float32", "float32", "plain"), ("bfloat16", "bfloat16", "plain"),
              ("float32", "fp8_e4m3", "fused_fp8"), ("float32", "fp8_e4m3", "plain"))
 
@@ -39,13 +39,43 @@ def random_spec(seed: int) -> RunSpec:
     )
 
 
+def false_alarms(spec: RunSpec, designs=SOUND_DESIGNS, modes=tuple(Mode)) -> list[str]:
+    """One readable line per run of a declared-sound design that does not give what its declaration says."""
+    reference = execute(spec.reference())
+    assert reference.error is None, reference.error
+    out = []
+    for mode in modes:
+        for design in designs:
+            judgement = declared_judgement(design)
+            assert judgement is not None, f"{design} is not declared sound"
+            judged = judge_one(dataclasses.replace(spec, design=design, mode=mode), judgement, reference=reference)
+            if not judged.held:
+                out.append(f"seed {spec.timeline.seed}: {judged.summary()}")
+    return out
+
+
 @pytest.mark.parametrize("seed", [10, 11, 27, 41])
 @pytest.mark.slow
 def test_sound_designs_match_in_every_mode_on_random_timelines(seed):
-    spec = random_spec(seed)
-    reference = execute(spec.reference())
-    assert reference.error is None, reference.error
-    for mode in ("eager", "full", "piecewise"):
-        for design in SOUND_DESIGNS:
-            verdict = judge(execute(dataclasses.replace(spec, design=design, mode=mode)), reference)
-            assert verdict.outcome == "match", f"seed {seed} {design}/{mode}: {verdict.summary()}"
+    assert not (alarms := false_alarms(random_spec(seed))), "\n".join(alarms)
+
+
+@declare(sound=True, rule="translate, then hand the locations out in reverse order", reference="planted by a test")
+def planted(forward_batch, pool, metadata, layer_id):
+    return pool.translate_loc_from_full_to_swa(forward_batch.out_cache_loc).flip(0)
+
+
+def test_a_design_declared_sound_that_is_wrong_fails_the_check_in_one_readable_line():
+    spec = RunSpec(model=model_spec("gpt-oss-mini"), pool=PoolSpec(full_size=64, swa_size=32),
+                   timeline=TimelineSpec(requests=(RequestSpec(rid="a", prompt_len=5, output_len=2),), seed=3))
+    design = f"{__name__}:planted"
+    [alarm] = false_alarms(spec, designs=(design,), modes=("eager",))
+    assert alarm.startswith(f"seed 3: {design}/eager on torch_native: unexpected: expected match, got diverge: "
+                            "first at step 0: "), alarm
+    assert "\n" not in alarm and "mismatches" in alarm
+    assert false_alarms(spec, designs=("translate",), modes=("eager",)) == []
+
+
+def test_the_sound_designs_are_the_declared_ones():
+    assert SOUND_DESIGNS == ("translate", "forward_batch", "memoized", "metadata", "plan")
+    assert declared_judgement("untranslated") is None and declared_judgement("stale_state") is None

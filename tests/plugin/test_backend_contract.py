@@ -245,14 +245,15 @@ def test_a_page_size_the_backend_does_not_support_is_skipped_with_the_reason(toy
 
 def test_a_backend_refuses_a_pool_whose_page_size_it_does_not_support(toy_module):
     from harness.serving.designs import DESIGNS
+    from harness.serving.miniature import MiniatureStack
     from harness.serving.model import model_spec
     from harness.serving.pool import HybridSWAKVPool, PoolSpec, ReqToTokenPool
 
     spec = model_spec("gpt-oss-mini")
     pool = HybridSWAKVPool(spec=PoolSpec(full_size=32, swa_size=16), layer_is_swa=spec.layer_is_swa,
                            num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim)
-    kwargs = dict(model_spec=spec, pool=pool, req_to_token=ReqToTokenPool(max_running_requests=2,
-                  max_context_len=16).req_to_token, design=DESIGNS["translate"])
+    stack = MiniatureStack.over(pool, ReqToTokenPool(max_running_requests=2, max_context_len=16))
+    kwargs = dict(model_spec=spec, stack=stack, design=DESIGNS["translate"])
     with pytest.raises(ValueError, match=r"backend large_pages_only supports page sizes \[16, 32\], not the pool's 1"):
         toy_module.LargePagesOnly(**kwargs)
     assert backend_class("torch_native")(**kwargs).pool.page_size == 1

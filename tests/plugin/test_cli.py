@@ -160,3 +160,17 @@ def test_report_writes_its_json_to_reports_results_json_by_default(cli_dir, caps
     assert [(r["scenario"], r["design"], r["verdict"]) for r in records] == [
         ("tiny_stale_error", "stale_state", "error")
     ]
+
+
+def test_serving_runs_every_selected_scenario_on_the_named_stack(cli_dir, capsys, write_scenario):
+    write_scenario(cli_dir, "tiny_match")
+    code, out, _ = run_cli(capsys, "run", "scenarios", "--jobs", "1", "--design", "translate", "--mode", "eager",
+                           "--serving", "miniature", "--json", "same.json")
+    assert code == 0, out
+    # a class that is no stack: every run that was to build it says so, which only a run on it can
+    code, out, _ = run_cli(capsys, "run", "scenarios", "--jobs", "1", "--design", "translate", "--mode", "eager",
+                           "--serving", "harness.serving.pool:PoolSpec", "--json", "r.json")
+    assert code == 1
+    [record] = json.loads(Path("r.json").read_text())["records"]
+    assert record["verdict"] == "error"
+    assert "serving stack 'harness.serving.pool:PoolSpec' is not a ServingStack subclass" in record["error"]["message"]

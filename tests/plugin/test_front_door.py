@@ -40,7 +40,7 @@ def test_help_and_option_errors_import_neither_torch_nor_pandas():
         "import sys\n"
         "from harness.cli import main\n"
         "for argv in (['--help'], ['run', '--help'], ['run', '--mode', 'eagr'], ['run', '--design', 'stale_stat'],\n"
-        "             ['list', '--bogus']):\n"
+        "             ['run', '--serving', 'sglnag'], ['list', '--bogus']):\n"
         "    try:\n"
         "        main(argv)\n"
         "    except SystemExit as exit_:\n"
@@ -59,6 +59,8 @@ def test_help_and_option_errors_import_neither_torch_nor_pandas():
      "argument --design: unknown design 'stale_stat' (did you mean 'stale_state'?); known designs: translate, "),
     (["report", "--backend", "torch_nativ"],
      "argument --backend: unknown backend 'torch_nativ' (did you mean 'torch_native'?); known backends: "),
+    (["run", "--serving", "sglnag"], "argument --serving: unknown serving stack 'sglnag' (did you mean 'sglang'?); "
+                                     "known serving stacks: miniature, sglang, or an import path 'package.module:Class'"),
     (["run", "--fault", "baked_scalr"], "argument --fault: unknown fault 'baked_scalr' (did you mean 'baked_scalar'?)"),
     (["run", "--engine", "tap"], "argument --engine: unknown engine 'tap' (did you mean 'tape'?); known engines: tape, cuda"),
     (["run", "--device", "gpu"], "known devices: cpu, cuda"),
@@ -91,6 +93,7 @@ def test_a_mistyped_command_gets_a_close_match(capsys):
     ("--harness-design=stale_stat", "--harness-design: unknown design 'stale_stat' (did you mean 'stale_state'?)"),
     ("--harness-backend=torch_nativ", "--harness-backend: unknown backend 'torch_nativ' (did you mean 'torch_native'?)"),
     ("--harness-engine=tap", "argument --harness-engine: unknown engine 'tap' (did you mean 'tape'?)"),
+    ("--harness-serving=minature", "--harness-serving: unknown serving stack 'minature' (did you mean 'miniature'?)"),
 ])
 def test_a_plugin_option_naming_an_unknown_thing_is_a_usage_error_with_a_close_match(harness_pytester, option,
                                                                                       message):

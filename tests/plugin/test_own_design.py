@@ -191,9 +191,20 @@ def test_plugin_options_add_designs_backends_and_runners_to_the_items(harness_py
     result.stderr.fnmatch_lines(["*--harness-expect: like:nope: unknown design*"])
 
 
-def test_the_plugin_help_states_the_default_expectation_of_added_designs():
-    # the plugin spells it out (its options import no torch, which check.case needs)
+def test_the_plugin_help_states_the_default_expectation_of_added_designs(pytestconfig):
+    # the options are read without torch (check.expect imports none), and the help names the default
     from harness.check.case import EXPECT_DEFAULT
-    from harness import plugin
 
-    assert f"(default: {EXPECT_DEFAULT})" in Path(plugin.__file__).read_text()
+    (expect,) = [o for o in pytestconfig._parser.getgroup("harness").options if "--harness-expect" in o.names()]
+    assert f"(default: {EXPECT_DEFAULT})" in expect.attrs()["help"]
+
+
+def test_harness_serving_runs_every_scenario_item_on_the_named_stack(harness_pytester, add_scenario):
+    add_scenario("tiny_match")
+    assert harness_pytester.runpytest("-q", "-p", "no:randomly", "-k", "translate-eager",
+                                      "--harness-serving", "miniature").ret == 0
+    # a class that is no stack: the items that were to build it fail, saying so
+    result = harness_pytester.runpytest("-q", "-p", "no:randomly", "-k", "translate-eager",
+                                        "--harness-serving", "harness.serving.pool:PoolSpec")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    assert "serving stack 'harness.serving.pool:PoolSpec' is not a ServingStack subclass" in result.stdout.str()

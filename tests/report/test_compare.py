@@ -354,3 +354,94 @@ def test_regressions_of_one_design_and_mode_are_one_line_with_their_count_and_mi
     assert groups == [("regressed:metadata:full", "22", False), ("regressed:translate:eager", "1", True)]
     page_text = (tmp_path / "cmp" / "compare.html").read_text()
     assert "also: verdict changed" not in page_text and 'data-mismatches="22"' in page_text
+
+
+# ---- versions, older files, and a report that cannot be written whole ----------------------------------
+
+@pytest.mark.parametrize("version, fragment", [
+    (1.0, "version: expected a results document version, the integer 1, got the number 1.0"),
+    (True, "version: expected a results document version, the integer 1, got true"),
+    ("1", "version: expected a results document version, the integer 1, got the string '1'"),
+    (0, "version: expected a results document version from 1 to 1, got the number 0"),
+    (2, "version: written by a newer harness (version 2); this one reads versions up to 1"),
+])
+def test_a_version_is_compared_by_type_and_value_and_a_newer_one_is_named(version, fragment, sample_views, tmp_path,
+                                                                         capsys):
+    doc = _doc(sample_views)
+    doc["version"] = version
+    (tmp_path / "v.json").write_text(json.dumps(doc))
+    assert main(["compare", str(tmp_path / "v.json"), str(tmp_path / "v.json")]) == 2
+    err = capsys.readouterr().err
+    assert fragment in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_record_version_of_1_0_is_refused_too(sample_views, tmp_path, capsys):
+    doc = _doc(sample_views)
+    doc["records"][0]["version"] = 1.0
+    (tmp_path / "v.json").write_text(json.dumps(doc))
+    assert main(["compare", str(tmp_path / "v.json"), str(tmp_path / "v.json")]) == 2
+    assert "): version: expected a record version, the integer 1, got the number 1.0" in capsys.readouterr().err
+
+
+def _as_an_older_harness_wrote_it(doc: dict) -> dict:
+    """``doc`` without the fields added to records after version 1's first release (README: they still read)."""
+    for r in doc["records"]:
+        for key in ("clean_rerun", "setup", "steps", "heat", "references"):
+            r.pop(key, None)
+        for m in [*r["details"], *([r["first"]] if r["first"] else [])]:
+            m.pop("holder", None)
+            m.pop("found_in", None)
+        if r["error"]:
+            r["error"].pop("frames", None)
+        if r["graph"]:
+            r["graph"].pop("rerun_ops", None)
+            r["graph"].pop("notes", None)
+    return doc
+
+
+def test_a_results_file_of_an_older_harness_reads_with_its_missing_fields_defaulted(sample_views, tmp_path, capsys):
+    write_results(tmp_path / "head.json", sample_views)
+    (tmp_path / "old.json").write_text(json.dumps(_as_an_older_harness_wrote_it(_doc(sample_views))))
+    views, _ = read_results(tmp_path / "old.json")
+    by_name = {v.name: v for v in views}
+    assert by_name[PAD_CLEAN].clean_rerun and not by_name[PAD].clean_rerun  # from the -nofault name
+    assert main(["compare", str(tmp_path / "old.json"), str(tmp_path / "head.json")]) == 0, capsys.readouterr().err
+    assert capsys.readouterr().out.rstrip().endswith("nothing changed for the worse")
+
+
+def test_a_run_name_with_a_lone_surrogate_gives_a_whole_report(sample_views, tmp_path, capsys):
+    # JSON may hold "\udcff", a string Python keeps and UTF-8 cannot encode: the report escapes it visibly
+    write_results(tmp_path / "base.json", sample_views)
+    text = (tmp_path / "base.json").read_text()
+    assert f'"{MATCH_A}"' in text
+    (tmp_path / "head.json").write_text(text.replace(f'"{MATCH_A}"', f'"{MATCH_A[:-1]}\\udcff]"'))
+    code = main(["compare", str(tmp_path / "base.json"), str(tmp_path / "head.json"), "--report-dir",
+                 str(tmp_path / "cmp")])
+    out, err = capsys.readouterr()
+    assert code == 0 and err == "", err  # the renamed run is added (as expected) and its old name removed
+    assert out.splitlines()[-1].startswith("KV compare: ")
+    assert "\\udcff" in (tmp_path / "cmp" / "compare.html").read_text()
+    assert {"index.html", "compare.html", "results.json", "results.csv"} <= {p.name for p in (tmp_path / "cmp").iterdir()}
+
+
+def test_a_compare_report_that_does_not_fit_leaves_the_earlier_one_whole(sample_views, tmp_path):
+    # a file-size limit stands in for a full disk; the comparison's pages and HEAD's land together or not at all
+    import resource
+
+    write_results(tmp_path / "base.json", sample_views)
+    earlier = tmp_path / "cmp"
+    earlier.mkdir()
+    (earlier / "index.html").write_text("an earlier report")
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (8192, 8192))
+
+    # no bytecode written under the limit: a .pyc cut short there would break every later import of the module
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    done = subprocess.run([sys.executable, "-m", "harness", "compare", "base.json", "base.json", "--report-dir", "cmp"],
+                          cwd=tmp_path, capture_output=True, text=True, preexec_fn=limit, timeout=300, env=env)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.strip() == "--report-dir cmp: the report was not written: File too large"
+    assert done.stdout.rstrip().endswith("nothing changed for the worse")  # the summary still came
+    assert sorted(p.relative_to(tmp_path).as_posix() for p in earlier.rglob("*")) == ["cmp/index.html"]
+    assert (earlier / "index.html").read_text() == "an earlier report"

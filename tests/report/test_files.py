@@ -85,3 +85,28 @@ def test_stale_pages_go_and_everything_else_stays(tmp_path):
         folder.remove_stale()
     assert sorted(p.relative_to(root).as_posix() for p in root.rglob("*")) == [
         "index.html", "mine.html", "scenarios", "scenarios/new.html", "scenarios/notes.txt", "scenarios/sub"]
+
+
+def test_a_report_lands_whole_or_leaves_the_folder_as_it_was(tmp_path):
+    root = tmp_path / "rep"
+    root.mkdir()
+    (root / "index.html").write_text("earlier")
+    with pytest.raises(OSError), ReportFolder(root) as folder:
+        folder.write("scenarios/a.html", "new page")
+        folder.write("index.html", "new index")
+        folder.remove_stale()
+        raise OSError(28, "No space left on device")  # as the next write would fail on a full disk
+    assert sorted(p.relative_to(root).as_posix() for p in root.rglob("*")) == ["index.html"]
+    assert (root / "index.html").read_text() == "earlier"
+    with pytest.raises(OSError), ReportFolder(tmp_path / "new" / "rep") as folder:
+        folder.write("index.html", "x")
+        raise OSError(28, "No space left on device")
+    assert not (tmp_path / "new").exists()  # the folders this report created go with it
+
+
+def test_a_page_written_twice_leaves_one_file_and_a_lone_surrogate_is_escaped(tmp_path):
+    with ReportFolder(tmp_path / "rep") as folder:
+        folder.write("index.html", "first")
+        folder.write("index.html", "run \udcff")
+    assert [p.name for p in (tmp_path / "rep").iterdir()] == ["index.html"]
+    assert (tmp_path / "rep" / "index.html").read_text() == "run \\udcff"

@@ -1,7 +1,7 @@
 """Gold tests: the terminal failure block and the JSON record of real runs, paths and timings scrubbed.
 
 A change to what a reviewer reads shows up here as a diff. Regenerate on purpose with
-``HARNESS_UPDATE_GOLD=1 pytest tests/report`` and review the diff of ``tests/report/gold/`` (the README shows
+``HARNESS_UPDATE_GOLD=1 pytest tests/report`` and review the diff of ``tests/report/gold/`` (docs/reference.md shows
 pad_tail_failure_block.txt as it is: copy it there too).
 """
 
@@ -56,10 +56,10 @@ def test_failure_block_of_a_padded_decode_graph_overwriting_live_swa_kv():
     _check("pad_tail_failure_block.txt", _scrub(block) + "\n")
 
 
-def test_the_readme_shows_the_failure_block_a_run_prints():
+def test_the_reference_shows_the_failure_block_a_run_prints():
     # "Reading a failure" is the gold block itself, so neither can drift from what a run prints
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    section = readme[readme.index("### Reading a failure"):]
+    readme = (Path(__file__).resolve().parents[2] / "docs/reference.md").read_text()
+    section = readme[readme.index("## Reading a failure"):]
     shown = section[section.index("```\n") + 4:]
     shown = shown[:shown.index("```\n")]
     assert shown == (GOLD / "pad_tail_failure_block.txt").read_text()

@@ -196,10 +196,12 @@ def test_error_page_states_the_error_at_its_step_and_where_the_backend_raised_it
     assert f"step 1: {view.error.type}: " in page
     assert '<span class="label">error</span>' in page
     # a built-in design's wrong SWA locations fail in the pool's write, reached through the backend: the
-    # runner's and backend's frames and the raising one, none of the driver's or the scheduler's
-    frames = [f"{f.file}:{f.line} in {f.function}" for f in view.error.frames]
-    assert frames[-1].startswith("harness/serving/pool.py:") and frames[-1].endswith(" in set_kv_buffer")
-    assert any(f.startswith("harness/backends/") and f.endswith(" in write_kv") for f in frames)
+    # runner's and backend's frames and the raising one, none of the driver's or the scheduler's, each keyed
+    # by its function (no line: records do not change when the harness's code moves)
+    assert all(f.line == 0 for f in view.error.frames)
+    frames = [f"{f.file} in {f.function}" for f in view.error.frames]
+    assert frames[-1] == "harness/serving/pool.py in HybridSWAKVPool.set_kv_buffer", frames
+    assert any(f.startswith("harness/backends/") and f.endswith(".write_kv") for f in frames)
     assert all(f.startswith(("harness/backends/", "harness/runners/")) for f in frames[:-1]), frames
     listed = page.split("data-frames>", 1)[1].split("</div>", 1)[0]
     assert [html.unescape(f) for f in re.findall(r"<code>([^<]*)</code>", listed)] == frames
@@ -226,7 +228,7 @@ def test_slot_map_replays_pool_ownership_from_the_timeline(sample_views):
     states = {s.slot: s for s in slot_map(view, "swa", step)}
     assert len(states) == view.setup.swa_size and states[0].status == "dummy"
     assert states[view.first.slot].status == "overwritten" and states[view.first.slot].owner == view.first.owner
-    written = {(t.rid, t.pos): t.swa_slot for s in view.steps if s.index <= step for t in s.written}
+    written = {(t.rid, t.pos): t.slots[1] for s in view.steps if s.index <= step for t in s.written}
     evicted = {k for s in view.steps if s.index < step for k in s.evicted}
     finished = {rid for s in view.steps if s.index < step for rid in s.finished}
     held = {slot: f"{rid}@{pos}" for (rid, pos), slot in written.items()

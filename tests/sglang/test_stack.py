@@ -53,7 +53,7 @@ def test_a_finished_row_frees_its_evicted_part_full_side_only():
     a = stack.alloc_extend(prefix_lens=[0], extend_lens=[12], last_locs=[0])
     stack.free_swa(a[:4])
     stack.free(a)  # a plain free would trip swa.peer_mapped on the evicted page
-    free_full, free_swa = stack.free_slots()
+    free_full, free_swa = stack.free_slots()["full"], stack.free_slots()["swa"]
     assert len(free_full) == 28 and len(free_swa) == 12
 
 

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from harness.bench import measure
-from harness.report.bench import BEGIN, END, BenchRow, render_markdown, write_section
+from harness.bench_rows import BenchRow
+from harness.report.bench import BEGIN, END, render_markdown, write_section
 
 
 def test_measure_produces_timed_rows_for_decode_padded_and_prefill():
@@ -56,7 +57,8 @@ def test_text_outside_the_markers_is_kept(tmp_path: Path):
 
 
 def test_the_gpu_table_marks_the_replay_goal_per_bucket_and_compares_flashinfer_with_torch_native():
-    from harness.bench import GpuBenchRow, render_gpu_markdown
+    from harness.bench import render_gpu_markdown
+    from harness.bench_rows import GpuBenchRow
 
     rows = [GpuBenchRow(backend="torch_native", dtype="bfloat16", bucket=4, eager_ms=2.0, replay_ms=0.5),
             GpuBenchRow(backend="torch_native", dtype="bfloat16", bucket=16, eager_ms=2.0, replay_ms=1.5),

@@ -6,9 +6,9 @@ import torch
 from harness.check import hashjoin
 from harness.check.diff import diff_runs as diff_snapshots
 from harness.check.rules import RULES, Finding, Rule, fixed
-from harness.check.snapshot import SnapshotRecorder, WholeStep, snapshots_of
+from harness.check.snapshot import SnapshotRecorder, hybrid_step, snapshots_of
+from harness.serving.kv_groups import GroupBuffers, KVBuffers, hybrid_swa_groups
 from harness.serving.pool import HybridSWAKVPool, PoolSpec, is_poison, poison_
-from harness.serving.stack import PoolBuffers
 from harness.serving.timeline import LiveToken, TokenKey
 
 
@@ -21,7 +21,7 @@ SWA = (True,)  # one SWA layer: pool "swa"
 
 
 def tok(rid, pos, slot):
-    return LiveToken(rid=rid, pos=pos, full_slot=slot, swa_slot=slot, in_window=True)
+    return LiveToken(rid=rid, pos=pos, slots=(slot, slot), in_window=True)
 
 
 def snap(step, rows: dict[int, float], live, written=(), poisoned=(), log: dict[int, int] | None = None):
@@ -39,13 +39,13 @@ def snap(step, rows: dict[int, float], live, written=(), poisoned=(), log: dict[
         swa_log = torch.full((1, SLOTS), -1, dtype=torch.int32)
         for slot, at in log.items():
             swa_log[0, slot] = at
-    return WholeStep(step=step, kind="decode", live=tuple(live), full_k=empty, full_v=empty,
-                      swa_k=k, swa_v=v, hidden=torch.zeros(len(written), 4),
-                      hidden_owners=tuple(TokenKey(r, p) for r, p in written), swa_log=swa_log)
+    return hybrid_step(step=step, kind="decode", live=tuple(live), layer_is_swa=SWA, full_k=empty, full_v=empty,
+                       swa_k=k, swa_v=v, hidden=torch.zeros(len(written), 4),
+                       hidden_owners=tuple(TokenKey(r, p) for r, p in written), swa_log=swa_log)
 
 
 def classes(sub, ref):
-    d = diff_runs(tuple(sub), tuple(ref), layer_is_swa=SWA)
+    d = diff_runs(tuple(sub), tuple(ref))
     return [(m.step, m.slot, m.classification) for m in d.mismatches], d
 
 
@@ -119,7 +119,7 @@ class _Step:
 
 
 def test_a_write_computed_from_a_poisoned_read_is_logged_by_the_pool_and_classified_written():
-    live = [LiveToken(rid=r, pos=0, full_slot=s, swa_slot=0, in_window=False) for r, s in (("a", 1), ("b", 2))]
+    live = [LiveToken(rid=r, pos=0, slots=(s, 0), in_window=False) for r, s in (("a", 1), ("b", 2))]
     runs = []
     for value in (None, 1.0):
         pool = HybridSWAKVPool(spec=PoolSpec(full_size=8, swa_size=8), layer_is_swa=(False,), num_kv_heads=1,
@@ -135,10 +135,13 @@ def test_a_write_computed_from_a_poisoned_read_is_logged_by_the_pool_and_classif
             row = torch.full((1, 2), value)
             pool.set_kv_buffer(0, torch.tensor([2]), row.view(1, 1, 2), row.view(1, 1, 2))
         pool.set_kv_buffer(0, torch.tensor([1]), row.view(1, 1, 2), row.view(1, 1, 2))  # b@0's write is skipped
-        buffers = PoolBuffers(full_k=pool.full_k_buffer, full_v=pool.full_v_buffer, swa_k=[], swa_v=[],
-                              full_log=pool.full_last_write, swa_log=pool.swa_last_write)
+        groups = hybrid_swa_groups(layer_is_swa=(False,), layer_windows=(None,), full_size=8, swa_size=8, page_size=1,
+                                   kv_dtype="float32", num_kv_heads=1, head_dim=2)
+        buffers = KVBuffers(groups=groups, buffers=(
+            GroupBuffers(k=pool.full_k_buffer, v=pool.full_v_buffer, log=pool.full_last_write),
+            GroupBuffers(k=[], v=[], log=pool.swa_last_write)))
         runs.append((SnapshotRecorder().take(buffers, _Step(), live, [torch.zeros(2, 4)]),))
-    d = diff_snapshots(*runs, layer_is_swa=(False,))
+    d = diff_snapshots(*runs)
     assert [(m.slot, m.classification, m.detail) for m in d.mismatches] == [
         (1, "drift", "computed NaN"), (2, "unwritten", "slot still holds poison")]
 
@@ -161,7 +164,7 @@ def test_slot_the_log_says_was_written_is_not_kept_old_though_its_bytes_did_not_
 
 
 def test_live_tokens_sharing_a_slot_through_the_prefix_cache_are_one_owner():
-    cached = [LiveToken(rid=r, pos=0, full_slot=1, swa_slot=1, in_window=True, shared=True) for r in ("a", "b")]
+    cached = [LiveToken(rid=r, pos=0, slots=(1, 1), in_window=True, shared=True) for r in ("a", "b")]
     ref = [snap(0, {1: 1.0}, cached, [("a", 0)])]
     sub = [snap(0, {1: 5.0}, cached, [("a", 0)])]
     _, d = classes(sub, ref)
@@ -175,7 +178,7 @@ def test_live_tokens_sharing_a_slot_through_the_prefix_cache_are_one_owner():
 def test_a_shared_slot_is_written_when_any_of_its_owners_was():
     # b matched a's cached prefix: the step wrote a@1 (slot 2), and b@1 reads the same slot
     before = [tok("a", 0, 1)]
-    shared = [LiveToken(rid=r, pos=p, full_slot=s, swa_slot=s, in_window=True, shared=True)
+    shared = [LiveToken(rid=r, pos=p, slots=(s, s), in_window=True, shared=True)
               for r in ("a", "b") for p, s in ((0, 1), (1, 2))]
     ref = [snap(0, {1: 1.0, 2: 7.0}, before, [("a", 0)]), snap(1, {1: 1.0, 2: 3.0}, shared, [("a", 1)])]
     sub = [snap(0, {1: 1.0, 2: 7.0}, before, [("a", 0)]), snap(1, {1: 1.0, 2: 7.0}, shared, [("a", 1)])]
@@ -229,9 +232,9 @@ def test_hidden_state_differences_are_reported():
 def test_tolerance_mode_accepts_small_differences_and_flags_large_ones():
     live = [tok("a", 0, 1)]
     ref = [snap(0, {1: 1.0}, live, [("a", 0)])]
-    close = diff_runs((snap(0, {1: 1.0005}, live, [("a", 0)]),), tuple(ref), layer_is_swa=SWA, exact=False,
+    close = diff_runs((snap(0, {1: 1.0005}, live, [("a", 0)]),), tuple(ref), exact=False,
                       atol=1e-3, rtol=0.0)
-    far = diff_runs((snap(0, {1: 1.5}, live, [("a", 0)]),), tuple(ref), layer_is_swa=SWA, exact=False,
+    far = diff_runs((snap(0, {1: 1.5}, live, [("a", 0)]),), tuple(ref), exact=False,
                     atol=1e-3, rtol=0.0)
     assert close.total == 0 and far.total == 1
 
@@ -256,13 +259,13 @@ def test_a_registered_rule_classifies_the_rows_it_claims_before_the_rules_after_
     at = [r.name for r in RULES].index("misplaced")
     RULES.insert(at, rule)
     try:
-        d = diff_runs((sub,), (ref,), layer_is_swa=SWA)
+        d = diff_runs((sub,), (ref,))
     finally:
         RULES.remove(rule)
     assert [(m.slot, m.classification, m.detail) for m in d.mismatches] == [
         (1, "zeroed", "slot 1 holds zeros"), (2, "drift", "max |diff| 0.5"), (3, "overwritten", "holds the K/V of a@0")]
     assert d.classes == (("drift", 1), ("overwritten", 1), ("zeroed", 1))
-    assert [m.classification for m in diff_runs((sub,), (ref,), layer_is_swa=SWA).mismatches] == [
+    assert [m.classification for m in diff_runs((sub,), (ref,)).mismatches] == [
         "misplaced", "drift", "overwritten"]
 
 
@@ -270,7 +273,7 @@ def test_rules_that_leave_a_bad_row_unclaimed_are_refused():
     live = [tok("a", 0, 1)]
     rules = [Rule(name="never", classification="x", claims=lambda bad, todo: (todo < 0, None), describe=fixed("x"))]
     with pytest.raises(ValueError, match="no rule claims 1 bad rows"):
-        diff_runs((snap(0, {1: 2.0}, live),), (snap(0, {1: 1.0}, live),), layer_is_swa=SWA, rules=rules)
+        diff_runs((snap(0, {1: 2.0}, live),), (snap(0, {1: 1.0}, live),), rules=rules)
 
 
 # ---- at scale: many slots, many differences --------------------------------------------------------------
@@ -278,8 +281,9 @@ def test_rules_that_leave_a_bad_row_unclaimed_are_refused():
 def big_snap(step, k, v, live, written=()):
     """One SWA layer pool ``k``, ``v`` [1, slots, H, D]; no full layer."""
     empty = k.new_zeros((0, *k.shape[1:]))
-    return WholeStep(step=step, kind="decode", live=tuple(live), full_k=empty, full_v=empty, swa_k=k, swa_v=v,
-                      hidden=torch.zeros(len(written), 4), hidden_owners=tuple(TokenKey(r, p) for r, p in written))
+    return hybrid_step(step=step, kind="decode", live=tuple(live), layer_is_swa=SWA, full_k=empty, full_v=empty,
+                       swa_k=k, swa_v=v, hidden=torch.zeros(len(written), 4),
+                       hidden_owners=tuple(TokenKey(r, p) for r, p in written))
 
 
 def big_pool(slots, dtype=torch.float32, seed=0):
@@ -291,7 +295,7 @@ def big_pool(slots, dtype=torch.float32, seed=0):
 def test_identical_large_caches_have_no_mismatches():
     k, v = big_pool(20_000)
     live = [tok(f"r{i % 7}", i, i) for i in range(1, 20_000)]
-    d = diff_runs((big_snap(0, k, v, live),), (big_snap(0, k.clone(), v.clone(), live),), layer_is_swa=SWA)
+    d = diff_runs((big_snap(0, k, v, live),), (big_snap(0, k.clone(), v.clone(), live),))
     assert (d.total, d.mismatched_slots, d.mismatches, d.classes) == (0, 0, (), ())
 
 
@@ -316,7 +320,7 @@ def test_overwritten_names_the_right_owner_when_many_slots_differ():
     sub_k, sub_v = k.clone(), v.clone()
     sub_k[0, victims], sub_v[0, victims] = k[0, sources], v[0, sources]
     expect = {int(s): f"holds the K/V of a@{int(src)}" for s, src in zip(victims, sources) if s != src}
-    d = diff_runs((big_snap(0, sub_k, sub_v, live),), (big_snap(0, k, v, live),), layer_is_swa=SWA, limit=10_000)
+    d = diff_runs((big_snap(0, sub_k, sub_v, live),), (big_snap(0, k, v, live),), limit=10_000)
     assert {m.slot: m.detail for m in d.mismatches} == expect
     assert d.classes == (("overwritten", len(expect)),) and d.mismatched_slots == len(expect)
 
@@ -340,13 +344,13 @@ def test_hash_collisions_are_resolved_by_comparing_bytes(monkeypatch):
     def rows(d):
         return [(m.slot, m.what, m.classification, m.detail[:10] if m.slot == 299 else m.detail) for m in d.mismatches]
 
-    assert rows(diff_runs(sub, ref, layer_is_swa=SWA)) == want
+    assert rows(diff_runs(sub, ref)) == want
     # Every row now hashes alike, by line and whole: only the byte comparison tells them apart.
     monkeypatch.setattr(hashjoin, "line_hash", lambda words, rows=None: torch.zeros(
         words.shape[0] if rows is None else rows.numel(), dtype=torch.int64))
-    assert rows(diff_runs(sub, ref, layer_is_swa=SWA)) == want
+    assert rows(diff_runs(sub, ref)) == want
     monkeypatch.setattr(hashjoin, "row_hash", lambda words: torch.zeros(words.shape[0], dtype=torch.int64))
-    assert rows(diff_runs(sub, ref, layer_is_swa=SWA)) == want
+    assert rows(diff_runs(sub, ref)) == want
 
 
 def test_rows_alike_in_their_first_line_send_lookups_to_whole_row_hashes(monkeypatch):
@@ -364,7 +368,7 @@ def test_rows_alike_in_their_first_line_send_lookups_to_whole_row_hashes(monkeyp
     strong = []
     real = hashjoin.row_hash
     monkeypatch.setattr(hashjoin, "row_hash", lambda words: strong.append(words.shape[0]) or real(words))
-    d = diff_runs((big_snap(0, sub_k, sub_v, live),), (big_snap(0, k, v, live),), layer_is_swa=SWA, limit=1_000)
+    d = diff_runs((big_snap(0, sub_k, sub_v, live),), (big_snap(0, k, v, live),), limit=1_000)
     assert [(m.slot, m.detail) for m in d.mismatches] == [(s, f"holds the K/V of a@{s + 300}") for s in range(1, 101)]
     assert strong, "the lookup kept the line hashes that nominate every row"
 
@@ -377,8 +381,8 @@ def test_tolerance_mode_on_bf16_flags_only_differences_beyond_tolerance():
     sub_k[0, 30, 1, 3] = k[0, 30, 1, 3] + 1.0                            # beyond
     sub_k[0, 40, 0, 0] = float("nan")
     sub, ref = (big_snap(0, sub_k, v.clone(), live),), (big_snap(0, k, v, live),)
-    loose = diff_runs(sub, ref, layer_is_swa=SWA, exact=False, atol=0.1, rtol=0.05)
+    loose = diff_runs(sub, ref, exact=False, atol=0.1, rtol=0.05)
     assert [(m.slot, m.what, m.classification) for m in loose.mismatches] == [(30, "k", "drift"), (40, "k", "drift")]
     assert loose.mismatches[1].detail == "computed NaN"
-    exact = diff_runs(sub, ref, layer_is_swa=SWA)
+    exact = diff_runs(sub, ref)
     assert exact.mismatched_slots == 12

@@ -20,7 +20,7 @@ import torch
 import harness.check.hashjoin as hashjoin
 from harness.check.diff import diff_runs as diff_snapshots
 from harness.check.rules import RULES
-from harness.check.snapshot import WholeStep, snapshots_of
+from harness.check.snapshot import hybrid_step, snapshots_of
 from harness.serving.pool import is_poison, poison_
 from harness.serving.timeline import LiveToken, TokenKey
 
@@ -49,11 +49,12 @@ def literal_diff(subject, reference, *, layer_is_swa, exact=True, atol=0.0, rtol
         written = set(sub.hidden_owners)
         rows = []
         for pool in ("full", "swa"):
-            sk, sv = (sub.full_k, sub.full_v) if pool == "full" else (sub.swa_k, sub.swa_v)
-            rk, rv = (ref.full_k, ref.full_v) if pool == "full" else (ref.swa_k, ref.swa_v)
-            pk, pv = ((prev.full_k, prev.full_v) if pool == "full" else (prev.swa_k, prev.swa_v)) if prev else (None, None)
+            sk, sv = sub.pool(pool).k, sub.pool(pool).v
+            rk, rv = ref.pool(pool).k, ref.pool(pool).v
+            pk, pv = (prev.pool(pool).k, prev.pool(pool).v) if prev else (None, None)
             tokens = list(sub.live) if pool == "full" else [t for t in sub.live if t.in_window]
-            slot_of = (lambda t: t.full_slot) if pool == "full" else (lambda t: t.swa_slot)
+            index = sub.groups.index(pool)
+            slot_of = (lambda t: t.slots[index])
             for li in range(sk.shape[0]):
                 for tok in tokens:
                     s = slot_of(tok)
@@ -142,9 +143,9 @@ def random_runs(seed: int):
         live = []
         for i, fs in enumerate(full_slots):
             if rng.random() < 0.1 and live:
-                fs = rng.choice(live).full_slot  # two live tokens in one slot: a scheduler bug the diff must survive
+                fs = rng.choice(live).slots[0]  # two live tokens in one slot: a scheduler bug the diff must survive
             in_window = rng.random() < 0.6 and bool(swa_free)
-            live.append(LiveToken(rid=f"r{i % 3}", pos=i, full_slot=fs, swa_slot=swa_free.pop() if in_window else 0,
+            live.append(LiveToken(rid=f"r{i % 3}", pos=i, slots=(fs, swa_free.pop() if in_window else 0),
                                   in_window=in_window))
         written = tuple(TokenKey(t.rid, t.pos) for t in live if rng.random() < 0.4)
         for pool in ("full", "swa"):
@@ -187,8 +188,8 @@ def random_runs(seed: int):
                         sk[l, s], sv[l, s] = sk[other, j].clone(), sv[other, j].clone()
         hidden = torch.randn(len(written), 4)
         for snaps, pools in ((ref_snaps, ref_pools), (sub_snaps, sub_pools)):
-            snaps.append(WholeStep(
-                step=step, kind="decode", live=tuple(live),
+            snaps.append(hybrid_step(
+                step=step, kind="decode", live=tuple(live), layer_is_swa=layer_is_swa,
                 full_k=pools["full"][0].clone(), full_v=pools["full"][1].clone(),
                 swa_k=pools["swa"][0].clone(), swa_v=pools["swa"][1].clone(),
                 hidden=hidden.clone(), hidden_owners=written,
@@ -220,7 +221,7 @@ def test_vectorized_diff_classifies_like_the_literal_rules(seed, monkeypatch):
     tolerant = seed % 4 == 3 and dtype != torch.uint8
     kw = dict(exact=False, atol=2e-3, rtol=0.0) if tolerant else {}
     want, want_slots = literal_diff(sub, ref, layer_is_swa=layer_is_swa, **kw)
-    got = diff_runs(sub, ref, layer_is_swa=layer_is_swa, limit=10_000, **kw)
+    got = diff_runs(sub, ref, limit=10_000, **kw)
     assert _as_rows(got) == want
     assert got.total == len(want) and got.mismatched_slots == want_slots
     classes: dict[str, int] = {}
@@ -228,15 +229,15 @@ def test_vectorized_diff_classifies_like_the_literal_rules(seed, monkeypatch):
         classes[row[7]] = classes.get(row[7], 0) + 1
     assert got.classes == tuple(sorted(classes.items()))
     assert [(c.step, c.pool, c.layer, c.count) for c in got.counts] == [(*key, n) for key, n in _cells(want)]
-    first = diff_runs(sub, ref, layer_is_swa=layer_is_swa, limit=5, **kw)
+    first = diff_runs(sub, ref, limit=5, **kw)
     assert _as_rows(first) == want[:5]
     assert first.counts == got.counts and first.total == got.total and first.classes == got.classes
 
     # Line hashes that collide: lookups give up on them and start over on row hashes, which collide too.
     monkeypatch.setattr(hashjoin, "line_hash", _colliding_line_hash)
-    assert _as_rows(diff_runs(sub, ref, layer_is_swa=layer_is_swa, limit=10_000, **kw)) == want
+    assert _as_rows(diff_runs(sub, ref, limit=10_000, **kw)) == want
     monkeypatch.setattr(hashjoin, "row_hash", _colliding_hash)
-    assert _as_rows(diff_runs(sub, ref, layer_is_swa=layer_is_swa, limit=10_000, **kw)) == want
+    assert _as_rows(diff_runs(sub, ref, limit=10_000, **kw)) == want
 
 
 @pytest.mark.parametrize("seed", range(0, 80, 5))
@@ -247,4 +248,4 @@ def test_each_rule_stands_alone_when_another_is_left_out(left_out, seed):
     sub, ref, layer_is_swa, _ = random_runs(seed)
     want, _ = literal_diff(sub, ref, layer_is_swa=layer_is_swa, skip=(left_out,))
     rules = [r for r in RULES if r.name != left_out]
-    assert _as_rows(diff_runs(sub, ref, layer_is_swa=layer_is_swa, limit=10_000, rules=rules)) == want
+    assert _as_rows(diff_runs(sub, ref, limit=10_000, rules=rules)) == want

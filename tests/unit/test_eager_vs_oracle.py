@@ -9,7 +9,7 @@ from harness.runspec import RunSpec
 from harness.serving.model import PRESETS, SyntheticModel, model_spec
 from harness.serving.pool import PoolSpec
 from harness.serving.timeline import RequestSpec, TimelineSpec
-from harness.serving.workloads import (
+from workloads import (
     chunked_decode,
     continuous_batching,
     prefill_lengths,
@@ -48,7 +48,7 @@ def test_decode_past_window_reuses_swa_slots():
     spec = RunSpec(model=ms, pool=PoolSpec(full_size=64, swa_size=ms.window + 3), timeline=tl)
     result, cert = certify_run(spec)
     assert cert.ok, cert.problems
-    seen = [t.swa_slot for s in result.snapshots for t in s.live if t.in_window]
+    seen = [t.slots[1] for s in result.snapshots for t in s.live if t.in_window]
     assert len(set(seen)) <= ms.window + 2 < 3 * ms.window
 
 

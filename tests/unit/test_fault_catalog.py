@@ -12,6 +12,7 @@ from harness.check.drive import execute
 from harness.imports import load_named
 from harness.runners.decode_graph import DecodeGraphRunner
 from harness.runners.piecewise import PiecewisePrefillRunner
+from harness.runners.speculative import SpeculativeWorker
 from harness.runspec import RunSpec
 from harness.scenario import ScenarioError, load_all, load_scenario
 from harness.serving.faults import FAULTS, Component, faults_acting_on
@@ -19,7 +20,6 @@ from harness.serving.model import model_spec
 from harness.serving.pool import PoolSpec
 from harness.serving.prefix_cache import SWARadixCache
 from harness.serving.scheduler import Scheduler
-from harness.serving.speculative import SpeculativeWorker
 from harness.serving.timeline import RequestSpec, TimelineSpec
 
 SGLANG_SCENARIOS = Path(__file__).resolve().parents[1] / "sglang" / "sglang_scenarios"
@@ -43,7 +43,7 @@ def test_every_catalog_fault_is_known_by_exactly_one_component():
 
 def test_a_fault_on_the_installed_sglang_is_a_patch_and_only_such_a_fault_is():
     patched = {name for name, fault in FAULTS.items() if fault.patch is not None}
-    assert patched == faults_acting_on(Component.INSTALLED_SGLANG) != set()
+    assert patched == faults_acting_on(Component.TARGET) != set()
     for name in patched:  # importable without SGLang: each imports it only when entered
         assert callable(load_named(FAULTS[name].patch, {}, kind="fault patch", check=lambda obj: None)), name
 
@@ -51,7 +51,7 @@ def test_a_fault_on_the_installed_sglang_is_a_patch_and_only_such_a_fault_is():
 def test_every_patch_fault_is_flagged_by_an_sglang_scenario_and_matches_without_it():
     specs, errors = load_all([SGLANG_SCENARIOS])
     assert not errors, "\n".join(str(e) for e in errors)
-    for name in faults_acting_on(Component.INSTALLED_SGLANG):
+    for name in faults_acting_on(Component.TARGET):
         flagged = [(s.name, e.design) for s in specs if name in s.faults for e in s.expectations
                    if e.without_faults == "match" and e.verdict in ("diverge", "error", "invariant")]
         assert flagged, f"no SGLang scenario flags {name} and expects a match once it is switched off"
@@ -84,7 +84,8 @@ def test_each_component_class_takes_its_switches_from_the_catalog():
 
 
 def test_a_worker_ignores_faults_that_are_not_its_own():
-    assert SpeculativeWorker({"no_zero_swa_pad", "stale_swa_after_reassign"}).faults == {"stale_swa_after_reassign"}
+    worker = SpeculativeWorker(object(), {"no_zero_swa_pad", "stale_swa_after_reassign"})  # runs nothing
+    assert worker.faults == {"stale_swa_after_reassign"}
 
 
 def test_a_fault_that_cannot_act_in_any_mode_is_a_load_error(tmp_path: Path):
@@ -102,10 +103,10 @@ def test_a_fault_that_cannot_act_in_any_mode_is_a_load_error(tmp_path: Path):
     )
 
 
-def test_the_readme_fault_table_lists_exactly_the_catalog():
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+def test_the_fault_table_in_docs_lists_exactly_the_catalog():
+    readme = (Path(__file__).resolve().parents[2] / "docs/scenarios.md").read_text()
     table = readme[readme.index("| fault | acts on | real bug |"):].split("\n\n", 1)[0]
     listed = [line.split("`")[1] for line in table.splitlines()[2:]]
-    assert listed == list(FAULTS), "README's fault table and harness/serving/faults.py disagree"
+    assert listed == list(FAULTS), "docs/scenarios.md's fault table and harness/serving/faults.py disagree"
     for name, fault in FAULTS.items():
         assert fault.reference in table, name

@@ -31,6 +31,7 @@ from harness.scenario.loader import load_scenario
 from harness.serving.allocator import SWATokenToKVPoolAllocator
 from harness.serving.batch import ForwardMode
 from harness.serving.designs import DESIGNS
+from harness.serving.miniature import MiniatureStack
 from harness.serving.model import model_spec
 from harness.serving.pool import SUPPORTED_PAGE_SIZES, HybridSWAKVPool, PoolSpec, ReqToTokenPool
 
@@ -63,7 +64,7 @@ def _requests(page_size: int, lens=LENS, *, kv_dtype: str = "float32", spec=SPEC
 
 
 def _backend(name: str, pool, r2t, spec=SPEC):
-    return backend_class(name)(model_spec=spec, pool=pool, req_to_token=r2t.req_to_token,
+    return backend_class(name)(model_spec=spec, stack=MiniatureStack.over(pool, r2t),
                                design=DESIGNS["forward_batch"])
 
 

@@ -17,6 +17,7 @@ from harness.backends import flashinfer as fi_module
 from harness.backends.registry import backend_class
 from harness.serving.designs import DESIGNS
 from harness.serving.faults import FAULTS, Component
+from harness.serving.miniature import MiniatureStack
 
 from test_flashinfer_backend import LENS, SPEC, SWA, _decode, _extend, _requests
 
@@ -49,7 +50,7 @@ def _backend_with_recorded_planner(monkeypatch, page_size: int, faults=()):
     monkeypatch.setattr(fi_module, "_FLOAT_WORKSPACE_BYTES", 1 << 10)
     monkeypatch.setattr(fi_module, "_INT_WORKSPACE_BYTES", 1 << 10)
     pool, r2t, rows = _requests(page_size)
-    backend = backend_class("flashinfer")(model_spec=SPEC, pool=pool, req_to_token=r2t.req_to_token,
+    backend = backend_class("flashinfer")(model_spec=SPEC, stack=MiniatureStack.over(pool, r2t),
                                           design=DESIGNS["forward_batch"], faults=faults)
     # on the CPU the builder plans nothing; the real planner drives the recorded API instead
     backend.builder._planner = fi_module._Planner(model_spec=SPEC, pool=pool, groups=backend.builder.groups)
@@ -105,7 +106,7 @@ def test_a_graph_on_indices_left_in_the_eager_buffer_reads_only_the_dummy_page()
     q = torch.randn(4, SPEC.num_heads * SPEC.head_dim, generator=torch.Generator().manual_seed(3))
     outs = {}
     for faults in ((), ("indices_in_eager_buffer",)):
-        backend = backend_class("flashinfer")(model_spec=SPEC, pool=pool, req_to_token=r2t.req_to_token,
+        backend = backend_class("flashinfer")(model_spec=SPEC, stack=MiniatureStack.over(pool, r2t),
                                               design=DESIGNS["forward_batch"], faults=faults)
         refreshed = _capture_then_refresh(backend, rows, 4)
         outs[faults] = backend.impl.attend(SWA, q, None, refreshed)
@@ -130,9 +131,9 @@ def test_a_sliding_window_prefill_without_its_window_attends_to_keys_before_the_
     pool, r2t, rows = _requests(1)
     batch = _extend(rows, LENS, [3, 2, 5], 1)
     q = torch.randn(10, SPEC.num_heads * SPEC.head_dim, generator=torch.Generator().manual_seed(4))
-    native = backend_class("torch_native")(model_spec=SPEC, pool=pool, req_to_token=r2t.req_to_token,
+    native = backend_class("torch_native")(model_spec=SPEC, stack=MiniatureStack.over(pool, r2t),
                                            design=DESIGNS["forward_batch"])
-    faulty = backend_class("flashinfer")(model_spec=SPEC, pool=pool, req_to_token=r2t.req_to_token,
+    faulty = backend_class("flashinfer")(model_spec=SPEC, stack=MiniatureStack.over(pool, r2t),
                                          design=DESIGNS["forward_batch"], faults=("swa_prefill_plan_without_window",))
     want = native.impl.attend(SWA, q, None, native.builder.build(batch))
     got = faulty.impl.attend(SWA, q, None, faulty.builder.build(batch))

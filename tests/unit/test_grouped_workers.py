@@ -89,3 +89,24 @@ def test_a_scenarios_builtin_cases_share_a_child_and_a_design_by_import_path_run
     assert builtin and [builtin] == [g for g in groups if len(g) > 1]
     assert all(len(g) == 1 and all_cases[g[0]].design == added for g in groups if g != builtin)
     assert not any(c.builtin for c in all_cases if c.design == added)
+
+
+def _kills_parent(arg: str) -> str:
+    import signal
+
+    if arg == "kill":
+        os.kill(os.getppid(), signal.SIGKILL)
+        time.sleep(60)  # the guard's death reaches this process too (PR_SET_PDEATHSIG)
+    if arg == "abort":
+        os.abort()
+    return f"{arg} in {os.getpid()} below {os.getppid()}"
+
+
+def test_a_task_that_kills_its_parent_kills_only_its_guard_and_the_group_goes_on():
+    # the task's parent is a guard between it and the caller: the caller (a CLI, an xdist worker) lives on
+    results = run_grouped(_kills_parent, ["a", "kill", "b", "abort", "c"], [[0, 1, 2, 3, 4]], jobs=1,
+                          timeout_s=lambda _: 30.0)
+    assert results[1] == WorkerDied("worker died (signal 9)")
+    assert results[3] == WorkerDied("worker died (signal 6)")  # the guard dies as its task did
+    assert [r.split()[0] for r in results if isinstance(r, str)] == ["a", "b", "c"]
+    assert all(int(r.split()[-1]) != os.getpid() for r in results if isinstance(r, str))

@@ -16,7 +16,7 @@ from harness.check.verdict import judge
 from harness.runspec import Outcome, RunSpec
 from harness.serving.model import PRESETS, SyntheticModel, model_spec
 from harness.serving.pool import PoolSpec
-from harness.serving.workloads import chunked_decode
+from workloads import chunked_decode
 
 HALF = {"gpt-oss-mini-bf16": "bfloat16", "gemma-mini-fp16": "float16"}
 

@@ -1,5 +1,6 @@
 """The package layout shows the architecture: what is under test and the generic graph machinery never
-import each other, nothing imports back up, and the scenario schema knows nothing of the checking."""
+import each other, nothing imports back up, the scenario schema knows nothing of the checking, and a target
+(``sglang/``, the installed SGLang's adapter) sits on top of what it adapts, which never names it."""
 
 import ast
 from pathlib import Path
@@ -8,17 +9,28 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2] / "harness"
 
+TARGETS = {"sglang"}
+"""target packages: each registers itself (``harness.targets`` entry points), and nothing below names it"""
+
 # package -> packages it must never import
 FORBIDDEN = {
-    "serving": {"graphs", "backends", "runners", "check", "scenario", "report", "runspec"},
-    "graphs": {"serving", "backends", "runners", "check", "scenario", "report", "runspec"},
-    "runspec": {"graphs", "backends", "runners", "check", "scenario", "report"},
-    "backends": {"graphs", "runners", "check", "scenario", "report"},
-    "runners": {"check", "scenario", "report"},
-    "scenario": {"check", "report", "runners", "graphs", "backends.torch_native"},
-    "check": {"report", "collect", "plugin", "cli", "bench"},
-    "report": {"collect", "plugin", "cli", "bench"},
-    "imports": {"serving", "graphs", "backends", "runners", "check", "scenario", "report", "runspec"},
+    "serving": {"graphs", "backends", "runners", "check", "scenario", "report", "runspec", "gpuci", *TARGETS},
+    "graphs": {"serving", "backends", "runners", "check", "scenario", "report", "runspec", "gpuci", *TARGETS},
+    "runspec": {"graphs", "backends", "runners", "check", "scenario", "report", "gpuci", *TARGETS},
+    "backends": {"graphs", "runners", "check", "scenario", "report", "gpuci", *TARGETS},
+    "runners": {"check", "scenario", "report", "gpuci", *TARGETS},
+    "scenario": {"check", "report", "runners", "graphs", "backends.torch_native", "gpuci", *TARGETS},
+    "check": {"report", "collect", "plugin", "cli", "bench", "gpuci", *TARGETS},
+    "report": {"collect", "plugin", "cli", "bench", "gpuci", *TARGETS},
+    "imports": {"serving", "graphs", "backends", "runners", "check", "scenario", "report", "runspec", "gpuci",
+                *TARGETS},
+    "options": {"serving", "graphs", "backends", "runners", "check", "scenario", "report", "runspec", "imports",
+                "gpuci", *TARGETS},
+    # the SGLang target adapts the serving stack, the backends and the scenarios to the installed SGLang; the
+    # checking, the report and the front doors run it, never the other way
+    "sglang": {"check", "report", "runners", "graphs", "collect", "plugin", "cli", "bench", "gpuci"},
+    # the GPU CI's planning (shards, pinning, agreement between machines) reads results and backends' declarations
+    "gpuci": {"check", "collect", "plugin", "cli", "bench", *TARGETS},
 }
 
 
@@ -48,6 +60,20 @@ def test_package_never_imports_upwards(package):
             for banned in FORBIDDEN[package]:
                 assert not (target == banned or target.startswith(banned + ".")), (
                     f"{path.relative_to(ROOT.parent)} imports harness.{target}")
+
+
+def test_every_package_has_layering_rules():
+    packages = {p.name for p in ROOT.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    assert packages - set(FORBIDDEN) == set(), "a package without rules in FORBIDDEN"
+
+
+@pytest.mark.parametrize("target", sorted(TARGETS))
+def test_no_module_outside_a_target_names_it_even_by_string(target):
+    # the registries find a target through its entry point: a name in a string would be an import by the back door
+    for path in ROOT.rglob("*.py"):
+        if path.is_relative_to(ROOT / target):
+            continue
+        assert f"harness.{target}" not in path.read_text(), f"{path.relative_to(ROOT.parent)} names harness.{target}"
 
 
 def test_the_concrete_backend_is_named_only_in_its_module_and_the_registry():

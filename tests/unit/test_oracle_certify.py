@@ -10,11 +10,11 @@ import torch
 
 from harness.check.oracle import Certification, certify, dense_oracle, tolerance
 from harness.check.drive import execute
-from harness.check.snapshot import WholeStep, replay, snapshots_of
+from harness.check.snapshot import WholePool, WholeStep, replay, snapshots_of
 from harness.runspec import RunSpec
 from harness.serving.model import SyntheticModel, model_spec
 from harness.serving.pool import PoolSpec, dequantize_fp8
-from harness.serving.workloads import chunked_decode, continuous_batching
+from workloads import chunked_decode, continuous_batching
 
 
 def literal_certify(snapshots, oracle, *, model, kv_dtype, kv_scales, max_problems=5) -> Certification:
@@ -36,9 +36,10 @@ def literal_certify(snapshots, oracle, *, model, kv_dtype, kv_scales, max_proble
     for snap, whole in replay(snapshots):
         for tok in snap.live:
             ref = oracle[tok.rid]
-            pools = [("full", full_layers, tok.full_slot, whole.full_k, whole.full_v)]
+            full, swa = whole.pool("full"), whole.pool("swa")
+            pools = [("full", full_layers, tok.slots[0], full.k, full.v)]
             if tok.in_window:
-                pools.append(("SWA", swa_layers, tok.swa_slot, whole.swa_k, whole.swa_v))
+                pools.append(("SWA", swa_layers, tok.slots[1], swa.k, swa.v))
             for name, layers, slot, kb, vb in pools:
                 for i, layer in enumerate(layers):
                     for which, (buf, want) in enumerate(((kb, ref.k), (vb, ref.v))):
@@ -55,7 +56,7 @@ def planted(snapshots, seed: int):
     rng = random.Random(seed)
     out = []
     for snap, whole in replay(snapshots):
-        tensors = {f: getattr(whole, f).clone() for f in ("full_k", "full_v", "swa_k", "swa_v")}
+        tensors = {f"{g}_{kv}": getattr(whole.pool(g), kv).clone() for g in ("full", "swa") for kv in "kv"}
         tensors["hidden"] = snap.hidden.clone()
         for _ in range(rng.randint(0, 2)):
             if not snap.live:
@@ -64,7 +65,7 @@ def planted(snapshots, seed: int):
             name = rng.choice(["full_k", "full_v", "swa_k", "swa_v"])
             t = tensors[name]
             if t.shape[0]:
-                slot = tok.full_slot if name.startswith("full") else tok.swa_slot
+                slot = tok.slots[0] if name.startswith("full") else tok.slots[1]
                 row = t[rng.randrange(t.shape[0]), slot]
                 if t.dtype == torch.uint8:
                     row[0, 0] ^= 0x11
@@ -72,8 +73,9 @@ def planted(snapshots, seed: int):
                     row[0, 0] = float("nan") if rng.random() < 0.2 else row[0, 0] + 0.5
         if tensors["hidden"].numel() and rng.random() < 0.3:
             tensors["hidden"][rng.randrange(tensors["hidden"].shape[0]), 0] += 1.0
+        pools = tuple(WholePool(k=tensors[f"{g}_k"], v=tensors[f"{g}_v"]) for g in ("full", "swa"))
         out.append(WholeStep(step=snap.step, kind=snap.kind, live=snap.live, hidden_owners=snap.hidden_owners,
-                             **tensors))
+                             groups=snap.groups, pools=pools, hidden=tensors["hidden"]))
     return snapshots_of(out)
 
 

@@ -41,7 +41,7 @@ def test_freeing_any_slot_of_a_page_frees_the_whole_page_as_sglang_does():
     _, swa_before = stack.allocator.available_size()
     stack.free_swa(slots[:1])
     assert stack.allocator.available_size()[1] == swa_before + 4
-    assert {4, 5, 6, 7} <= stack.free_slots()[1]
+    assert {4, 5, 6, 7} <= stack.free_slots()["swa"]
     # the mapping forgets only the slot named: tokens 1 .. 3 now point into a free page, which is why
     # frontiers are floored to a page (the pool invariants name it: free_but_owned)
     assert stack.translate(slots).tolist() == [0, 5, 6, 7, 8, 9, 10, 11]

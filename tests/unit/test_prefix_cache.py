@@ -66,7 +66,7 @@ def test_a_finished_request_is_cached_with_its_evicted_swa_part_tombstoned():
     assert [t.full_slot for t in cached] == slots
     assert [t.tombstoned for t in cached] == [True] * 16 + [False] * 8
     assert all(t.swa_slot == 0 for t in cached[:16]) and all(t.swa_slot > 0 for t in cached[16:])
-    free_full, _ = stack.free_slots()
+    free_full = stack.free_slots()["full"]
     assert not set(slots) & free_full
     assert _violations(stack) == []
 
@@ -135,7 +135,7 @@ def test_deleting_a_leaf_takes_the_parents_it_leaves_unmatchable():
     assert cache.evict("full_size")
     # 16..23 went first; 0..15, all tombstone, would be a leaf no match can end in: it goes too
     assert cache.cached_tokens() == [] and _violations(stack) == []
-    assert set(slots) <= stack.free_slots()[0]
+    assert set(slots) <= stack.free_slots()["full"]
 
 
 def test_a_locked_prefix_is_never_evicted_and_goes_once_released():
@@ -146,7 +146,7 @@ def test_a_locked_prefix_is_never_evicted_and_goes_once_released():
     assert not cache.evict("full_size") and not cache.evict("swa_size")
     cache.release(match)
     assert cache.evict("full_size")
-    free_full, free_swa = stack.free_slots()
+    free_full, free_swa = stack.free_slots()["full"], stack.free_slots()["swa"]
     assert set(slots) <= free_full and cache.cached_tokens() == []
 
 
@@ -210,7 +210,7 @@ def test_the_invariants_let_live_tokens_share_the_caches_slots_and_nothing_else(
     from harness.serving.timeline import LiveToken
 
     def live(rid, pos, *, shared):
-        return LiveToken(rid=rid, pos=pos, full_slot=slots[pos], swa_slot=swa[pos], in_window=True, shared=shared)
+        return LiveToken(rid=rid, pos=pos, slots=(slots[pos], swa[pos]), in_window=True, shared=shared)
 
     assert stack.invariant_violations([live("b", 3, shared=True), live("c", 3, shared=True)]) == []
     found = stack.invariant_violations([live("b", 3, shared=False)])
@@ -288,7 +288,7 @@ def test_an_aborted_request_frees_only_what_it_owns():
         sched.finish_step()
         assert stack.invariant_violations(sched.live_tokens()) == [], step.index
     assert [t.pos for t in sched.cache.cached_tokens()] == list(range(18))
-    free_full, _ = stack.free_slots()
+    free_full = stack.free_slots()["full"]
     assert not {t.full_slot for t in sched.cache.cached_tokens()} & free_full
 
 

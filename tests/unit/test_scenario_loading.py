@@ -446,3 +446,35 @@ def test_load_all_keeps_going_and_flags_duplicate_names(tmp_path):
     assert [e.path for e in errors] == [bad, dup]
     assert "model.preset" in str(errors[0])
     assert str(errors[1]) == f"{dup}: name: duplicate scenario name 'same'; already loaded from {good}"
+
+
+# ---- the [serving] table ---------------------------------------------------------------------------------
+
+
+def test_the_serving_table_names_a_stack_and_its_free_order(tmp_path, monkeypatch):
+    for module in [m for m in sys.modules if m == "sglang" or m.startswith(("sglang.", "harness.sglang.stack"))]:
+        monkeypatch.delitem(sys.modules, module)
+    spec = load_scenario(write(tmp_path, graphs='[serving]\nstack = "sglang"\nfree_order = "lifo"\n'))
+    assert spec.serving == "sglang" and spec.pool.free_order == "lifo"
+    # neither the optional install nor the stack's module is imported to load it (the dry run's miniature)
+    assert "sglang" not in sys.modules and "harness.sglang.stack" not in sys.modules
+    assert spec.run_spec(design="translate", mode="eager", backend="torch_native").serving == "sglang"
+    assert load_scenario(write(tmp_path, name="plain")).serving == "miniature"
+
+
+def test_serving_table_problems_name_the_key_and_what_was_expected(tmp_path):
+    path = write(tmp_path, graphs='[serving]\nstack = "sglnag"\nfree_order = 3\nkind = "x"\n')
+    text = "\n".join(problems_of(path))
+    assert (f"{path}: serving.stack: unknown serving stack 'sglnag' (did you mean 'sglang'?); known serving stacks: "
+            "miniature, sglang, or an import path 'package.module:Class'") in text
+    assert f"{path}: serving.free_order: expected one of 'lowest', 'fifo', 'lifo', got integer 3" in text
+    assert f"{path}: serving.kind: unknown key; expected one of stack, free_order" in text
+    assert_problem(write(tmp_path, name="b", graphs='[serving]\nstack = "not a name"\n'), "serving.stack",
+                   "expected a serving stack's name or an import path 'package.module:Class', got 'not a name'")
+    assert_problem(write(tmp_path, name="c", graphs='[serving]\nfree_order = "highest"\n'), "serving.free_order",
+                   "expected one of 'lowest', 'fifo', 'lifo', got string 'highest'")
+    assert_problem(write(tmp_path, name="d", pool="[pool]\nfull_size = 64\nswa_size = 32\nfree_order = \"fifo\"\n",
+                         graphs='[serving]\nfree_order = "fifo"\n'), "serving.free_order: given in [pool] too")
+    # the old docs' spelling, a top-level string
+    assert_problem(write(tmp_path, name="e", head=PARTS["head"] + 'serving = "sglang"\n'),
+                   "serving: expected a table, got string 'sglang'")

@@ -95,3 +95,51 @@ def test_run_spec_problems_use_the_same_rules():
     assert "model.head_dim: expected an even number for RoPE, got 15" in found
     assert "kv_write: 'fused_fp8' needs pool.kv_dtype = 'fp8_e4m3', got 'float32'" in found
     assert any(p.startswith("faults: unknown fault 'nope'") for p in found)
+
+
+def _run_spec(**changes) -> RunSpec:
+    base = RunSpec(model=model_spec("gpt-oss-mini"), pool=PoolSpec(full_size=64, swa_size=32, page_size=4,
+                                                                   free_order="fifo"),
+                   timeline=TimelineSpec(requests=(RequestSpec(rid="a", prompt_len=9, output_len=4),
+                                                   RequestSpec(rid="b", arrive=1, prompt_len=3, output_len=6)), seed=5),
+                   design="memoized", mode=Mode.FULL, graphs=GraphSpec(decode_buckets=(1, 2)))
+    return dataclasses.replace(base, **changes)
+
+
+def test_a_generated_run_becomes_a_scenario_file_that_round_trips_and_loads(tmp_path):
+    from harness.scenario import scenario_of
+
+    spec = scenario_of(_run_spec(), name="fuzz_7", description="found by a fuzzer", designs=("memoized", "plan"),
+                       modes=("eager", "full"))
+    assert [(e.design, e.verdict) for e in spec.expectations] == [("memoized", "match"), ("plan", "match")]
+    assert "declared sound" in spec.expectations[0].why and check_scenario(spec) == []
+    text = scenario_toml(spec)
+    assert '[serving]\nfree_order = "fifo"' in text and "free_order" not in text.split("[pool]")[1].split("[")[0]
+    path = tmp_path / "fuzz_7.toml"
+    path.write_text(text)
+    assert load_scenario(path) == dataclasses.replace(spec, path=path)
+    assert spec.run_spec(design="memoized", mode="full", backend="torch_native") == _run_spec()
+
+
+def test_a_generated_scenario_leaves_a_known_wrong_design_and_a_faulted_run_to_the_caller():
+    from harness.scenario import scenario_of
+
+    with pytest.raises(ValueError, match="'stale_state': it is declared known-wrong"):
+        scenario_of(_run_spec(design="stale_state"), name="g", description="d")
+    with pytest.raises(ValueError, match="'translate': the run has faults"):
+        scenario_of(_run_spec(design="translate", faults=frozenset({"no_zero_swa_pad"})), name="g", description="d")
+    given = Expectation(design="stale_state", verdict=Outcome.DIVERGE, why="reads a stale attribute")
+    spec = scenario_of(_run_spec(design="stale_state"), name="g", description="d", expectations=(given,))
+    assert spec.expectations == (given,)
+    with pytest.raises(ValueError, match="runner"):
+        scenario_of(_run_spec(runner="x.y:Z"), name="g", description="d")
+
+
+def test_the_serving_table_round_trips_a_stack_by_name_and_by_import_path(tmp_path):
+    for stack in ("sglang", "some_pkg.stacks:MyStack"):
+        spec = _spec(serving=stack)
+        path = tmp_path / "py_built.toml"
+        path.write_text(scenario_toml(spec))
+        assert f'[serving]\nstack = "{stack}"' in path.read_text()
+        # the optional install and the third-party module are not imported to load the file
+        assert load_scenario(path) == dataclasses.replace(spec, path=path)

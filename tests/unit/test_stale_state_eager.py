@@ -8,7 +8,7 @@ from harness.runspec import RunSpec
 from harness.serving.model import model_spec
 from harness.serving.pool import PoolSpec
 from harness.serving.timeline import RequestSpec, TimelineSpec
-from harness.serving.workloads import draft_after_prefill
+from workloads import draft_after_prefill
 
 
 def _judge(timeline, design):

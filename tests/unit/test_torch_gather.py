@@ -11,6 +11,7 @@ from harness.graphs.registry import get_engine
 from harness.serving.allocator import SWATokenToKVPoolAllocator
 from harness.serving.batch import ForwardMode, make_forward_batch
 from harness.serving.designs import DESIGNS
+from harness.serving.miniature import MiniatureStack
 from harness.serving.model import model_spec
 from harness.serving.pool import HybridSWAKVPool, PoolSpec, ReqToTokenPool, in_bounds
 
@@ -34,7 +35,7 @@ def _request(page_size: int, *, tokens: int = 11, swa_pages: int = 16):
 
 
 def _builder(pool, r2t, faults=()):
-    backend = backend_class("torch_gather")(model_spec=SPEC, pool=pool, req_to_token=r2t.req_to_token,
+    backend = backend_class("torch_gather")(model_spec=SPEC, stack=MiniatureStack.over(pool, r2t),
                                             design=DESIGNS["forward_batch"], faults=faults)
     return backend.builder
 
@@ -102,12 +103,12 @@ def test_a_translation_table_sized_by_swa_pages_runs_off_at_the_first_full_page_
 
 def _forward(backend_name: str, pool, r2t, row, locs):
     """One decode forward of layer 1 (a full layer) for the request's newest token."""
-    backend = backend_class(backend_name)(model_spec=SPEC, pool=pool, req_to_token=r2t.req_to_token,
+    backend = backend_class(backend_name)(model_spec=SPEC, stack=MiniatureStack.over(pool, r2t),
                                           design=DESIGNS["forward_batch"])
     batch = make_forward_batch(forward_mode=ForwardMode.DECODE, input_ids=torch.zeros(1, dtype=torch.int64),
                                positions=torch.tensor([len(locs) - 1]), req_pool_indices=torch.tensor([row]),
                                prefix_lens=[len(locs) - 1], extend_lens=[1], out_cache_loc=locs[-1:],
-                               req_to_token_pool=r2t, pool=pool)
+                               req_to_token_pool=r2t, pool=pool, translate=pool.translate_loc_from_full_to_swa)
     backend.init_forward_metadata(batch)
     gen = torch.Generator().manual_seed(3)
     hq, hkv, d = SPEC.num_heads, SPEC.num_kv_heads, SPEC.head_dim

@@ -1,4 +1,6 @@
-"""The speculative worker: runs a draft batch as its ``draft_steps`` decode-shaped forwards.
+"""The speculative worker: runs a draft batch as its ``draft_steps`` decode-shaped forwards, each through the
+runner it owns (the run's dispatcher), as SGLang's EAGLE worker owns its draft graph runner. It lives beside
+the runners so that a draft runner can take the whole multi-step loop as one graph.
 
 Each draft step points the batch at new write locations (``out_cache_loc`` reassigned from the batch's
 ``draft_out_cache_loc``). The precomputed ``out_cache_loc_swa`` belongs to the old locations, so the
@@ -8,29 +10,31 @@ it, which the ``stale_swa_after_reassign`` fault re-creates.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
+from collections.abc import Collection
 
 import torch
 
-from .batch import ForwardBatch, ForwardMode
-from .faults import Component, faults_acting_on
+from ..serving.batch import ForwardBatch, ForwardMode
+from ..serving.faults import Component, faults_acting_on
+from .base import Runner
 
 
 class SpeculativeWorker:
     component = Component.SPECULATIVE_WORKER
     known_faults = faults_acting_on(Component.SPECULATIVE_WORKER)
 
-    def __init__(self, faults: Collection[str] = ()) -> None:
+    def __init__(self, runner: Runner, faults: Collection[str] = ()) -> None:
+        self.runner = runner
         self.faults = frozenset(faults) & self.known_faults
 
-    def run(self, forward: Callable[[ForwardBatch], torch.Tensor], batch: ForwardBatch) -> list[torch.Tensor]:
+    def run(self, batch: ForwardBatch) -> list[torch.Tensor]:
         """Hidden states of every forward the batch takes: one, or one per speculative draft step."""
         if batch.forward_mode is not ForwardMode.DRAFT:
-            return [forward(batch)]
+            return [self.runner.forward(batch)]
         outs = []
         for step in range(batch.draft_steps):
             self._enter_draft_step(batch, step)
-            outs.append(forward(batch))
+            outs.append(self.runner.forward(batch))
         return outs
 
     def _enter_draft_step(self, batch: ForwardBatch, step: int) -> None:

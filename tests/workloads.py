@@ -1,8 +1,9 @@
-"""Named workloads reused across eager, graph and emulated runs in the tests (vLLM's BATCH_SPECS idea)."""
+"""Named workloads reused across eager, graph and emulated runs in the tests (vLLM's BATCH_SPECS idea): test
+data, so it lives here; `pythonpath = ["tests"]` (pyproject.toml) makes it `import workloads` from any test."""
 
 from __future__ import annotations
 
-from .timeline import RequestSpec, TimelineSpec
+from harness.serving.timeline import RequestSpec, TimelineSpec
 
 
 def prefill_lengths(window: int) -> TimelineSpec:

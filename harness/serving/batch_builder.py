@@ -1,0 +1,190 @@
+"""The scheduler's batch building: the next step's ``ForwardBatch`` from the running and waiting requests.
+
+A step runs an extend batch while any request still has prompt tokens to prefill (chunked by
+``chunk_size``), the ones mid-prefill first, then waiting ones after their matched prefix while the chunk
+budget lasts; otherwise one decode batch of every running request (or a speculative draft batch of
+``draft_steps`` forwards, its slots allocated step-major). Slots, rows and the batch's SWA locations come
+from the run's serving stack (``ServingStack.translate``), never a pool directly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .batch import ForwardBatch, ForwardMode, make_forward_batch
+from .eviction_driver import EvictionDriver
+from .loc_plan import KVIndexTranslator
+from .pool import PoolExhausted
+from .requests import Req, RequestBook
+from .stack import ServingStack
+from .timeline import TimelineSpec, TokenKey
+
+
+@dataclass(slots=True, kw_only=True)
+class ScheduledStep:
+    index: int
+    batch: ForwardBatch
+    forwards: tuple[tuple[TokenKey, ...], ...]
+    """owner of each token row, per forward (a draft step runs several forwards)"""
+    aborted: tuple[str, ...] = ()
+    """requests aborted (both pools freed) before this step's batch was built"""
+
+    @property
+    def kind(self) -> str:
+        return self.batch.forward_mode.value
+
+
+class BatchBuilder:
+    """Builds each step's batch for the scheduler, over its request book."""
+
+    def __init__(self, book: RequestBook, *, stack: ServingStack, timeline: TimelineSpec,
+                 translator: KVIndexTranslator, driver: EvictionDriver) -> None:
+        self.book = book
+        self.stack = stack
+        self.timeline = timeline
+        self.translator = translator
+        self.driver = driver
+        self.cache = driver.cache
+        # only a stack with an SWA pool has SWA locations to precompute (SGLang's hybrid pools)
+        self._translate = stack.translate if stack.asks_swa_design else None
+
+    def next_step_pages(self) -> int:
+        """Pages (of each pool) the batch ``next_step`` would build now allocates."""
+        page = self.stack.page_size
+
+        def opening(pre: int, n: int) -> int:
+            return -(-(pre + n) // page) - -(-pre // page)
+
+        prefilling = [r for r in self.book.running if r.prefilling]
+        if prefilling or self.book.waiting:
+            return sum(opening(req.seq_len if req.row >= 0 else self.driver.matched(req), n)
+                       for req, n in self._plan_extend(prefilling))
+        steps = self._decode_steps(self.book.running) if self.book.running else 0
+        return sum(opening(r.seq_len + i, 1) for i in range(steps) for r in self.book.running)
+
+    def _alloc(self, *, prefix_lens: list[int], extend_lens: list[int], last_locs: list[int]) -> torch.Tensor:
+        """Slots from the stack; when a pool runs out with a prefix cache, the cache gives some back first."""
+        while True:
+            try:
+                return self.stack.alloc_extend(prefix_lens=prefix_lens, extend_lens=extend_lens, last_locs=last_locs)
+            except PoolExhausted as exc:
+                if self.cache is None or not self.cache.evict(exc.field):
+                    raise
+
+    def build(self) -> ScheduledStep | None:
+        prefilling = [r for r in self.book.running if r.prefilling]
+        if prefilling or self.book.waiting:
+            return self._build_extend(prefilling)
+        if self.book.running:
+            return self._build_decode()
+        return None
+
+    def _plan_extend(self, prefilling: list[Req]) -> list[tuple[Req, int]]:
+        """The requests of the next extend batch and how many tokens each adds: the ones mid-prefill first,
+        then waiting ones (after their matched prefix) while the chunk budget lasts."""
+        budget = self.timeline.chunk_size or 1 << 30
+        chosen: list[tuple[Req, int]] = []
+        for req in prefilling:
+            if budget <= 0:
+                break
+            n = min(req.spec.prompt_len - req.seq_len, budget)
+            chosen.append((req, n))
+            budget -= n
+        for req in self.book.waiting:
+            if budget <= 0:
+                break
+            n = min(req.spec.prompt_len - self.driver.matched(req), budget)
+            chosen.append((req, n))
+            budget -= n
+        return chosen
+
+    def _build_extend(self, prefilling: list[Req]) -> ScheduledStep:
+        if self.cache is not None:
+            for req in self.book.waiting:
+                if req.lease is None:
+                    self.driver.match(req)  # arrived while nothing ran: matched at admission
+        chosen = self._plan_extend(prefilling)
+        for req, _ in chosen:
+            if req.row >= 0:
+                continue  # already running: mid-prefill
+            self.book.admit(req)
+            if self.cache is not None:
+                self.driver.admit_shared(req)
+        ids, positions, rows, prefix_lens, extend_lens, locs, owners = [], [], [], [], [], [], []
+        for req, n in chosen:
+            start = req.seq_len
+            slots = self._alloc(prefix_lens=[start], extend_lens=[n], last_locs=[req.last_loc])
+            self.stack.write_req_to_token(req.row, start, slots)
+            req.slots.extend(slots.tolist())
+            ids.append(req.tokens[start : start + n])
+            positions.append(torch.arange(start, start + n))
+            rows.append(req.row)
+            prefix_lens.append(start)
+            extend_lens.append(n)
+            locs.append(slots)
+            owners.extend(TokenKey(req.spec.rid, p) for p in range(start, start + n))
+            req.seq_len += n
+        out_cache_loc = torch.cat(locs)
+        batch = make_forward_batch(
+            forward_mode=ForwardMode.EXTEND,
+            input_ids=torch.cat(ids).to(self.book.device),
+            positions=torch.cat(positions).to(self.book.device),
+            req_pool_indices=torch.tensor(rows, dtype=torch.int64, device=self.book.device),
+            prefix_lens=prefix_lens,
+            extend_lens=extend_lens,
+            out_cache_loc=out_cache_loc,
+            req_to_token_pool=self.stack.req_to_token_pool,
+            pool=self.stack.pool,
+            translate=self._translate,
+            kv_loc_plan=self.translator.own_plan(self.book.step, out_cache_loc),
+        )
+        return ScheduledStep(index=self.book.step, batch=batch, forwards=(tuple(owners),))
+
+    def _build_decode(self) -> ScheduledStep:
+        reqs = list(self.book.running)
+        steps = self._decode_steps(reqs)
+        # step-major allocation: all of draft step 0's slots, then step 1's ...
+        ids = torch.zeros((steps, len(reqs)), dtype=torch.int64)
+        forwards: list[tuple[TokenKey, ...]] = []
+        loc_rows = []
+        for i in range(steps):
+            locs = self._alloc(prefix_lens=[r.seq_len + i for r in reqs], extend_lens=[1] * len(reqs),
+                               last_locs=[r.last_loc for r in reqs])
+            loc_rows.append(locs)
+            owners = []
+            for b, req in enumerate(reqs):
+                pos = req.seq_len + i
+                self.stack.write_req_to_token(req.row, pos, locs[b : b + 1])
+                req.slots.append(int(locs[b]))
+                ids[i, b] = req.tokens[pos]
+                owners.append(TokenKey(req.spec.rid, pos))
+            forwards.append(tuple(owners))
+        prefix_lens = [r.seq_len for r in reqs]
+        for req in reqs:
+            req.seq_len += steps
+            req.decoded += 1
+        draft = self.timeline.draft_steps > 0
+        batch = make_forward_batch(
+            forward_mode=ForwardMode.DRAFT if draft else ForwardMode.DECODE,
+            input_ids=ids[0].to(self.book.device),
+            positions=torch.tensor(prefix_lens, dtype=torch.int64, device=self.book.device),
+            req_pool_indices=torch.tensor([r.row for r in reqs], dtype=torch.int64, device=self.book.device),
+            prefix_lens=prefix_lens,
+            extend_lens=[1] * len(reqs),
+            out_cache_loc=loc_rows[0],
+            req_to_token_pool=self.stack.req_to_token_pool,
+            pool=self.stack.pool,
+            translate=self._translate,
+            draft_out_cache_loc=torch.stack(loc_rows) if draft else None,
+            draft_input_ids=ids.to(self.book.device) if draft else None,
+            kv_loc_plan=self.translator.own_plan(self.book.step, torch.cat(loc_rows)),
+        )
+        return ScheduledStep(index=self.book.step, batch=batch, forwards=tuple(forwards))
+
+    def _decode_steps(self, reqs: list[Req]) -> int:
+        """Forwards of the next decode step: one, or the draft length (no request drafting past its end)."""
+        if self.timeline.draft_steps > 0:
+            return min(self.timeline.draft_steps, *(r.total_len - r.seq_len for r in reqs))
+        return 1
