@@ -30,6 +30,7 @@ What is not SGLang's, each the narrowest change found (``docs/sglang-graphs.md``
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -42,7 +43,7 @@ from ..runspec import RunSpec
 from ..serving.batch import ForwardMode
 from ..serving.model import SyntheticModel
 from ..serving.scheduler import Scheduler
-from ..serving.stack import StackSpec
+from ..serving.stack import stack_spec
 from .differential import comparable_spec
 from .eviction import InstalledSGLangEviction
 from .installed import load
@@ -164,9 +165,8 @@ class TimelineRun:
 
 
 def _stack(spec: RunSpec) -> SGLangStack:
-    return SGLangStack.build(StackSpec(pool=spec.pool, layer_is_swa=spec.model.layer_is_swa,
-                                       num_kv_heads=spec.model.num_kv_heads, head_dim=spec.model.head_dim,
-                                       poison_freed=False))
+    # unpoisoned: both runs start from zeroed pools, so the only differences are what the runs wrote
+    return SGLangStack.build(dataclasses.replace(stack_spec(spec.model, spec.pool), poison_freed=False))
 
 
 def _sglang_batch(api: Any, batch: Any, positions: torch.Tensor) -> Any:
@@ -248,24 +248,24 @@ def _eager(api: Any, model_runner: Any, backend: Any, fb: Any) -> None:
 @dataclass(frozen=True, slots=True)
 class SlotDifference:
     pool: str
+    """the KV group (``full`` or ``swa``)"""
     layer: int
     slot: int
     max_abs: float
 
 
 def kv_differences(eager: TimelineRun, graph: TimelineRun, *, atol: float = 0.0) -> list[SlotDifference]:
-    """Every slot (but the dummy page, where padded rows write) whose K or V differs between the two runs."""
+    """Every slot (but the dummy page, where padded rows write) whose K or V differs between the two runs, in
+    every KV group and layer."""
     out = []
     a, b = eager.stack.kv_buffers(), graph.stack.kv_buffers()
-    p = eager.stack.page_size
-    for pool, (ka, va, kb, vb) in {"full": (a.full_k, a.full_v, b.full_k, b.full_v),
-                                   "swa": (a.swa_k, a.swa_v, b.swa_k, b.swa_v)}.items():
-        layer_ids = [i for i, swa in enumerate(eager.stack.spec.layer_is_swa) if swa == (pool == "swa")]
-        for n, layer in enumerate(layer_ids):
-            diff = torch.maximum((ka[n] - kb[n]).abs().flatten(1).amax(1), (va[n] - vb[n]).abs().flatten(1).amax(1))
+    for group, mine, theirs in zip(a.groups.groups, a.buffers, b.buffers):
+        for n, layer in enumerate(group.layer_ids):
+            diff = torch.maximum((mine.k[n] - theirs.k[n]).abs().flatten(1).amax(1),
+                                 (mine.v[n] - theirs.v[n]).abs().flatten(1).amax(1))
             for slot in (diff > atol).nonzero().flatten().tolist():
-                if slot >= p:
-                    out.append(SlotDifference(pool, layer, slot, float(diff[slot])))
+                if slot >= group.page_size:
+                    out.append(SlotDifference(group.name, layer, slot, float(diff[slot])))
     return out
 
 
