@@ -1,8 +1,9 @@
 """SGLang's own decode graph runner (``DecodeCudaGraphRunner``, 0.5.23), captured and replayed on the tape.
 
-The runner is SGLang's, constructed over the stand-in model runner (``model_runner.py``) inside
-``get_engine("tape").run()``: its bucket list, static buffers (``DecodeInputBuffers`` and the buffer registry),
-capture loop, ``FullCudaGraphBackend`` (picked the way SGLang picks it, ``resolve_decode_backend``, from the
+The runner is SGLang's, constructed over the stand-in model runner (``model_runner.py``) inside a tape
+run (``engine.run()`` of the engine the caller passes: the SGLang target sits below the graph machinery and
+never imports it): its bucket list, static buffers (``DecodeInputBuffers`` and the buffer registry), capture
+loop, ``FullCudaGraphBackend`` (picked the way SGLang picks it, ``resolve_decode_backend``, from the
 published ``cuda_graph_config``), ``can_run_graph``, ``load_batch`` (the padding of every static buffer) and
 ``execute`` all run unchanged. ``FullCudaGraphBackend`` opens ``torch.cuda.CUDAGraph`` / ``torch.cuda.graph``
 itself; during the run those names, the streams, the pool handle and ``synchronize`` are the tape's stand-ins
@@ -32,13 +33,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from ..graphs import get_engine
 from ..runspec import RunSpec
 from ..serving.batch import ForwardMode
 from ..serving.model import SyntheticModel
@@ -192,8 +192,10 @@ def _sglang_batch(api: Any, batch: Any, positions: torch.Tensor) -> Any:
     return fb
 
 
-def run_timeline(spec: RunSpec, *, graphs: bool) -> TimelineRun:
-    """``spec``'s timeline on the installed SGLang: every forward eager, or decode batches through the runner."""
+def run_timeline(spec: RunSpec, *, engine: Any = None) -> TimelineRun:
+    """``spec``'s timeline on the installed SGLang: every forward eager, or, given a graph engine (the caller's:
+    the SGLang target sits below the graph machinery and never picks one), decode batches through the runner
+    inside ``engine.run()``."""
     api = load()
     spec = comparable_spec(spec)  # SGLang's free order and eviction policy (the differential test's knobs)
     stack = _stack(spec)
@@ -206,8 +208,8 @@ def run_timeline(spec: RunSpec, *, graphs: bool) -> TimelineRun:
     buckets = tuple(spec.graphs.decode_buckets)
     with get_exec().graph.override(cuda_graph_config=graph_config(buckets)):
         model_runner.share_logits_buffer()
-        with get_engine("tape").run() as run:
-            runner = _tape_runner_class()(model_runner) if graphs else None
+        with engine.run() if engine is not None else nullcontext() as run:
+            runner = _tape_runner_class()(model_runner) if engine is not None else None
             if runner is not None:
                 result.captured, result.regions = tuple(runner.capture_bs), len(run.regions)
                 result.backend = type(runner.backend).__name__

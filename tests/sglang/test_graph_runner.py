@@ -39,7 +39,8 @@ def graph_runner():
 def padded(graph_runner):
     """swa_decode_padded_buckets (buckets 1, 2, 4; decode batches of 4, 3, 2 and 1): eager and replayed."""
     spec = _spec("swa_decode_padded_buckets")
-    return spec, graph_runner.run_timeline(spec, graphs=False), graph_runner.run_timeline(spec, graphs=True)
+    tape = get_engine("tape")
+    return spec, graph_runner.run_timeline(spec, engine=None), graph_runner.run_timeline(spec, engine=tape)
 
 
 def test_the_runner_captures_every_bucket_of_the_scenario_as_one_region_each(padded):
@@ -77,7 +78,7 @@ def test_the_replayed_run_leaves_both_pools_as_the_eager_run_does(padded, graph_
 def test_swa_ids_left_at_their_capture_values_are_flagged_in_the_swa_pool(padded, graph_runner):
     spec, eager, _ = padded
     with graph_runner.swa_ids_filled_at_capture_only():
-        faulty = graph_runner.run_timeline(spec, graphs=True)
+        faulty = graph_runner.run_timeline(spec, engine=get_engine("tape"))
     differences = graph_runner.kv_differences(eager, faulty)
     assert any(d.pool == "swa" for d in differences)
     # the capture batch's SWA ids are the runner's dummy rows: every replay wrote its SWA layers at slot 0,
@@ -89,7 +90,7 @@ def test_swa_ids_left_at_their_capture_values_are_flagged_in_the_swa_pool(padded
 def test_a_padded_out_cache_loc_row_left_at_a_live_slot_is_flagged_where_it_wrote(padded, graph_runner):
     spec, eager, _ = padded
     with graph_runner.padded_out_cache_loc_left_stale():
-        faulty = graph_runner.run_timeline(spec, graphs=True)
+        faulty = graph_runner.run_timeline(spec, engine=get_engine("tape"))
     stale = {s for d in faulty.decodes for s in d.padded_out_cache_loc[d.raw_bs:] if s != 0}
     assert stale, "no padded row kept an earlier batch's slot"
     differences = graph_runner.kv_differences(eager, faulty)
@@ -139,10 +140,10 @@ def test_every_library_decode_timeline_replays_to_the_eager_pools(path, graph_ru
         pytest.skip("draft (speculative) batches: the decode runner's TARGET_VERIFY / draft paths are not adapted")
     if path.stem in EAGER_EXTEND_RAISES:
         with pytest.raises(IndexError):
-            graph_runner.run_timeline(spec, graphs=False)
+            graph_runner.run_timeline(spec, engine=None)
         return
-    eager = graph_runner.run_timeline(spec, graphs=False)
-    graph = graph_runner.run_timeline(spec, graphs=True)
+    eager = graph_runner.run_timeline(spec, engine=None)
+    graph = graph_runner.run_timeline(spec, engine=get_engine("tape"))
     if not graph.decodes:
         pytest.skip("the timeline has no decode batch")
     # a batch larger than every bucket runs eagerly (can_run_graph says no); every other one replays
