@@ -11,8 +11,9 @@ thread's run only (``region.py``):
 * streams are ordered already (CPU ops run in program order), so joining them is a no-op; a run
   keeps its own default stream and the current stream, and a capture on the default stream is
   refused, as CUDA refuses it;
-* ``synchronize()`` and a capturing stream's ``synchronize()`` / ``query()`` are host syncs: refused
-  during capture (``CaptureError``), no-ops otherwise;
+* ``synchronize()``, a capturing stream's ``synchronize()`` / ``query()`` and an event's are host syncs:
+  refused during capture (``CaptureError``), no-ops otherwise; recording and waiting on an event are
+  allowed (CPU ops have run by the time anything waits);
 * ``torch.cuda.graph(...)`` is the block ``torch.cuda.graph`` is: a synchronize, the capture
   stream made current (its own side stream unless ``stream=`` is given), ``capture_begin`` with the
   pool and ``capture_error_mode``, and at the end ``capture_end`` (or, when the block raised, the
@@ -118,6 +119,11 @@ class Stream:
     def wait_event(self, event: Any) -> None:
         pass
 
+    def record_event(self, event: Any = None) -> Any:
+        event = Event() if event is None else event
+        event.record(self)
+        return event
+
     def synchronize(self) -> None:
         _refuse_sync("Stream.synchronize")
 
@@ -140,6 +146,47 @@ class Stream:
 
     def __repr__(self) -> str:
         return f"<torch.cuda.Stream (tape) cuda_stream={self.cuda_stream}{' default' if self._default else ''}>"
+
+
+@standin("Event")
+class Event:
+    """``torch.cuda.Event`` on the tape: CPU ops run in program order, so every recorded event has completed.
+
+    ``record`` and ``wait`` are allowed during capture (CUDA captures them as graph nodes); ``synchronize``
+    and ``query`` are host syncs, refused during capture as on a device.  The tape keeps no device clock, so
+    ``elapsed_time`` raises instead of answering.
+    """
+
+    _harness_original: Any
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        if _state() is None:
+            return cls._harness_original(*args, **kwargs)
+        return super().__new__(cls)
+
+    def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False,
+                 **_options: Any) -> None:
+        self.enable_timing = enable_timing
+        self.recorded = False
+
+    def record(self, stream: Any = None) -> None:
+        self.recorded = True
+
+    def wait(self, stream: Any = None) -> None:
+        pass  # what the event marks has already run
+
+    def query(self) -> bool:
+        _refuse_sync("Event.query")
+        return True
+
+    def synchronize(self) -> None:
+        _refuse_sync("Event.synchronize")
+
+    def elapsed_time(self, end_event: Any) -> float:
+        raise RuntimeError("Event.elapsed_time: the tape plays graph semantics on the CPU and keeps no device time")
+
+    def __repr__(self) -> str:
+        return f"<torch.cuda.Event (tape){' recorded' if self.recorded else ''}>"
 
 
 @standin("current_stream")
@@ -306,7 +353,7 @@ def current_device() -> int:
     return ORIGINALS["current_device"]() if state is None else 0
 
 
-NAMES = ("CUDAGraph", "graph", "graph_pool_handle", "Stream", "current_stream", "default_stream", "set_stream",
-         "stream", "synchronize", "get_device_capability", "get_device_name", "mem_get_info", "device_count",
-         "current_device")
+NAMES = ("CUDAGraph", "graph", "graph_pool_handle", "Stream", "Event", "current_stream", "default_stream",
+         "set_stream", "stream", "synchronize", "get_device_capability", "get_device_name", "mem_get_info",
+         "device_count", "current_device")
 """The ``torch.cuda`` names a tape run patches."""

@@ -177,6 +177,32 @@ def test_synchronizing_inside_a_region_is_refused():
         del y
 
 
+def test_events_record_and_wait_inside_a_region_and_their_syncs_are_refused():
+    x = torch.ones(2)
+    with get_engine("tape").run() as run:
+        done = torch.cuda.Event()
+        done.record()
+        assert done.query() and repr(done).endswith("recorded>")
+        done.synchronize()  # outside a capture: a no-op
+        stream = torch.cuda.Stream()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            y = x * 2
+            marker = stream.record_event()  # an event node, as CUDA captures one
+            torch.cuda.current_stream().wait_event(marker)
+            marker.wait()
+        for sync_call in (done.synchronize, done.query):
+            with pytest.raises(CaptureError, match="synchronization") as info:
+                with torch.cuda.graph(torch.cuda.CUDAGraph(), stream=stream):
+                    sync_call()
+            assert "test_region.py" in info.value.location
+        with pytest.raises(RuntimeError, match="no device time"):
+            done.elapsed_time(marker)
+        graph.replay()
+    assert len(run.regions) == 1 and y.tolist() == [2.0, 2.0]
+    assert torch.cuda.Event is _NAMES_BEFORE["Event"]
+
+
 def test_a_capture_on_the_default_stream_is_refused():
     with get_engine("tape").run():
         graph = torch.cuda.CUDAGraph()

@@ -1,0 +1,319 @@
+"""SGLang's own decode graph runner (``DecodeCudaGraphRunner``, 0.5.23), captured and replayed on the tape.
+
+The runner is SGLang's, constructed over the stand-in model runner (``model_runner.py``) inside a tape
+run (``engine.run()`` of the engine the caller passes: the SGLang target sits below the graph machinery and
+never imports it): its bucket list, static buffers (``DecodeInputBuffers`` and the buffer registry), capture
+loop, ``FullCudaGraphBackend`` (picked the way SGLang picks it, ``resolve_decode_backend``, from the
+published ``cuda_graph_config``), ``can_run_graph``, ``load_batch`` (the padding of every static buffer) and
+``execute`` all run unchanged. ``FullCudaGraphBackend`` opens ``torch.cuda.CUDAGraph`` / ``torch.cuda.graph``
+itself; during the run those names, the streams, the pool handle and ``synchronize`` are the tape's stand-ins
+(``harness/graphs/_tape_device.py``), so each bucket's capture is one region of the run and each replay plays
+the tape.
+
+What is not SGLang's, each the narrowest change found (``docs/sglang-graphs.md`` says why):
+
+* ``TapeDecodeRunner.device_module`` is ``torch.cuda`` although the runner's device is the CPU. SGLang's
+  ``BaseRunner`` takes the device module from the device (``torch.cpu`` here), which has no graph API; the
+  tensors stay on the CPU, the graph calls go to the names the tape serves.
+* ``GraphTorchNativeAttnBackend``: the installed ``TorchNativeAttnBackend`` with the graph hooks it lacks
+  (``init_cuda_graph_state`` and ``get_cuda_graph_seq_len_fill_value`` raise ``NotImplementedError`` in its
+  base class) and with a decode read of static shape: its own ``_run_sdpa_forward_decode`` slices
+  ``req_to_token`` with a device length (``.item()``, a host sync the tape refuses during capture, as CUDA
+  does). Its writes are SGLang's (``forward_decode`` -> ``SWAKVPool.set_kv_buffer(KVWriteLoc(out_cache_loc,
+  swa_out_cache_loc))``); in a graph the SWA locations come from the in-graph metadata hook, which translates
+  the runner's static ``out_cache_loc`` (padded by the runner) into a static buffer.
+
+``run_timeline`` drives a scenario's timeline through the real pool and allocator (the harness scheduler over
+``SGLangStack``, SGLang's eviction function) twice from the same seed: eagerly (``init_forward_metadata`` and
+``model.forward`` per batch), and with every decode batch the runner can take replayed (``can_run_graph`` then
+``execute``); prefill batches are eager in both. ``kv_differences`` compares the two runs' pools slot by slot.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..runspec import RunSpec
+from ..serving.batch import ForwardMode
+from ..serving.model import SyntheticModel
+from ..serving.scheduler import Scheduler
+from ..serving.stack import stack_spec
+from .differential import comparable_spec
+from .eviction import InstalledSGLangEviction
+from .installed import load
+from .model_runner import harness_model_runner
+from .stack import SGLangStack
+
+_CLASSES: dict[str, type] = {}
+
+
+def _graph_torch_native_class() -> type:
+    if "backend" in _CLASSES:
+        return _CLASSES["backend"]
+    api = load()
+
+    class GraphTorchNativeAttnBackend(api.TorchNativeAttnBackend):
+        """The installed torch-native backend with the graph hooks SGLang's graph runner calls."""
+
+        def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
+            # the SWA write ids a captured forward reads: one static buffer, refilled inside the graph
+            self.graph_swa_out_cache_loc = torch.zeros(max_num_tokens, dtype=torch.int64, device=self.device)
+
+        def get_cuda_graph_seq_len_fill_value(self) -> int:
+            return 1  # what SGLang's paged backends (flashinfer, trtllm_mha) pad seq_lens with
+
+        def init_forward_metadata_in_graph(self, forward_batch: Any) -> None:
+            """Translate the runner's static ``out_cache_loc`` into the static SWA ids inside the graph, so a
+            replay writes where this batch's (padded) locations map."""
+            if not self.use_sliding_window_kv_pool:
+                self.swa_out_cache_loc = None
+                return
+            loc = forward_batch.out_cache_loc
+            out = self.graph_swa_out_cache_loc[: loc.shape[0]]
+            torch.index_select(self.token_to_kv_pool.full_to_swa_index_mapping, 0, loc, out=out)
+            self.swa_out_cache_loc = out
+
+        def _run_sdpa_forward_decode(self, query, output, k_cache, v_cache, req_to_token, req_pool_indices,
+                                     seq_lens, encoder_lens=None, scaling=None, enable_gqa=False, causal=False,
+                                     is_cross_attn=False, sliding_window_size=None):  # noqa: ANN001, ANN202
+            """Decode attention over every column of the request's row, masked to its keys (static shapes).
+            An SWA layer reads at the translated SWA slots, where its writes land."""
+            if encoder_lens is not None or is_cross_attn:
+                raise NotImplementedError("encoder-decoder models: not adapted")
+            width = req_to_token.shape[1]
+            slots = req_to_token[req_pool_indices].to(torch.int64)  # [bs, width]
+            pos = torch.arange(width, device=slots.device)[None, :]
+            last = (seq_lens - 1)[:, None]
+            visible = pos <= last
+            if sliding_window_size is not None:
+                visible = visible & (pos >= last - sliding_window_size)
+            # columns past a request's keys hold whatever the row last held (SGLang does not zero freed rows)
+            slots = torch.where(visible, slots, torch.zeros_like(slots))
+            if sliding_window_size is not None and self.use_sliding_window_kv_pool:
+                slots = self.token_to_kv_pool.translate_loc_from_full_to_swa(slots)
+            keys, values = k_cache[slots], v_cache[slots]  # [bs, width, Hkv, D]
+            bs, heads, dim = query.shape
+            kv_heads = keys.shape[2]
+            q = query.view(bs, kv_heads, heads // kv_heads, dim)
+            scores = torch.einsum("bkgd,bwkd->bkgw", q.float(), keys.float()) * scaling
+            scores = scores.masked_fill(~visible[:, None, None, :], float("-inf"))
+            weights = torch.softmax(scores, dim=-1)
+            # a masked key's value is not read: zero it rather than multiply it by zero
+            values = torch.where(visible[:, :, None, None], values, torch.zeros_like(values))
+            out = torch.einsum("bkgw,bwkd->bkgd", weights, values.float())
+            output.copy_(out.reshape(bs, heads, dim).to(output.dtype))
+            return output
+
+    _CLASSES["backend"] = GraphTorchNativeAttnBackend
+    return GraphTorchNativeAttnBackend
+
+
+def _tape_runner_class() -> type:
+    if "runner" in _CLASSES:
+        return _CLASSES["runner"]
+    load()
+    from sglang.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
+
+    class TapeDecodeRunner(DecodeCudaGraphRunner):
+        """``DecodeCudaGraphRunner`` whose device module is ``torch.cuda`` (the tape's, during a run) on a CPU."""
+
+        # BaseRunner.__init__ assigns torch.get_device_module(device): torch.cpu, which has no graph API
+        device_module = property(lambda self: torch.cuda, lambda self, value: None)
+
+    _CLASSES["runner"] = TapeDecodeRunner
+    return TapeDecodeRunner
+
+
+def graph_config(buckets: Sequence[int]) -> Any:
+    """SGLang's ``CudaGraphConfig``: the full decode backend over ``buckets``, prefill graphs off."""
+    load()
+    from sglang.srt.model_executor.cuda_graph_config import Backend, CudaGraphConfig, PhaseConfig
+
+    return CudaGraphConfig(decode=PhaseConfig(backend=Backend.FULL, bs=list(buckets), max_bs=max(buckets)),
+                           prefill=PhaseConfig(backend=Backend.DISABLED))
+
+
+@dataclass(slots=True, kw_only=True)
+class DecodeReplay:
+    """What the runner did with one decode batch."""
+
+    step: int
+    raw_bs: int
+    bucket: int | None
+    """the captured batch size it replayed (None: it ran eagerly, ``can_run_graph`` said no)"""
+    padded_out_cache_loc: tuple[int, ...] = ()
+    """the runner's static ``out_cache_loc`` after ``load_batch``, every row of the bucket"""
+    padded_seq_lens: tuple[int, ...] = ()
+    padded_req_pool_indices: tuple[int, ...] = ()
+
+
+@dataclass(slots=True, kw_only=True)
+class TimelineRun:
+    stack: SGLangStack
+    captured: tuple[int, ...] = ()
+    """the buckets the runner captured, one region each"""
+    regions: int = 0
+    backend: str = ""
+    """the class of the runner's graph backend (SGLang's ``resolve_decode_backend`` picks it)"""
+    decodes: list[DecodeReplay] = field(default_factory=list)
+
+
+def _stack(spec: RunSpec) -> SGLangStack:
+    # unpoisoned: both runs start from zeroed pools, so the only differences are what the runs wrote
+    return SGLangStack.build(dataclasses.replace(stack_spec(spec.model, spec.pool), poison_freed=False))
+
+
+def _sglang_batch(api: Any, batch: Any, positions: torch.Tensor) -> Any:
+    """The installed ``ForwardBatch`` for one of the harness scheduler's batches."""
+    from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
+
+    extend = batch.forward_mode is ForwardMode.EXTEND
+    seq_lens_cpu = batch.seq_lens.cpu()
+    fb = api.ForwardBatch(
+        forward_mode=api.ForwardMode.EXTEND if extend else api.ForwardMode.DECODE, batch_size=batch.batch_size,
+        input_ids=batch.input_ids.to(torch.int64), req_pool_indices=batch.req_pool_indices.to(torch.int64),
+        seq_lens=batch.seq_lens.to(torch.int64), out_cache_loc=batch.out_cache_loc.to(torch.int64),
+        seq_lens_sum=int(seq_lens_cpu.sum()), positions=positions.to(torch.int64), seq_lens_cpu=seq_lens_cpu,
+        # what ForwardBatch.init_new sets for a batch that asks for no hidden states
+        capture_hidden_mode=CaptureHiddenMode.NULL,
+    )
+    if extend:
+        fb.extend_seq_lens = batch.extend_seq_lens
+        fb.extend_prefix_lens = batch.extend_prefix_lens
+        fb.extend_seq_lens_cpu = list(batch.extend_seq_lens_cpu)
+        fb.extend_prefix_lens_cpu = batch.extend_prefix_lens.tolist()
+        fb.extend_num_tokens = int(batch.input_ids.shape[0])
+    return fb
+
+
+def run_timeline(spec: RunSpec, *, engine: Any = None) -> TimelineRun:
+    """``spec``'s timeline on the installed SGLang: every forward eager, or, given a graph engine (the caller's:
+    the SGLang target sits below the graph machinery and never picks one), decode batches through the runner
+    inside ``engine.run()``."""
+    api = load()
+    spec = comparable_spec(spec)  # SGLang's free order and eviction policy (the differential test's knobs)
+    stack = _stack(spec)
+    model = SyntheticModel(spec.model)
+    model_runner = harness_model_runner(stack=stack, model=model, attn_backend_cls=_graph_torch_native_class())
+    backend = model_runner.attn_backend
+    result = TimelineRun(stack=stack)
+    from sglang.srt.runtime_context import get_exec
+
+    buckets = tuple(spec.graphs.decode_buckets)
+    with get_exec().graph.override(cuda_graph_config=graph_config(buckets)):
+        model_runner.share_logits_buffer()
+        with engine.run() if engine is not None else nullcontext() as run:
+            runner = _tape_runner_class()(model_runner) if engine is not None else None
+            if runner is not None:
+                result.captured, result.regions = tuple(runner.capture_bs), len(run.regions)
+                result.backend = type(runner.backend).__name__
+            policy = InstalledSGLangEviction(spec.eviction, window=spec.model.window, page_size=stack.page_size)
+            sched = Scheduler(spec.timeline, stack=stack, eviction=policy, vocab_size=spec.model.vocab_size)
+            with torch.no_grad():
+                while (step := sched.next_step()) is not None:
+                    batch = step.batch
+                    fb = _sglang_batch(api, batch, batch.positions)
+                    decode = batch.forward_mode is ForwardMode.DECODE
+                    if decode and runner is not None:
+                        replay = DecodeReplay(step=step.index, raw_bs=batch.batch_size, bucket=None)
+                        if runner.can_run_graph(fb):
+                            runner.execute(fb)
+                            replay.bucket = runner.bs
+                            static = runner.buffers
+                            replay.padded_out_cache_loc = tuple(static.out_cache_loc[: runner.bs].tolist())
+                            replay.padded_seq_lens = tuple(static.seq_lens[: runner.bs].tolist())
+                            replay.padded_req_pool_indices = tuple(static.req_pool_indices[: runner.bs].tolist())
+                        else:
+                            _eager(api, model_runner, backend, fb)
+                        result.decodes.append(replay)
+                    elif decode or batch.forward_mode is ForwardMode.EXTEND:
+                        _eager(api, model_runner, backend, fb)
+                    else:
+                        raise ValueError(f"step {step.index}: {batch.forward_mode.value} batches are not adapted "
+                                         "to SGLang's graph runner")
+                    sched.finish_step()
+    return result
+
+
+def _eager(api: Any, model_runner: Any, backend: Any, fb: Any) -> None:
+    backend.init_forward_metadata(fb)
+    with api.forward_context(api.ForwardContext(attn_backend=backend), forward_batch=fb):
+        model_runner.model.forward(fb.input_ids, fb.positions, fb)
+
+
+@dataclass(frozen=True, slots=True)
+class SlotDifference:
+    pool: str
+    """the KV group (``full`` or ``swa``)"""
+    layer: int
+    slot: int
+    max_abs: float
+
+
+def kv_differences(eager: TimelineRun, graph: TimelineRun, *, atol: float = 0.0) -> list[SlotDifference]:
+    """Every slot (but the dummy page, where padded rows write) whose K or V differs between the two runs, in
+    every KV group and layer."""
+    out = []
+    a, b = eager.stack.kv_buffers(), graph.stack.kv_buffers()
+    for group, mine, theirs in zip(a.groups.groups, a.buffers, b.buffers):
+        for n, layer in enumerate(group.layer_ids):
+            diff = torch.maximum((mine.k[n] - theirs.k[n]).abs().flatten(1).amax(1),
+                                 (mine.v[n] - theirs.v[n]).abs().flatten(1).amax(1))
+            for slot in (diff > atol).nonzero().flatten().tolist():
+                if slot >= group.page_size:
+                    out.append(SlotDifference(group.name, layer, slot, float(diff[slot])))
+    return out
+
+
+@contextmanager
+def swa_ids_filled_at_capture_only() -> Iterator[None]:
+    """A fault of the graph metadata hook (the family of SGLang PRs 23552 / 24743: static SWA write ids that a
+    replay does not refresh): the SWA ids are translated out of the graph, once, when each bucket is captured,
+    and nothing inside the graph refills them, so every replay writes the SWA layers at the capture batch's
+    ids (the runner's dummy rows: slot 0) instead of this batch's. Eager forwards are untouched."""
+    cls = _graph_torch_native_class()
+    original_in, original_out = cls.init_forward_metadata_in_graph, cls.init_forward_metadata_out_graph
+
+    def out_graph(self, forward_batch, in_capture=False):  # noqa: ANN001, ANN202
+        if in_capture:
+            original_in(self, forward_batch)
+
+    def in_graph(self, forward_batch):  # noqa: ANN001, ANN202
+        pass
+
+    cls.init_forward_metadata_in_graph, cls.init_forward_metadata_out_graph = in_graph, out_graph
+    try:
+        yield
+    finally:
+        cls.init_forward_metadata_in_graph, cls.init_forward_metadata_out_graph = original_in, original_out
+
+
+@contextmanager
+def padded_out_cache_loc_left_stale() -> Iterator[None]:
+    """A fault of the runner's own padding: the registry slot of the static ``out_cache_loc`` copies the
+    batch's rows and leaves the padded tail as the previous replay wrote it (``PaddingPolicy.FOREACH_COPY``
+    instead of SGLang's ``ZERO``), so a padded row writes its K/V at a slot of an earlier batch's token, still
+    live, instead of the dummy slot (the runner-side shape of SGLang PR 24743). Patched where the decode
+    runner looks ``build_decode_registry`` up."""
+    load()
+    import sglang.srt.model_executor.runner.decode_cuda_graph_runner as decode_runner
+    from sglang.srt.model_executor.cuda_graph_buffer_registry import PaddingPolicy
+
+    original = decode_runner.build_decode_registry
+
+    def build(**kwargs):  # noqa: ANN003, ANN202
+        registry = original(**kwargs)
+        registry.get_slot("out_cache_loc").padding_policy = PaddingPolicy.FOREACH_COPY
+        return registry
+
+    decode_runner.build_decode_registry = build
+    try:
+        yield
+    finally:
+        decode_runner.build_decode_registry = original
