@@ -32,6 +32,7 @@ def _leftovers(folder: Path) -> list[str]:
     return sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.name.endswith(".tmp"))
 
 
+@pytest.mark.slow  # a CLI child importing torch: seconds (tests/README.md, "By cost")
 def test_a_full_disk_after_the_runs_keeps_the_json_and_leaves_the_earlier_report_whole(tmp_path, write_scenario):
     write_scenario(tmp_path, "tiny_match")
     (tmp_path / "rep").mkdir()
@@ -50,6 +51,7 @@ def test_a_full_disk_after_the_runs_keeps_the_json_and_leaves_the_earlier_report
     assert _leftovers(tmp_path) == []
 
 
+@pytest.mark.slow  # a CLI child importing torch: seconds (tests/README.md, "By cost")
 def test_a_disk_too_full_for_the_json_says_so_and_leaves_no_part_of_either(tmp_path, write_scenario):
     write_scenario(tmp_path, "tiny_match")
     done = _limited(["-m", "harness", "run", "scenarios", "--jobs", "1", "--json", "out/r.json", "--report-dir",

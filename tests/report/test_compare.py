@@ -424,6 +424,7 @@ def test_a_run_name_with_a_lone_surrogate_gives_a_whole_report(sample_views, tmp
     assert {"index.html", "compare.html", "results.json", "results.csv"} <= {p.name for p in (tmp_path / "cmp").iterdir()}
 
 
+@pytest.mark.slow  # a child under a file-size limit: seconds (tests/README.md, "By cost")
 def test_a_compare_report_that_does_not_fit_leaves_the_earlier_one_whole(sample_views, tmp_path):
     # a file-size limit stands in for a full disk; the comparison's pages and HEAD's land together or not at all
     import resource
