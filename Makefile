@@ -104,7 +104,7 @@ report: $(STAMP)
 # clean scenarios; 117 CPU seconds measured at load 10 on two cores, about 30 % of make report's CPU time), into
 # the same reports/
 report-quick: $(STAMP)
-	$(PY) -m harness report --backend torch_native --no-faults --report-dir reports
+	$(PY) -m harness report --quick --no-faults --report-dir reports
 
 # docs/report-index.png and docs/report-scenario.png for the README, from reports/ (written first if missing)
 screenshots: $(STAMP) chromium

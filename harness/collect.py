@@ -18,6 +18,7 @@ from typing import Iterator
 
 import pytest
 
+from .check.matrix.quick import quick_names
 from .check.matrix.case import Case, CaseResult, Selection, cases
 from .check.run.oracle import certify, dense_oracle
 from .check.matrix.matrix import run_cases, scenario_reference
@@ -72,28 +73,30 @@ class ScenarioFile(pytest.File):
         seen_backends: set[str] = set()
         # how an added design is judged (--harness-expect); None: the default expectation
         expect = getattr(self.config.option, "harness_expect", None)
-        for case in cases(scenario, selection_of(self.config), expect=expect):
+        listed = cases(scenario, selection_of(self.config), expect=expect)
+        quick = quick_names(listed)
+        for case in listed:
             if case.backend not in seen_backends:
                 seen_backends.add(case.backend)
                 oracle = OracleItem.from_parent(self, name=f"{scenario.name}[oracle-{case.backend}]",
                                                 scenario=scenario, backend=case.backend, device=case.device,
                                                 timeout_s=case.timeout_s, declaration_error=case.declaration_error)
-                _mark(oracle, case)
+                _mark(oracle, case, quick=case.backend not in scenario.backends[1:])
                 yield oracle
             item = ScenarioItem.from_parent(self, name=case.name, case=case)
             # tags select with -k, like names do; they are not markers, so no registration is needed
             item.extra_keyword_matches.update(scenario.tags)
-            _mark(item, case)
+            _mark(item, case, quick=case.name in quick)
             yield item
 
 
-def _mark(item: pytest.Item, case: Case) -> None:
+def _mark(item: pytest.Item, case: Case, *, quick: bool) -> None:
     if case.device == "cuda" or case.engine == "cuda":
         item.add_marker("gpu")
-    if case.backend in case.scenario.backends[1:] or (case.scenario.faults and not case.with_faults):
-        # the scenario's other backends read the same pools by other routes, and a fault scenario's clean
-        # reruns show the fault is what it catches: both run in the full suite (make test-slow, CI), and the
-        # quick one (make test) keeps every scenario as written, every design and mode, on its first backend
+    if not quick:
+        # what the quick suite (make test) can leave to the full one (make test-slow, CI runs both): a verdict
+        # the design gives in another mode too, the scenario's other backends, a fault scenario's clean
+        # reruns (check/matrix/quick.py)
         item.add_marker("slow")
     if case.unsupported is not None:
         item.add_marker(pytest.mark.skip(reason=case.unsupported))

@@ -109,6 +109,10 @@ def _cases(args: argparse.Namespace, specs: list[ScenarioSpec], *, keywords: boo
         out.extend(cases(spec, selection, expect=args.expect))
     if keywords and args.keywords is not None:
         out = [c for c in out if args.keywords.matches(_names(c))]
+    if getattr(args, "quick", False):
+        from ..check.matrix.quick import quick
+
+        out = quick(out)
     return out
 
 
@@ -343,6 +347,9 @@ def _add_matrix_options(p: argparse.ArgumentParser) -> None:
                    help="only scenarios that inject this fault (repeatable; the faults column of list)")
     p.add_argument("--no-faults", action="store_true",
                    help="leave out every scenario that injects a fault (its run.faults, wherever the file is)")
+    p.add_argument("--quick", action="store_true",
+                   help="only make test's share of the runs: on each scenario's first backend, with its faults on, "
+                        "each design's every distinct expected verdict once, a graph mode first")
     add_cli_option(p, "engine", type=name_type("engine", Engine), metavar=_choices(Engine))
     add_cli_option(p, "device", type=name_type("device", Device), metavar=_choices(Device), default="cpu")
     p.add_argument("--jobs", type=_positive_int, default=os.cpu_count() or 1,

@@ -63,6 +63,8 @@ _LEAVES = (
     str, bytes, bytearray, int, float, complex, bool, type(None), range, slice,
     enum.Enum, torch.dtype, torch.device, torch.Size, torch.layout, torch.memory_format,
 )
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+"""the leaves most containers hold, by exact type (a subclass still goes through ``_LEAVES``)"""
 _SKIPPED = (
     types.ModuleType, types.FunctionType, types.BuiltinFunctionType, types.MethodType,
     types.BuiltinMethodType, type, property, staticmethod, classmethod,
@@ -113,12 +115,14 @@ def _children(obj: object) -> Iterable[tuple[Step, object]]:
         for i, (k, v) in enumerate(obj.items()):
             if i >= _MAX_ITEMS:
                 break
-            if isinstance(k, (str, int)):
+            if type(v) not in _SCALARS and isinstance(k, (str, int)):
                 yield ("item", k), v
         return
     if isinstance(obj, (list, tuple)):
+        # a free list holds thousands of ints: dropped here, by exact type, they cost no queue entry each
         for i, v in enumerate(obj[:_MAX_ITEMS]):
-            yield ("item", i), v
+            if type(v) not in _SCALARS:
+                yield ("item", i), v
         return
     seen: set[str] = set()
     if isinstance(obj, torch.nn.Module):

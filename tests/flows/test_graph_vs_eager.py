@@ -3,6 +3,7 @@
 import pytest
 
 from harness.serving.model import PRESETS
+from sweeps import each_choice
 
 from ._flows import (
     bitwise_equal,
@@ -15,9 +16,10 @@ from ._flows import (
 )
 
 
-@pytest.mark.parametrize("backend", ["torch_native", "torch_gather"])
-@pytest.mark.parametrize("preset", sorted(PRESETS))
-@pytest.mark.parametrize("mode,timeline", [("full", heterogeneous_decode), ("piecewise", heterogeneous_prefill)])
+# every preset, mode and backend in make test at least once; the whole product in make test-slow
+@pytest.mark.parametrize("preset,mode,timeline,backend", each_choice(
+    sorted(PRESETS), [("full", heterogeneous_decode), ("piecewise", heterogeneous_prefill)],
+    ["torch_native", "torch_gather"]))
 def test_graph_replays_equal_eager_bitwise(preset, mode, timeline, backend):
     spec = spec_for(preset, timeline, mode, backend=backend)
     graph_hidden, graph_pools, runner = drive(spec, poison_outputs=True)

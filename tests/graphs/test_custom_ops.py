@@ -68,6 +68,7 @@ def _reset_settings():
     _SETTINGS.scale = 3.0
 
 
+@pytest.mark.slow  # over two seconds on one core (tests/README.md)
 def test_python_number_read_in_a_custom_op_body_is_frozen_at_capture(engine):
     name, device = engine
     s = SimpleNamespace(x=torch.ones(2, device=device))

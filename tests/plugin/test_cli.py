@@ -41,6 +41,15 @@ def test_run_exits_0_when_every_verdict_is_the_expected_one(cli_dir, capsys, wri
     assert "-v lists every run" not in out  # it did
 
 
+def test_quick_runs_make_tests_share_each_designs_verdict_once_under_graphs(cli_dir, capsys, write_scenario):
+    write_scenario(cli_dir, "tiny_match")
+    write_scenario(cli_dir, "tiny_wrong_window")
+    code, out, err = run_cli(capsys, "run", "--quick", "--jobs", "1", "-v")
+    assert code == 0, out + err
+    assert sorted(rows(out)) == sorted([*(f"tiny_match[{d}-full-torch_native]" for d in ("translate", "stale_state", "forward_batch")),
+                                        "tiny_wrong_window[forward_batch-eager-torch_native]"])
+
+
 def test_run_exits_1_when_a_verdict_is_not_the_expected_one(cli_dir, capsys, write_scenario):
     write_scenario(cli_dir, "tiny_wrong_window", replace=WRONG_WINDOW_EXPECTING_MATCH)
     code, out, err = run_cli(capsys, "run", "scenarios", "--jobs", "1", "--json", "r.json")

@@ -65,6 +65,23 @@ def test_item_ids_are_scenario_design_mode_backend_plus_one_oracle_item(harness_
         assert item.nodeid == f"scenarios/tiny_match.toml::{item.name}"
 
 
+def test_the_quick_suite_keeps_each_designs_verdict_once_under_graphs_and_marks_the_rest_slow(harness_pytester,
+                                                                                                add_scenario):
+    add_scenario(MATCH)  # every design matches in eager and full
+    add_scenario(WINDOW)  # a fault scenario: forward_batch eager diverges, its clean rerun matches
+    items, _ = harness_pytester.inline_genitems(*QUIET)
+    slow = {i.name for i in items if i.get_closest_marker("slow") is not None}
+    quick = {i.name for i in items} - slow
+    assert {n for n in quick if n.startswith("tiny_match")} == {
+        "tiny_match[oracle-torch_native]",
+        *(f"tiny_match[{d}-full-torch_native]" for d in ("translate", "stale_state", "forward_batch")),
+    }
+    assert {n for n in slow if n.startswith("tiny_match")} == {
+        f"tiny_match[{d}-eager-torch_native]" for d in ("translate", "stale_state", "forward_batch")}
+    window = [i for i in items if i.name.startswith("tiny_wrong_window") and isinstance(i, ScenarioItem)]
+    assert window and all((i.name in slow) == (not i.case.with_faults) for i in window)
+
+
 def test_k_with_a_scenario_family_prefix_selects_only_that_scenarios_items(harness_pytester, add_scenario):
     add_scenario("decode_tiny", MATCH)
     add_scenario("draft_length_error", STALE_ERROR)

@@ -157,6 +157,7 @@ def _corpus_fragments() -> dict[str, str]:
     return out
 
 
+@pytest.mark.slow  # over two seconds on one core (tests/README.md)
 def test_the_bad_file_corpus_gives_one_line_each_under_the_cli_and_pytest(harness_pytester, capsys, monkeypatch):
     fragments = _corpus_fragments()
     folder = harness_pytester.path / "scenarios"
@@ -522,6 +523,7 @@ def test_pytest_refuses_a_bad_destination_before_collecting(option, kind, harnes
     assert "passed" not in "\n".join(result.outlines)
 
 
+@pytest.mark.slow  # over two seconds on one core (tests/README.md)
 def test_a_report_folder_holds_one_report_and_keeps_what_is_not_a_reports(cli_dir, capsys, write_scenario):
     write_scenario(cli_dir, "tiny_match")
     write_scenario(cli_dir, "tiny_wrong_window")

@@ -9,6 +9,8 @@ import tomllib
 from importlib import metadata
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -70,6 +72,7 @@ def _optional_target_imports(modules: dict[str, str]) -> set[str]:
     return out
 
 
+@pytest.mark.slow  # over two seconds on one core (tests/README.md)
 def test_every_package_the_harness_imports_is_a_declared_dependency():
     modules = _third_party(_imported_top_levels(ROOT / "harness"))
     for module in _optional_target_imports(modules):

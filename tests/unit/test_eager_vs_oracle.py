@@ -9,6 +9,7 @@ from harness.runspec import RunSpec
 from harness.serving.model import PRESETS, SyntheticModel, model_spec
 from harness.serving.pool import PoolSpec
 from harness.serving.timeline import RequestSpec, TimelineSpec
+from sweeps import each_choice
 from workloads import (
     chunked_decode,
     continuous_batching,
@@ -29,9 +30,10 @@ def certify_run(spec: RunSpec):
 
 # each case sets the model's dtype, so the half-precision presets (FlashInfer's) would only repeat the float32
 # ones with bigger heads; test_half_precision_presets.py certifies them in their own dtypes
-@pytest.mark.parametrize("preset", sorted(p for p, spec in PRESETS.items() if spec.dtype == "float32"))
-@pytest.mark.parametrize("model_dtype,kv_dtype,kv_write", KV_CASES)
-@pytest.mark.parametrize("workload", [prefill_lengths, chunked_decode, continuous_batching])
+# every preset, KV case and workload in make test at least once; the whole product in make test-slow
+@pytest.mark.parametrize("preset,model_dtype,kv_dtype,kv_write,workload", each_choice(
+    sorted(p for p, spec in PRESETS.items() if spec.dtype == "float32"), KV_CASES,
+    [prefill_lengths, chunked_decode, continuous_batching]))
 def test_eager_forward_batch_matches_oracle(preset, model_dtype, kv_dtype, kv_write, workload):
     ms = model_spec(preset, dtype=model_dtype)
     spec = RunSpec(model=ms, pool=PoolSpec(full_size=96, swa_size=48, kv_dtype=kv_dtype),

@@ -59,6 +59,7 @@ def test_a_task_that_kills_its_child_costs_only_itself_and_a_fresh_child_runs_th
     assert printed == {0: "a\n", 1: "b\n", 2: "c\n", 3: "d\n"}
 
 
+@pytest.mark.slow  # over two seconds on one core (tests/README.md)
 def test_a_hanging_task_times_out_alone_and_the_group_goes_on():
     start = time.monotonic()
     results, _ = _run([("hang", "h"), ("ok", "after")], [[0, 1]])
