@@ -24,8 +24,9 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 	-@$(TEST_ENV) $(PY) -m pytest --collect-only -q >/dev/null 2>&1
 	touch $(STAMP)
 
-# everything but what is marked slow (tests/README.md says what is): every library scenario with every design
-# and mode on its first backend, and the harness's own tests; CI runs test-slow after it
+# everything but what is marked slow (tests/README.md says what is): every library scenario on its first backend,
+# each design's every distinct expected verdict once (check/matrix/quick.py), and the harness's own tests; CI runs
+# test-slow after it
 test: $(STAMP) chromium
 	$(TEST_ENV) $(PY) -m pytest -n $(PYTEST_WORKERS) -m "not slow"
 

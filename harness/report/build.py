@@ -137,12 +137,28 @@ def reproduce(case: Case) -> tuple[str, str]:
         cli_args += ["--device", str(case.device)]
     if case.engine != (Engine.CUDA if case.device == Device.CUDA else Engine.TAPE):
         pytest_args += ["--harness-engine", str(case.engine)]
-    folders = dict.fromkeys(f for name in (case.design, case.backend, case.runner or "")
+    serving = case.scenario.serving
+    if (own := _file_serving(str(case.scenario.path))) is not None and serving != own:  # --serving replaced it
+        pytest_args += ["--harness-serving", serving]
+        cli_args += ["--serving", serving]
+    folders = dict.fromkeys(f for name in (case.design, case.backend, case.runner or "", serving)
                             if (f := _import_folder(name)) is not None)
     prefix = ""
     if folders:
         prefix = "PYTHONPATH=" + ":".join(map(shlex.quote, folders)) + '"${PYTHONPATH:+:$PYTHONPATH}" '
     return prefix + shlex.join(pytest_args), prefix + shlex.join(cli_args)
+
+
+@functools.lru_cache(maxsize=256)
+def _file_serving(path: str) -> str | None:
+    """The serving stack the scenario file itself names; None for a file that does not read (a scenario made
+    in memory), whose stack the command lines then leave to the file as before."""
+    from ..scenario.loader import ScenarioError, load_scenario
+
+    try:
+        return load_scenario(path, full=False).serving
+    except ScenarioError:
+        return None
 
 
 @functools.lru_cache(maxsize=256)
