@@ -39,7 +39,7 @@ from ..runspec import Device, KVWrite, Mode
 from ..serving.batch import BackendMetadata, ForwardBatch, ForwardMode, SWALocDesign
 from ..serving.faults import FAULTS, Component, faults_acting_on
 from ..serving.model import DTYPES, ModelSpec
-from ..serving.pool import quantize_fp8
+from ..serving.pool import quantize_fp8_fused
 from ..serving.stack import ServingStack
 
 
@@ -280,11 +280,23 @@ class AttentionImpl(ABC):
             self.pool.set_kv_buffer(layer_id, loc, k, v)
 
     def _fused_fp8_set_kv_buffer(self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Quantize with the layer's scales and store the bytes in one step, as TRT-LLM's fused write does."""
+        """Quantize and store in one step, as TRT-LLM's fused write does: times the layer's reciprocal scales,
+        each token's row addressed through its page (page, offset in page), not the pool's own write path. So
+        its bytes may differ from the plain path's by one e4m3 step; each run is judged against a reference
+        written the same way (``RunSpec.reference`` keeps ``kv_write``)."""
         k_scale, v_scale = self.pool.kv_scales[layer_id]
+        if "fused_fp8_scale_dropped" in self.faults:
+            k_scale = v_scale = 1.0  # the layer's scales never reach the kernel
         k_buf, v_buf = self.pool.get_kv_buffer(layer_id)
-        k_buf[loc] = quantize_fp8(k, k_scale)
-        v_buf[loc] = quantize_fp8(v, v_scale)
+        page = self.pool.page_size
+        # a negative slot (a -1 pad, vLLM issue 43810) wraps to the last row either way, as the plain path's does
+        pages, offsets = torch.div(loc, page, rounding_mode="floor"), torch.remainder(loc, page)
+        for buf, x, scale in ((k_buf, k, k_scale), (v_buf, v, v_scale)):
+            rows = quantize_fp8_fused(x, 1.0 / scale)
+            if buf.shape[0] % page == 0:
+                buf.view(buf.shape[0] // page, page, *buf.shape[1:])[pages, offsets] = rows
+            else:  # a stack whose pool is not whole pages: the same rows, addressed from the same pair
+                buf[pages * page + offsets] = rows
         self.pool.log_write(layer_id, loc)
 
 

@@ -242,6 +242,6 @@ class TorchGatherBackend(AttentionBackend):
     kv_layouts = frozenset({KVLayout.NHD})
     known_faults = frozenset({"rebind_metadata", "baked_scalar", "window_from_wrong_layer", "read_page_tail",
                               "swa_read_untranslated", "page_ids_translated_as_slots",
-                              "swa_table_sized_by_swa_pages"})
+                              "swa_table_sized_by_swa_pages", "fused_fp8_scale_dropped"})
     builder_cls = TorchGatherMetadataBuilder
     impl_cls = TorchGatherImpl

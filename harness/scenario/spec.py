@@ -207,6 +207,8 @@ class ScenarioSpec:
             return Problem(key, f"{name} acts only in {acts} mode; graphs.modes has {', '.join(self.modes)}")
         if fault.needs_prefix_cache and not self.eviction.prefix_cache:
             return Problem(key, f"{name} acts only with a prefix cache; eviction.prefix_cache is off")
+        if fault.needs_fused_write and self.kv_write != "fused_fp8":
+            return Problem(key, f"{name} acts only on the fused FP8 write; run.kv_write is {str(self.kv_write)!r}")
         if fault.needs_drafts and not self.timeline.draft_steps:
             return Problem(key, f"{name} acts only in a run that speculates; timeline.draft_steps is 0")
         return None

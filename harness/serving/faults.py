@@ -47,6 +47,8 @@ class Fault:
     """the public bug or fix it re-creates"""
     needs_prefix_cache: bool = False
     """acts only in a run that keeps a prefix cache (``eviction.prefix_cache``)"""
+    needs_fused_write: bool = False
+    """acts only where K/V is written through the fused FP8 path (``run.kv_write = "fused_fp8"``)"""
     needs_drafts: bool = False
     """acts only in a run that speculates (``timeline.draft_steps`` > 0), whose radix keys are EAGLE's bigrams"""
     patch: str | None = None
@@ -204,6 +206,12 @@ FAULTS: Registry[Fault] = Registry({
                       "extend queries attend to every key of their pages, the tokens before the window included, "
                       "while decode wrappers keep W - 1",
               reference="SGLang PR 31501 (pass the sliding window to the SWA prefill wrapper's plan)"),
+        Fault(name="fused_fp8_scale_dropped", acts_on=Component.ATTENTION_BACKEND,
+              modes=("eager", "full", "piecewise"), needs_fused_write=True,
+              summary="the fused FP8 quantize-and-store write never receives the layer's k/v scales and quantizes "
+                      "with 1.0, while every read dequantizes with them: each stored K/V is off by the scale "
+                      "(and saturates e4m3 where it would not have)",
+              reference="SGLang PR 26852 (AMD's fused FP8 KV write: the per-layer scale not passed to the fused kernel)"),
     )
 })
 """the harness's own faults, then those target packages register (``register_faults``)"""
