@@ -49,6 +49,7 @@ from .eviction import InstalledSGLangEviction
 from .installed import load
 from .model_runner import harness_model_runner
 from .stack import SGLangStack
+from .trtllm_cpu import trtllm_on_cpu
 
 _CLASSES: dict[str, type] = {}
 
@@ -192,15 +193,43 @@ def _sglang_batch(api: Any, batch: Any, positions: torch.Tensor) -> Any:
     return fb
 
 
-def run_timeline(spec: RunSpec, *, engine: Any = None) -> TimelineRun:
+ATTENTION_BACKENDS = ("torch_native", "trtllm_mha")
+"""the attention backends the runner drives: the graph-capable torch-native subclass, SGLang's TRT-LLM MHA"""
+
+_TRTLLM_WORKSPACE_BYTES = 1 << 20
+"""the TRT-LLM backend's workspace (512 MB by default): only the device kernels use it"""
+
+
+def run_timeline(spec: RunSpec, *, engine: Any = None, attention: str = "torch_native") -> TimelineRun:
     """``spec``'s timeline on the installed SGLang: every forward eager, or, given a graph engine (the caller's:
     the SGLang target sits below the graph machinery and never picks one), decode batches through the runner
-    inside ``engine.run()``."""
+    inside ``engine.run()``. ``attention`` names the backend (``ATTENTION_BACKENDS``); ``trtllm_mha`` is
+    SGLang's ``TRTLLMHAAttnBackend`` unchanged, on the CPU bindings of ``trtllm_cpu``."""
+    if attention not in ATTENTION_BACKENDS:
+        raise ValueError(f"attention={attention!r}: expected one of {', '.join(ATTENTION_BACKENDS)}")
     api = load()
     spec = comparable_spec(spec)  # SGLang's free order and eviction policy (the differential test's knobs)
+    trtllm = attention == "trtllm_mha"
+    with trtllm_on_cpu() if trtllm else nullcontext(), _workspace(trtllm):
+        return _run(api, spec, engine=engine, backend_cls=api.TRTLLMHAAttnBackend if trtllm else
+                    _graph_torch_native_class(), bind_plan=trtllm)
+
+
+@contextmanager
+def _workspace(trtllm: bool) -> Iterator[None]:
+    if not trtllm:
+        yield
+        return
+    from sglang.srt.environ import envs
+
+    with envs.SGLANG_FLASHINFER_WORKSPACE_SIZE.override(_TRTLLM_WORKSPACE_BYTES):
+        yield
+
+
+def _run(api: Any, spec: RunSpec, *, engine: Any, backend_cls: type, bind_plan: bool) -> TimelineRun:
     stack = _stack(spec)
     model = SyntheticModel(spec.model)
-    model_runner = harness_model_runner(stack=stack, model=model, attn_backend_cls=_graph_torch_native_class())
+    model_runner = harness_model_runner(stack=stack, model=model, attn_backend_cls=backend_cls)
     backend = model_runner.attn_backend
     result = TimelineRun(stack=stack)
     from sglang.srt.runtime_context import get_exec
@@ -219,6 +248,8 @@ def run_timeline(spec: RunSpec, *, engine: Any = None) -> TimelineRun:
                 while (step := sched.next_step()) is not None:
                     batch = step.batch
                     fb = _sglang_batch(api, batch, batch.positions)
+                    if bind_plan:  # what ForwardBatch.init_new does: the iteration's location plan
+                        model_runner.kv_index_translator.bind_own_plan(fb)
                     decode = batch.forward_mode is ForwardMode.DECODE
                     if decode and runner is not None:
                         replay = DecodeReplay(step=step.index, raw_bs=batch.batch_size, bucket=None)
