@@ -163,6 +163,10 @@ class TimelineRun:
     backend: str = ""
     """the class of the runner's graph backend (SGLang's ``resolve_decode_backend`` picks it)"""
     decodes: list[DecodeReplay] = field(default_factory=list)
+    attention: str = ""
+    """the class of the attention backend under the runner"""
+    rerun_ops: tuple[str, ...] = ()
+    """custom ops the captured graphs call again at every replay (SGLang's Triton kernels, run by the interpreter)"""
 
 
 def _stack(spec: RunSpec) -> SGLangStack:
@@ -231,7 +235,7 @@ def _run(api: Any, spec: RunSpec, *, engine: Any, backend_cls: type, bind_plan: 
     model = SyntheticModel(spec.model)
     model_runner = harness_model_runner(stack=stack, model=model, attn_backend_cls=backend_cls)
     backend = model_runner.attn_backend
-    result = TimelineRun(stack=stack)
+    result = TimelineRun(stack=stack, attention=type(backend).__name__.removeprefix("Graph"))
     from sglang.srt.runtime_context import get_exec
 
     buckets = tuple(spec.graphs.decode_buckets)
@@ -269,6 +273,8 @@ def _run(api: Any, spec: RunSpec, *, engine: Any, backend_cls: type, bind_plan: 
                         raise ValueError(f"step {step.index}: {batch.forward_mode.value} batches are not adapted "
                                          "to SGLang's graph runner")
                     sched.finish_step()
+            if run is not None:
+                result.rerun_ops = tuple(dict.fromkeys(op for region in run.regions for op in region.audit.rerun_ops))
     return result
 
 
