@@ -152,6 +152,8 @@ class DecodeReplay:
     """the runner's static ``out_cache_loc`` after ``load_batch``, every row of the bucket"""
     padded_seq_lens: tuple[int, ...] = ()
     padded_req_pool_indices: tuple[int, ...] = ()
+    padded_swa_out_cache_loc: tuple[int, ...] = ()
+    """the backend's static SWA write ids after the replay, every row of the bucket (what the graph wrote at)"""
 
 
 @dataclass(slots=True, kw_only=True)
@@ -264,6 +266,9 @@ def _run(api: Any, spec: RunSpec, *, engine: Any, backend_cls: type, bind_plan: 
                             replay.padded_out_cache_loc = tuple(static.out_cache_loc[: runner.bs].tolist())
                             replay.padded_seq_lens = tuple(static.seq_lens[: runner.bs].tolist())
                             replay.padded_req_pool_indices = tuple(static.req_pool_indices[: runner.bs].tolist())
+                            swa = _static_swa_ids(backend)
+                            if swa is not None:
+                                replay.padded_swa_out_cache_loc = tuple(swa[: runner.bs].tolist())
                         else:
                             _eager(api, model_runner, backend, fb)
                         result.decodes.append(replay)
@@ -276,6 +281,14 @@ def _run(api: Any, spec: RunSpec, *, engine: Any, backend_cls: type, bind_plan: 
             if run is not None:
                 result.rerun_ops = tuple(dict.fromkeys(op for region in run.regions for op in region.audit.rerun_ops))
     return result
+
+
+def _static_swa_ids(backend: Any) -> torch.Tensor | None:
+    """The static SWA write-id buffer a captured forward writes at (TRT-LLM's, or the torch-native subclass's)."""
+    for name in ("cuda_graph_swa_out_cache_loc", "graph_swa_out_cache_loc"):
+        if getattr(backend, name, None) is not None:
+            return getattr(backend, name)
+    return None
 
 
 def _eager(api: Any, model_runner: Any, backend: Any, fb: Any) -> None:

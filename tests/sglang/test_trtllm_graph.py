@@ -17,10 +17,10 @@ LIBRARY = sorted((ROOT / "scenarios").glob("*.toml"))
 DECODE_LIBRARY = [p for p in LIBRARY if '"decode"' in p.read_text()]
 """the library's decode scenarios (tagged so); all of them the SGLang target can express replay to the eager
 pools through the TRT-LLM backend (measured: docs/sglang-graphs.md)"""
-SWEEP = ("swa_decode_past_window_reuse", "swa_evict_sglang_policy_fifo_reuse", "swa_mixed_decode_prefill_decode",
-         "swa_paged_decode_pages_of_4", "swa_paged_frontier_not_page_aligned", "swa_paged_sglang_pages_of_16")
-"""the ones make test-sglang runs (its cost): pages of 1, 4 and 16, a frontier off a page boundary, SGLang's
-eviction policy reusing freed SWA slots, decode around a prefill; HARNESS_SGLANG_FULL_SWEEP=1 runs them all"""
+SWEEP = ("swa_decode_past_window_reuse", "swa_mixed_decode_prefill_decode", "swa_paged_decode_pages_of_4",
+         "swa_paged_sglang_pages_of_16")
+"""the ones make test-sglang runs (its cost): pages of 1, 4 and 16, SWA slots reused past the window, decode
+around a prefill (and swa_decode_padded_buckets above); HARNESS_SGLANG_FULL_SWEEP=1 runs every one"""
 
 TRTLLM = "trtllm_mha"
 
@@ -46,13 +46,10 @@ def faults():
 
 
 @pytest.fixture(scope="module")
-def padded(graph_runner):
+def padded(trtllm_runs):
     """swa_decode_padded_buckets (buckets 1, 2, 4; decode batches of 4, 3, 2 and 1) through the TRT-LLM backend:
     eager, and replayed."""
-    spec = _spec(ROOT / "scenarios" / "swa_decode_padded_buckets.toml")
-    eager = graph_runner.run_timeline(spec, engine=None, attention=TRTLLM)
-    graph = graph_runner.run_timeline(spec, engine=get_engine("tape"), attention=TRTLLM)
-    return spec, eager, graph
+    return trtllm_runs(ROOT / "scenarios" / "swa_decode_padded_buckets.toml")
 
 
 def _faulty(graph_runner, spec, fault):
@@ -148,15 +145,14 @@ def test_the_pre_fix_layer_cache_loc_matches_in_a_synchronous_run(padded, graph_
 
 @pytest.mark.parametrize("path", [p for p in DECODE_LIBRARY if p.stem in SWEEP or os.environ.get(
     "HARNESS_SGLANG_FULL_SWEEP") == "1"], ids=lambda p: p.stem.replace("_", "-"))
-def test_every_library_decode_timeline_replays_through_trtllm_to_the_eager_pools(path, graph_runner):
+def test_every_library_decode_timeline_replays_through_trtllm_to_the_eager_pools(path, graph_runner, trtllm_runs):
     spec = _spec(path)
     reason = differential.not_expressible(spec)
     if reason is not None:
         pytest.skip(f"not expressible against SGLang 0.5.23: {reason}")
     if spec.timeline.draft_steps:
         pytest.skip("draft (speculative) batches: the decode runner's TARGET_VERIFY / draft paths are not adapted")
-    eager = graph_runner.run_timeline(spec, engine=None, attention=TRTLLM)
-    graph = graph_runner.run_timeline(spec, engine=get_engine("tape"), attention=TRTLLM)
+    _, eager, graph = trtllm_runs(path)
     assert graph.captured == tuple(sorted(spec.graphs.decode_buckets))
     assert all((d.bucket is None) == (d.raw_bs > max(graph.captured)) for d in graph.decodes)
     assert any(d.bucket is not None for d in graph.decodes)
