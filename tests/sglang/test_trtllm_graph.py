@@ -143,6 +143,30 @@ def test_the_pre_fix_layer_cache_loc_matches_in_a_synchronous_run(padded, graph_
     assert graph_runner.kv_differences(eager, faulty) == []
 
 
+PREFILL_TOKENS = (4, 16, 64)
+"""the library's extend batches (3 to 37 tokens) each fit one within SGLang's padding factor of 2"""
+
+
+@pytest.mark.parametrize("name", ["swa_decode_padded_buckets", "swa_mixed_decode_prefill_decode"])
+def test_the_prefill_runner_replays_every_extend_batch_to_the_eager_pools(name, graph_runner, trtllm_runs):
+    """SGLang's PrefillCudaGraphRunner over its breakable backend (graph segments between eager attention calls),
+    the TRT-LLM backend's extend path at each break, and the decode runner for the decode batches."""
+    spec, eager, _ = trtllm_runs(ROOT / "scenarios" / f"{name}.toml")
+    graph = graph_runner.run_timeline(spec, engine=get_engine("tape"), attention=TRTLLM,
+                                      prefill_tokens=PREFILL_TOKENS)
+    assert graph.prefill_captured == PREFILL_TOKENS
+    assert graph.prefills and all(p.replayed for p in graph.prefills)
+    # one region per bucket, and per prefill shape one segment per stretch between attention calls
+    assert graph.regions > len(graph.captured) + len(PREFILL_TOKENS)
+    assert graph_runner.kv_differences(eager, graph) == []
+
+
+def test_the_prefill_runner_is_refused_over_the_torch_native_subclass(graph_runner, padded):
+    spec, _, _ = padded
+    with pytest.raises(ValueError, match="trtllm_mha backend only"):
+        graph_runner.run_timeline(spec, engine=get_engine("tape"), prefill_tokens=PREFILL_TOKENS)
+
+
 @pytest.mark.parametrize("path", [p for p in DECODE_LIBRARY if p.stem in SWEEP or os.environ.get(
     "HARNESS_SGLANG_FULL_SWEEP") == "1"], ids=lambda p: p.stem.replace("_", "-"))
 def test_every_library_decode_timeline_replays_through_trtllm_to_the_eager_pools(path, graph_runner, trtllm_runs):
