@@ -3,9 +3,10 @@ the narrowest point.
 
 The backend is SGLang's, constructed and driven unchanged: ``__init__``, ``init_cuda_graph_state``,
 ``init_forward_metadata`` (eager), ``init_forward_metadata_out_graph`` / ``_in_graph`` (capture and replay, through
-``_build_cuda_graph_metadata`` and ``_apply_cuda_graph_metadata``), ``_get_layer_cache_loc``,
-``_get_layer_page_table``, ``forward_decode`` / ``forward_extend`` and their KV writes
-(``SWAKVPool.set_kv_buffer(KVWriteLoc.for_batch(..., swa_loc=forward_metadata.swa_out_cache_loc))``).
+``_build_cuda_graph_metadata`` and ``_apply_cuda_graph_metadata``), ``_get_layer_page_table``, ``forward_decode`` /
+``forward_extend`` and their KV writes (``SWAKVPool.set_kv_buffer(KVWriteLoc.for_batch(...,
+swa_loc=forward_metadata.swa_out_cache_loc))``; in 0.5.23 ``_get_layer_cache_loc`` serves only the fused FP8
+write, and FP8 pools are not expressible through the adapter).
 ``trtllm_on_cpu()`` binds, while a run is active, only what its module cannot have without CUDA:
 
 * **SGLang's two Triton kernels run as SGLang wrote them, in Triton's interpreter.** The metadata the backend

@@ -40,6 +40,7 @@ def prefix_layer_cache_loc() -> Iterator[None]:
     write the non-FP8 paths build (``KVWriteLoc.for_batch`` as ``trtllm_mha_backend`` looks it up)."""
     load()
     from sglang.srt.layers.attention import trtllm_mha_backend
+    from sglang.srt.model_executor.forward_context import get_attn_backend
 
     real = trtllm_mha_backend.KVWriteLoc
 
@@ -51,19 +52,11 @@ def prefix_layer_cache_loc() -> Iterator[None]:
     class PerLayerTranslation(real):  # type: ignore[misc, valid-type]
         @classmethod
         def for_batch(cls, forward_batch, swa_loc=None, **kwargs):  # noqa: ANN001, ANN206
-            pool = forward_batch_pool.get("pool")
-            translated = None if pool is None else pool.translate_loc_from_full_to_swa(forward_batch.out_cache_loc)
-            return real.for_batch(forward_batch, swa_loc=translated if swa_loc is not None else None, **kwargs)
+            if swa_loc is not None:  # an SWA pool: the forward context's backend is the one writing
+                swa_loc = get_attn_backend()._swa_kv_pool.translate_loc_from_full_to_swa(forward_batch.out_cache_loc)
+            return real.for_batch(forward_batch, swa_loc=swa_loc, **kwargs)
 
-    forward_batch_pool: dict[str, Any] = {}
-    cls = _backend_cls()
-    original_init = cls.__init__
-
-    def init(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
-        original_init(self, *args, **kwargs)
-        forward_batch_pool["pool"] = self._swa_kv_pool
-
-    with _patched(cls, _get_layer_cache_loc=layer_cache_loc, __init__=init), \
+    with _patched(_backend_cls(), _get_layer_cache_loc=layer_cache_loc), \
             _patched(trtllm_mha_backend, KVWriteLoc=PerLayerTranslation):
         yield
 

@@ -3,6 +3,7 @@ replay metadata (SGLang's Triton kernels in Triton's interpreter), page tables a
 writes; both pools diffed slot by slot against an eager run of the same SGLang code; the re-created faults
 flagged where they act."""
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -134,13 +135,25 @@ def test_a_padded_out_cache_loc_row_left_at_a_live_slot_is_flagged_in_both_pools
     assert any(d.pool == "swa" for d in differences)  # the kernel translates the live slot: its SWA slot too
 
 
-def test_the_pre_fix_layer_cache_loc_matches_in_a_synchronous_run(padded, graph_runner, faults):
+def test_the_pre_fix_layer_cache_loc_matches_in_a_synchronous_run(padded, graph_runner, faults, monkeypatch):
     """The seed's per-layer translation of out_cache_loc reads the live mapping where 0.5.23 reads the planned
     ids; on one thread nothing changes the mapping between the plan and the forward, so the pools match (the
     race it loses needs the overlap scheduler: docs/sglang-graphs.md)."""
+    from harness.sglang.installed import load
+
     spec, eager, _ = padded
+    pool_cls = load().SWAKVPool
+    calls = []
+    translate = pool_cls.translate_loc_from_full_to_swa
+    monkeypatch.setattr(pool_cls, "translate_loc_from_full_to_swa",
+                        lambda self, loc: calls.append(1) or translate(self, loc))
+    clean = _faulty(graph_runner, spec, contextlib.nullcontext)
+    clean_calls = len(calls)
     faulty = _faulty(graph_runner, spec, faults.prefix_layer_cache_loc)
-    assert graph_runner.kv_differences(eager, faulty) == []
+    # the fault acts: every SWA layer's write translated again (eager forwards and captures; replays run no Python)
+    sw_layers = sum(1 for w in spec.model.layer_is_swa if w)
+    assert len(calls) - clean_calls >= sw_layers * (len(faulty.captured) + 1)
+    assert graph_runner.kv_differences(eager, faulty) == graph_runner.kv_differences(eager, clean) == []
 
 
 PREFILL_TOKENS = (4, 16, 64)
