@@ -49,6 +49,7 @@ from .eviction import InstalledSGLangEviction
 from .installed import load
 from .model_runner import harness_model_runner
 from .stack import SGLangStack
+from .trtllm_cpu import trtllm_on_cpu
 
 _CLASSES: dict[str, type] = {}
 
@@ -130,13 +131,47 @@ def _tape_runner_class() -> type:
     return TapeDecodeRunner
 
 
-def graph_config(buckets: Sequence[int]) -> Any:
-    """SGLang's ``CudaGraphConfig``: the full decode backend over ``buckets``, prefill graphs off."""
+def _tape_prefill_runner_class() -> type:
+    if "prefill" in _CLASSES:
+        return _CLASSES["prefill"]
+    load()
+    from sglang.srt.model_executor.runner.prefill_cuda_graph_runner import PrefillCudaGraphRunner
+
+    class TapePrefillRunner(PrefillCudaGraphRunner):
+        """``PrefillCudaGraphRunner`` whose device module is ``torch.cuda`` (the tape's, during a run) on a CPU."""
+
+        device_module = property(lambda self: torch.cuda, lambda self, value: None)
+
+    _CLASSES["prefill"] = TapePrefillRunner
+    return TapePrefillRunner
+
+
+@contextmanager
+def _breakable_on_the_tape() -> Iterator[None]:
+    """The breakable graph's module resolves its device module from the platform (``sglang.srt.utils.
+    get_device_module``: ``torch.cpu`` on a CPU) where the runner uses its own: bound to ``torch.cuda`` (the tape's
+    during a run) in that module only, so its capture stream context is the tape's."""
+    load()
+    from sglang.srt.model_executor.runner_backend_utils.breakable_cuda_graph import breakable_cuda_graph
+
+    original = breakable_cuda_graph.get_device_module
+    breakable_cuda_graph.get_device_module = lambda: torch.cuda
+    try:
+        yield
+    finally:
+        breakable_cuda_graph.get_device_module = original
+
+
+def graph_config(buckets: Sequence[int], prefill_tokens: Sequence[int] = ()) -> Any:
+    """SGLang's ``CudaGraphConfig``: the full decode backend over ``buckets``; the breakable prefill backend over
+    ``prefill_tokens`` (token counts), or prefill graphs off."""
     load()
     from sglang.srt.model_executor.cuda_graph_config import Backend, CudaGraphConfig, PhaseConfig
 
+    prefill = (PhaseConfig(backend=Backend.BREAKABLE, bs=sorted(prefill_tokens), max_bs=max(prefill_tokens))
+               if prefill_tokens else PhaseConfig(backend=Backend.DISABLED))
     return CudaGraphConfig(decode=PhaseConfig(backend=Backend.FULL, bs=list(buckets), max_bs=max(buckets)),
-                           prefill=PhaseConfig(backend=Backend.DISABLED))
+                           prefill=prefill)
 
 
 @dataclass(slots=True, kw_only=True)
@@ -151,6 +186,18 @@ class DecodeReplay:
     """the runner's static ``out_cache_loc`` after ``load_batch``, every row of the bucket"""
     padded_seq_lens: tuple[int, ...] = ()
     padded_req_pool_indices: tuple[int, ...] = ()
+    padded_swa_out_cache_loc: tuple[int, ...] = ()
+    """the backend's static SWA write ids after the replay, every row of the bucket (what the graph wrote at)"""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PrefillReplay:
+    """What the prefill runner did with one extend batch."""
+
+    step: int
+    num_tokens: int
+    replayed: bool
+    """False: it ran eagerly (``can_run_graph`` said no)"""
 
 
 @dataclass(slots=True, kw_only=True)
@@ -159,9 +206,17 @@ class TimelineRun:
     captured: tuple[int, ...] = ()
     """the buckets the runner captured, one region each"""
     regions: int = 0
+    """capture regions the runners opened at start (a breakable prefill graph opens one per segment)"""
     backend: str = ""
     """the class of the runner's graph backend (SGLang's ``resolve_decode_backend`` picks it)"""
     decodes: list[DecodeReplay] = field(default_factory=list)
+    attention: str = ""
+    """the class of the attention backend under the runner"""
+    prefill_captured: tuple[int, ...] = ()
+    """the token counts the prefill runner captured (none: prefill graphs off)"""
+    prefills: list[PrefillReplay] = field(default_factory=list)
+    rerun_ops: tuple[str, ...] = ()
+    """custom ops the captured graphs call again at every replay (SGLang's Triton kernels, run by the interpreter)"""
 
 
 def _stack(spec: RunSpec) -> SGLangStack:
@@ -189,36 +244,81 @@ def _sglang_batch(api: Any, batch: Any, positions: torch.Tensor) -> Any:
         fb.extend_seq_lens_cpu = list(batch.extend_seq_lens_cpu)
         fb.extend_prefix_lens_cpu = batch.extend_prefix_lens.tolist()
         fb.extend_num_tokens = int(batch.input_ids.shape[0])
+        lens = fb.extend_seq_lens.to(torch.int64)
+        fb.extend_start_loc = torch.cumsum(lens, 0) - lens  # as ForwardBatch.init_new sets it
+        fb.global_num_token_non_padded_cpu = fb.extend_num_tokens  # the prefill runner's eager attention reads it
     return fb
 
 
-def run_timeline(spec: RunSpec, *, engine: Any = None) -> TimelineRun:
+ATTENTION_BACKENDS = ("torch_native", "trtllm_mha")
+"""the attention backends the runner drives: the graph-capable torch-native subclass, SGLang's TRT-LLM MHA"""
+
+_TRTLLM_WORKSPACE_BYTES = 1 << 20
+"""the TRT-LLM backend's workspace (512 MB by default): only the device kernels use it"""
+
+
+def run_timeline(spec: RunSpec, *, engine: Any = None, attention: str = "torch_native",
+                 prefill_tokens: Sequence[int] = ()) -> TimelineRun:
     """``spec``'s timeline on the installed SGLang: every forward eager, or, given a graph engine (the caller's:
     the SGLang target sits below the graph machinery and never picks one), decode batches through the runner
-    inside ``engine.run()``."""
+    inside ``engine.run()``. ``attention`` names the backend (``ATTENTION_BACKENDS``); ``trtllm_mha`` is
+    SGLang's ``TRTLLMHAAttnBackend`` unchanged, on the CPU bindings of ``trtllm_cpu``. ``prefill_tokens`` (with an
+    engine): SGLang's ``PrefillCudaGraphRunner`` over its breakable backend, capturing those token counts, runs
+    every extend batch it can take (``can_run_graph``, ``execute``)."""
+    if attention not in ATTENTION_BACKENDS:
+        raise ValueError(f"attention={attention!r}: expected one of {', '.join(ATTENTION_BACKENDS)}")
+    if prefill_tokens and attention != "trtllm_mha":
+        raise ValueError("prefill_tokens: the prefill graph runner is adapted over the trtllm_mha backend only")
     api = load()
     spec = comparable_spec(spec)  # SGLang's free order and eviction policy (the differential test's knobs)
+    trtllm = attention == "trtllm_mha"
+    with trtllm_on_cpu() if trtllm else nullcontext(), _workspace(trtllm):
+        return _run(api, spec, engine=engine, backend_cls=api.TRTLLMHAAttnBackend if trtllm else
+                    _graph_torch_native_class(), bind_plan=trtllm, prefill_tokens=tuple(prefill_tokens))
+
+
+@contextmanager
+def _workspace(trtllm: bool) -> Iterator[None]:
+    if not trtllm:
+        yield
+        return
+    from sglang.srt.environ import envs
+
+    with envs.SGLANG_FLASHINFER_WORKSPACE_SIZE.override(_TRTLLM_WORKSPACE_BYTES):
+        yield
+
+
+def _run(api: Any, spec: RunSpec, *, engine: Any, backend_cls: type, bind_plan: bool,
+         prefill_tokens: tuple[int, ...]) -> TimelineRun:
     stack = _stack(spec)
     model = SyntheticModel(spec.model)
-    model_runner = harness_model_runner(stack=stack, model=model, attn_backend_cls=_graph_torch_native_class())
+    model_runner = harness_model_runner(stack=stack, model=model, attn_backend_cls=backend_cls)
     backend = model_runner.attn_backend
-    result = TimelineRun(stack=stack)
+    result = TimelineRun(stack=stack, attention=type(backend).__name__.removeprefix("Graph"))
     from sglang.srt.runtime_context import get_exec
 
     buckets = tuple(spec.graphs.decode_buckets)
-    with get_exec().graph.override(cuda_graph_config=graph_config(buckets)):
+    prefill_tokens = prefill_tokens if engine is not None else ()
+    with get_exec().graph.override(cuda_graph_config=graph_config(buckets, prefill_tokens)), \
+            _breakable_on_the_tape() if prefill_tokens else nullcontext():
         model_runner.share_logits_buffer()
         with engine.run() if engine is not None else nullcontext() as run:
             runner = _tape_runner_class()(model_runner) if engine is not None else None
             if runner is not None:
                 result.captured, result.regions = tuple(runner.capture_bs), len(run.regions)
                 result.backend = type(runner.backend).__name__
+            prefill = _tape_prefill_runner_class()(model_runner) if prefill_tokens else None
+            if prefill is not None:
+                result.prefill_captured = tuple(sorted(prefill.capture_num_tokens))
+                result.regions = len(run.regions)
             policy = InstalledSGLangEviction(spec.eviction, window=spec.model.window, page_size=stack.page_size)
             sched = Scheduler(spec.timeline, stack=stack, eviction=policy, vocab_size=spec.model.vocab_size)
             with torch.no_grad():
                 while (step := sched.next_step()) is not None:
                     batch = step.batch
                     fb = _sglang_batch(api, batch, batch.positions)
+                    if bind_plan:  # what ForwardBatch.init_new does: the iteration's location plan
+                        model_runner.kv_index_translator.bind_own_plan(fb)
                     decode = batch.forward_mode is ForwardMode.DECODE
                     if decode and runner is not None:
                         replay = DecodeReplay(step=step.index, raw_bs=batch.batch_size, bucket=None)
@@ -229,16 +329,37 @@ def run_timeline(spec: RunSpec, *, engine: Any = None) -> TimelineRun:
                             replay.padded_out_cache_loc = tuple(static.out_cache_loc[: runner.bs].tolist())
                             replay.padded_seq_lens = tuple(static.seq_lens[: runner.bs].tolist())
                             replay.padded_req_pool_indices = tuple(static.req_pool_indices[: runner.bs].tolist())
+                            swa = _static_swa_ids(backend)
+                            if swa is not None:
+                                replay.padded_swa_out_cache_loc = tuple(swa[: runner.bs].tolist())
                         else:
                             _eager(api, model_runner, backend, fb)
                         result.decodes.append(replay)
+                    elif prefill is not None and batch.forward_mode is ForwardMode.EXTEND:
+                        replayed = bool(prefill.can_run_graph(fb))
+                        if replayed:
+                            prefill.execute(fb)
+                        else:
+                            _eager(api, model_runner, backend, fb)
+                        result.prefills.append(PrefillReplay(step=step.index, num_tokens=fb.extend_num_tokens,
+                                                             replayed=replayed))
                     elif decode or batch.forward_mode is ForwardMode.EXTEND:
                         _eager(api, model_runner, backend, fb)
                     else:
                         raise ValueError(f"step {step.index}: {batch.forward_mode.value} batches are not adapted "
                                          "to SGLang's graph runner")
                     sched.finish_step()
+            if run is not None:
+                result.rerun_ops = tuple(dict.fromkeys(op for region in run.regions for op in region.audit.rerun_ops))
     return result
+
+
+def _static_swa_ids(backend: Any) -> torch.Tensor | None:
+    """The static SWA write-id buffer a captured forward writes at (TRT-LLM's, or the torch-native subclass's)."""
+    for name in ("cuda_graph_swa_out_cache_loc", "graph_swa_out_cache_loc"):
+        if getattr(backend, name, None) is not None:
+            return getattr(backend, name)
+    return None
 
 
 def _eager(api: Any, model_runner: Any, backend: Any, fb: Any) -> None:

@@ -44,6 +44,9 @@ STUBS: dict[str, str] = {
     "device_timer = None": "no device timers",
     "layer_info.start_layer = 0": "one pipeline stage holding every layer (pp_size 1)",
     "is_draft_worker = False, spec_algorithm = NONE": "the target model, no speculative decoding",
+    "is_generation = True": "a generation model (the prefill runner returns logits, not pooled states)",
+    "attention_layers = the RadixAttentions, moe_layers = moe_fusions = mha_companion_layers = []":
+        "what ModelRunner collects from the loaded model for the prefill runner: no MoE, no MHA companions",
 }
 """Each attribute of the stand-in set to a constant rather than built by SGLang, with why."""
 
@@ -97,9 +100,31 @@ def publish_cpu_server_args(spec: ModelSpec) -> Any:
     return server_args
 
 
+class TransformerLayers(torch.nn.Module):
+    """The transformer body SGLang's prefill graph runner captures (``model.model``, owning ``layers``, as in
+    SGLang's Llama): the synthetic model's layers, returning hidden states; the LM head stays outside."""
+
+    def __init__(self, outer: HarnessModel) -> None:
+        super().__init__()
+        self.layers = torch.nn.ModuleList(outer.attn)
+        self._outer = (outer,)  # not a submodule: the outer model owns this one
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch: Any) -> torch.Tensor:
+        outer = self._outer[0]
+        spec = outer.inner.spec
+
+        def attention(layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            out = outer.attn[layer_id].forward(q, k.view(-1, spec.num_kv_heads, spec.head_dim),
+                                               v.view(-1, spec.num_kv_heads, spec.head_dim), forward_batch)
+            return out.reshape(q.shape[0], -1)
+
+        return outer.inner.forward(input_ids, positions, attention)
+
+
 class HarnessModel(torch.nn.Module):
     """The harness's synthetic model behind SGLang's ``forward(input_ids, positions, forward_batch)``: each layer's
-    attention is an installed ``RadixAttention``, run by the backend of the forward context."""
+    attention is an installed ``RadixAttention``, run by the backend of the forward context; the body is
+    ``self.model`` (``TransformerLayers``), which the prefill graph runner replays in place of its ``forward``."""
 
     def __init__(self, model: SyntheticModel) -> None:
         super().__init__()
@@ -116,18 +141,13 @@ class HarnessModel(torch.nn.Module):
                                sliding_window_size=-1 if spec.layer_window(i) is None else spec.layer_window(i) - 1)
             for i in range(spec.num_layers)
         ]
+        self.model = TransformerLayers(self)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch: Any) -> Any:
         from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 
-        spec = self.inner.spec
-
-        def attention(layer_id: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-            out = self.attn[layer_id].forward(q, k.view(-1, spec.num_kv_heads, spec.head_dim),
-                                              v.view(-1, spec.num_kv_heads, spec.head_dim), forward_batch)
-            return out.reshape(q.shape[0], -1)
-
-        hidden = self.inner.forward(input_ids, positions, attention)
+        # through the attribute: the prefill graph runner swaps self.model.forward for its replay
+        hidden = self.model.forward(input_ids, positions, forward_batch)
         logits = hidden.float() @ self.inner.embed.float().T
         return LogitsProcessorOutput(next_token_logits=logits)
 
@@ -177,6 +197,9 @@ def _model_runner_class() -> type:
             self.pp_group, self.tp_group = get_parallel().pp_group, get_parallel().tp_group
             self.max_running_requests = self.req_to_token_pool.size
             self.graph_shared_output = None
+            self.is_generation = True
+            self.attention_layers = list(self.model.attn)
+            self.moe_layers, self.moe_fusions, self.mha_companion_layers = [], [], []
             # what the FlashInfer-family backends read of the model runner (ModelRunner resolves them from the
             # server args and the model): the backend the stand-in is built with, the pool's dtype, the window
             self.prefill_attention_backend_str = self.decode_attention_backend_str = _backend_name(attn_backend_cls)

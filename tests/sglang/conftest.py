@@ -20,3 +20,26 @@ def pytest_collection_modifyitems(config, items):
 def pytest_configure(config):
     # SGLang warns at import that its AWQ and GGUF kernels need a GPU: nothing the adapter uses
     config.addinivalue_line("filterwarnings", "ignore:Only CUDA.*support:UserWarning")
+
+
+@pytest.fixture(scope="session")
+def trtllm_runs():
+    """``runs(path) -> (spec, eager, graph)``: a library scenario's timeline through SGLang's TRT-LLM MHA backend,
+    eagerly and under SGLang's decode graph runner on the tape, built once per session (several test modules
+    read the same runs)."""
+    from harness.graphs import get_engine
+    from harness.scenario.loader import load_scenario
+    from harness.sglang import graph_runner
+
+    cache = {}
+
+    def runs(path):
+        if path not in cache:
+            scenario = load_scenario(path)
+            spec = scenario.run_spec(design=scenario.designs[0], mode=scenario.modes[0],
+                                     backend=scenario.backends[0], with_faults=False)
+            cache[path] = (spec, graph_runner.run_timeline(spec, engine=None, attention="trtllm_mha"),
+                           graph_runner.run_timeline(spec, engine=get_engine("tape"), attention="trtllm_mha"))
+        return cache[path]
+
+    return runs

@@ -1,0 +1,125 @@
+"""Faults patched, at run time, into the installed ``TRTLLMHAAttnBackend`` (0.5.23) under SGLang's decode graph
+runner: each a context manager re-creating one upstream bug family in the code 0.5.23 runs (the installed files
+are never edited). ``tests/sglang/test_trtllm_graph.py`` runs each with its expected verdict and without it.
+
+The runner's own padding fault (a padded ``out_cache_loc`` row left at a live slot) is
+``graph_runner.padded_out_cache_loc_left_stale``, shared with the torch-native backend.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from . import trtllm_cpu
+from .installed import load
+
+
+def _backend_cls() -> type:
+    return load().TRTLLMHAAttnBackend
+
+
+@contextmanager
+def _patched(owner: Any, **replacements: Any) -> Iterator[None]:
+    saved = {name: getattr(owner, name) for name in replacements}
+    for name, value in replacements.items():
+        setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(owner, name, value)
+
+
+@contextmanager
+def prefix_layer_cache_loc() -> Iterator[None]:
+    """The seed's ``_get_layer_cache_loc`` before PR 24138: an SWA layer's write location is
+    ``out_cache_loc`` translated through the pool's live mapping at every layer, and the planned
+    ``forward_metadata.swa_out_cache_loc`` is ignored. Patched on the method (the FP8 path's caller) and on the
+    write the non-FP8 paths build (``KVWriteLoc.for_batch`` as ``trtllm_mha_backend`` looks it up)."""
+    load()
+    from sglang.srt.layers.attention import trtllm_mha_backend
+    from sglang.srt.model_executor.forward_context import get_attn_backend
+
+    real = trtllm_mha_backend.KVWriteLoc
+
+    def layer_cache_loc(self, layer, forward_batch):  # noqa: ANN001, ANN202
+        if self._swa_kv_pool is not None and self._swa_kv_pool.layers_mapping[layer.layer_id][1]:
+            return self._swa_kv_pool.translate_loc_from_full_to_swa(forward_batch.out_cache_loc)
+        return forward_batch.out_cache_loc
+
+    class PerLayerTranslation(real):  # type: ignore[misc, valid-type]
+        @classmethod
+        def for_batch(cls, forward_batch, swa_loc=None, **kwargs):  # noqa: ANN001, ANN206
+            if swa_loc is not None:  # an SWA pool: the forward context's backend is the one writing
+                swa_loc = get_attn_backend()._swa_kv_pool.translate_loc_from_full_to_swa(forward_batch.out_cache_loc)
+            return real.for_batch(forward_batch, swa_loc=swa_loc, **kwargs)
+
+    with _patched(_backend_cls(), _get_layer_cache_loc=layer_cache_loc), \
+            _patched(trtllm_mha_backend, KVWriteLoc=PerLayerTranslation):
+        yield
+
+
+@contextmanager
+def metadata_not_refreshed_on_replay() -> Iterator[None]:
+    """The graph metadata (cache_seqlens, cu_seqlens_k, page tables, SWA write ids) built once, out of the graph,
+    when each bucket is captured, and nothing inside the graph rebuilds it: the in-graph hook
+    (``init_forward_metadata_in_graph``) is empty and capture's out-of-graph prep runs its body. Every replay
+    reads the capture batch's lengths and tables and writes the SWA layers at the capture batch's ids (the
+    family of the harness's ``sglang_skip_metadata_refresh``; PR 27617's per-forward refill)."""
+    cls = _backend_cls()
+    original_out, original_in = cls.init_forward_metadata_out_graph, cls.init_forward_metadata_in_graph
+
+    def out_graph(self, forward_batch, in_capture=False):  # noqa: ANN001, ANN202
+        original_out(self, forward_batch, in_capture=in_capture)
+        if in_capture:
+            original_in(self, forward_batch)
+
+    def in_graph(self, forward_batch):  # noqa: ANN001, ANN202
+        pass
+
+    with _patched(cls, init_forward_metadata_out_graph=out_graph, init_forward_metadata_in_graph=in_graph):
+        yield
+
+
+@contextmanager
+def swa_pad_tail_left_stale() -> Iterator[None]:
+    """SGLang PR 24743 in 0.5.23's terms: the static SWA write ids (``cuda_graph_swa_out_cache_loc``) are refilled
+    out of the graph at replay prep for the batch's own rows only, from the iteration's plan, and the padded tail
+    keeps what the previous replay wrote (0.5.23's fused kernel translates and zero-pads the whole bucket inside
+    the graph; here it is handed no SWA buffer). A padded row then writes its SWA K/V at a slot an earlier batch
+    wrote, which the allocator may have handed to a live token."""
+    cls = _backend_cls()
+    original_out = cls.init_forward_metadata_out_graph
+    launch = trtllm_cpu.update_trtllm_mha_graph_metadata
+
+    def out_graph(self, forward_batch, in_capture=False):  # noqa: ANN001, ANN202
+        original_out(self, forward_batch, in_capture=in_capture)
+        if not in_capture and self.use_sliding_window_kv_pool:
+            loc = forward_batch.out_cache_loc
+            mapping = self._swa_kv_pool.full_to_swa_index_mapping
+            self.cuda_graph_swa_out_cache_loc[: loc.shape[0]].copy_(mapping[loc])
+
+    def without_swa_out(**kwargs):  # noqa: ANN003, ANN202
+        launch(**{**kwargs, "swa_out_cache_loc": None})
+
+    with _patched(cls, init_forward_metadata_out_graph=out_graph), \
+            _patched(trtllm_cpu, update_trtllm_mha_graph_metadata=without_swa_out):
+        yield
+
+
+@contextmanager
+def swa_loc_not_preset_before_capture() -> Iterator[None]:
+    """SGLang PR 23552 in 0.5.23's terms: capture's graph metadata (``_build_cuda_graph_metadata``) does not bind
+    the static SWA write-target buffer, so the captured forward has no SWA write location of its own."""
+    cls = _backend_cls()
+    original = cls._build_cuda_graph_metadata
+
+    def build(self, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        metadata = original(self, *args, **kwargs)
+        metadata.swa_out_cache_loc = None
+        return metadata
+
+    with _patched(cls, _build_cuda_graph_metadata=build):
+        yield
