@@ -184,6 +184,8 @@ class IndexPage:
     """embedded in the page as JSON: the runs the filter counts"""
     compare_href: str | None
     load_errors: tuple[str, ...]
+    scenario_expectations_failed: bool = True
+    """some unexpected run is of a design its scenario lists: only those say to update the scenario file"""
 
 
 def _settings(views: Sequence[CaseView], environment: Mapping[str, str], duration_s: float | None,
@@ -313,4 +315,5 @@ def index_page(
         designs=ordered([v.design for v in views], DESIGN_ORDER), modes=ordered([v.mode for v in views], MODE_ORDER),
         backends=ordered([v.backend for v in views], ()), data=data, compare_href=compare_href,
         load_errors=tuple(load_errors),
+        scenario_expectations_failed=any(not v.ok and not v.added_design for v in views),
     )

@@ -16,11 +16,12 @@ from dataclasses import dataclass, field
 
 from ...backends.base import AttentionBackend
 from ...backends.registry import BACKENDS, backend_class, unsupported_reasons
-from ...runspec import TIMEOUT_DEFAULT_S, Device, Engine, RunSpec
-from ...scenario.spec import ScenarioSpec
+from ...runspec import TIMEOUT_DEFAULT_S, Device, Engine, Outcome, RunSpec
+from ...scenario.spec import Expectation, ScenarioSpec
 from ...serving.designs import DESIGN_REGISTRY
 from ...serving.registry import EVICTION_POLICIES, OPTIONAL_STACKS, STACKS
-from .expect import EXPECT_DEFAULT, LIKE, NO_EXPECTATION, expect_problem  # noqa: F401 - case's vocabulary too
+from ...serving.designs import declared
+from .expect import EXPECT_DEFAULT, INFORMATION, LIKE, NO_EXPECTATION, expect_problem, holds  # noqa: F401 - case's vocabulary too
 from .judgement import Judgement
 from .verdict import Verdict
 
@@ -91,6 +92,12 @@ class Case:
         return option if option is not None and not option.startswith(LIKE) else None
 
     @property
+    def information(self) -> bool:
+        """No verdict is known for this run (an added design under a fault scenario's faults, by default): what it
+        gives says whether the fault reaches the design, and only its faults-off rerun is judged."""
+        return self.judgement.expected == INFORMATION
+
+    @property
     def faults(self) -> frozenset[str]:
         return frozenset(self.scenario.faults) if self.with_faults else frozenset()
 
@@ -110,14 +117,20 @@ class CaseResult:
 
     @property
     def ok(self) -> bool:
-        return self.verdict.outcome == self.case.expected
+        return holds(self.case.expected, self.verdict.outcome)
 
 
 def judgement_of(scenario: ScenarioSpec, *, design: str, mode: str, backend: str, with_faults: bool,
-                 option: str | None = None) -> Judgement | None:
+                 option: str | None = None, by_default: bool = False) -> Judgement | None:
     """How one run of a scenario is judged: the scenario's expectation of a design it lists; for one it does
     not, ``option`` (``like:DESIGN``: the scenario's expectation of DESIGN there; an outcome: that). None
-    where nothing is expected (a clean rerun without a ``without_faults`` expectation): no such run is made."""
+    where nothing is expected (a clean rerun without a ``without_faults`` expectation): no such run is made.
+
+    ``by_default``: ``option`` is the default (``EXPECT_DEFAULT``), not the user's. The scenario's verdict of
+    DESIGN under its faults says what the fault does to DESIGN's inputs, which an added design may never read
+    (one that translates for itself matches where ``forward_batch`` diverges): such a run is ``INFORMATION``,
+    and its faults-off rerun is always made, expected to give what DESIGN gives without the faults (a match
+    where the scenario states nothing, for a design declared sound)."""
     judged_as = design if design in scenario.designs else None
     if judged_as is None and option is not None and option.startswith(LIKE):
         judged_as = option[len(LIKE):] if option[len(LIKE):] in scenario.designs else None
@@ -126,6 +139,9 @@ def judgement_of(scenario: ScenarioSpec, *, design: str, mode: str, backend: str
             return Judgement(expected=NO_EXPECTATION, why=_ADDED_WHY, option=option)
         return Judgement(expected=option or NO_EXPECTATION, why=_ADDED_WHY, option=option)
     exp = scenario.expectation(judged_as)
+    if by_default and judged_as != design and scenario.faults:
+        return _default_judgement(scenario, judged_as, exp, mode=mode, backend=backend, with_faults=with_faults,
+                                  option=option)
     expected = exp.expected(mode=mode, backend=backend, with_faults=with_faults)
     if expected is None:
         return None
@@ -133,6 +149,26 @@ def judgement_of(scenario: ScenarioSpec, *, design: str, mode: str, backend: str
     if judged_as != design:
         why = f"expected like {judged_as}, which the scenario lists: {why}"
     return Judgement(expected=expected, why=why, option=option if judged_as != design else None)
+
+
+def _default_judgement(scenario: ScenarioSpec, like: str, exp: Expectation, *, mode: str, backend: str, with_faults: bool,
+                       option: str | None) -> Judgement | None:
+    """An added design's run of a fault scenario under the default expectation (``judgement_of``)."""
+    faults = ", ".join(sorted(scenario.faults))
+    if with_faults:
+        return Judgement(expected=INFORMATION, option=option, by_default=True,
+                         why=f"no verdict is known for an added design under {faults}: the scenario's verdicts say what "
+                             f"the fault does to the inputs of the designs it lists, which this one may never read; "
+                             f"what it gives says whether the fault reaches it, and its faults-off rerun is judged "
+                             f"(--expect states a verdict instead)")
+    expected = exp.expected(mode=mode, backend=backend, with_faults=False)
+    why = f"expected like {like} without {faults}: {exp.why_for(backend)}"
+    if expected is None:
+        record = declared(like)
+        if record is None or not record.sound:
+            return None
+        expected, why = Outcome.MATCH, f"expected like {like} without {faults}: {like} is declared sound: {record.rule}"
+    return Judgement(expected=expected, why=why, option=option, by_default=True)
 
 
 _ADDED_WHY = "a design the scenario does not list, added on the command line"
@@ -192,10 +228,11 @@ def cases(scenario: ScenarioSpec, selection: Selection = Selection(), *, expect:
     (``EXPECT_DEFAULT`` when None): ``like:DESIGN`` expects of each run what the scenario expects of DESIGN in
     that mode, backend and fault setting (a scenario that does not list DESIGN skips them, saying so), an
     outcome expects it of every run; either way a fault scenario also runs them with the faults off, as it runs
-    DESIGN (or, for an outcome, always). An added backend is expected to give what the scenario expects of the
+    DESIGN (or, for an outcome, always). With no ``expect`` at all, an added design's runs under a fault
+    scenario's faults are ``INFORMATION`` and their faults-off reruns are always made (``judgement_of``). An added backend is expected to give what the scenario expects of the
     design (its ``by_backend`` entry for that name, if any).
     """
-    expect = EXPECT_DEFAULT if expect is None else expect
+    by_default, expect = expect is None, EXPECT_DEFAULT if expect is None else expect
     limit = selection.timeout_s if selection.timeout_s is not None else scenario.timeout_s
     out = []
     for cell in cells(scenario, selection):
@@ -205,7 +242,7 @@ def cases(scenario: ScenarioSpec, selection: Selection = Selection(), *, expect:
                       runner=selection.runners.get(cell.mode))
         for with_faults in (True, False) if scenario.faults else (True,):
             judgement = judgement_of(scenario, design=cell.design, mode=cell.mode, backend=cell.backend,
-                                     with_faults=with_faults, option=option)
+                                     with_faults=with_faults, option=option, by_default=by_default)
             if judgement is None:
                 continue  # a clean rerun nobody expects anything of
             like = option[len(LIKE):] if option is not None and option.startswith(LIKE) else None
