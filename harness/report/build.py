@@ -63,7 +63,7 @@ def case_view(result: CaseResult | None, *, case: Case | None = None, duration_s
         reproduce_pytest=pytest_cmd, reproduce_cli=cli_cmd, duration_s=round(duration_s, 3),
         setup=setup_view(scenario), steps=tuple(_step(s) for s in verdict.steps) if verdict is not None else (),
         heat=tuple(_heat(c) for c in verdict.counts) if verdict is not None else (),
-        added_design=not case.listed,
+        added_design=not case.listed, judged_by=case.judged_by,
     )
 
 

@@ -121,6 +121,8 @@ def failure_block(view: CaseView) -> str:
     # a multi-line why keeps its lines, indented under the heading; other control characters stay escaped
     why = printable(view.why, keep_newlines=True).replace("\n", "\n    ")
     lines = [head, f"  why expected: {why}"]
+    if view.judged_by is not None:
+        lines.append(f"  judged against: {printable(view.judged_by)}")
     if view.faults:
         lines.append(f"  faults: {', '.join(view.faults)}")
     lines.append(f"  observed: {summary(view)}")

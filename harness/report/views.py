@@ -223,6 +223,9 @@ class CaseView:
     """mismatch counts per (step, pool, layer) over the whole run (``details`` stops at the diff's limit)"""
     references: tuple[str, ...] = ()
     """the scenario's real-bug references (``ScenarioSpec.references``)"""
+    judged_by: str | None = None
+    """which reference run judged it, where a plug-in (a backend, serving stack or eviction policy named by import
+    path) is involved (``Case.judged_by``); None, and not in the record, where everything is the library's own"""
     added_design: bool = False
     """a design the scenario does not list, added by ``--design``: its expectations are borrowed (``like:DESIGN``,
     a stated verdict or ``information``), never the scenario file's"""
@@ -258,8 +261,10 @@ class CaseView:
             step["written"] = [[t["rid"], t["pos"], *t["slots"]] for t in step["written"]]
         if record["setup"] is not None and not record["setup"]["groups"]:
             del record["setup"]["groups"]
-        if not record["added_design"]:  # the records of the scenarios' own designs keep their shape
+        if not record["added_design"]:  # the records of the library's own runs keep their shape
             del record["added_design"]
+        if record["judged_by"] is None:
+            del record["judged_by"]
         return record
 
     @classmethod

@@ -15,8 +15,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from ...backends.base import AttentionBackend
-from ...backends.registry import BACKENDS, backend_class, unsupported_reasons
-from ...runspec import TIMEOUT_DEFAULT_S, Device, Engine, Outcome, RunSpec
+from ...backends.registry import BACKENDS, backend_class, reference_backend, unsupported_reasons
+from ...runspec import REFERENCE_DESIGN, TIMEOUT_DEFAULT_S, Device, Engine, Outcome, RunSpec
 from ...scenario.spec import Expectation, ScenarioSpec
 from ...serving.designs import DESIGN_REGISTRY
 from ...serving.registry import EVICTION_POLICIES, OPTIONAL_STACKS, STACKS
@@ -101,6 +101,36 @@ class Case:
     def faults(self) -> frozenset[str]:
         return frozenset(self.scenario.faults) if self.with_faults else frozenset()
 
+    @property
+    def reference_backend(self) -> str:
+        """The backend of the eager run that judges this one (``backends.registry.reference_backend``)."""
+        return reference_backend_of(self.scenario, self.backend, self.device)
+
+    @property
+    def judged_by(self) -> str | None:
+        """Which reference run judges this one, in words, where plug-ins are involved (a backend, serving stack
+        or eviction policy named by import path); None where everything is the library's own."""
+        scenario = self.scenario
+        plugged = plugged_in(scenario, self.backend)
+        if not plugged:
+            return None
+        ref = self.reference_backend
+        if ref == getattr(backend_class_or_none(self.backend), "reference_backend", None):
+            how = "its declared reference_backend"
+        elif ref == self.backend and self.backend in BACKENDS:
+            how = "a registered backend"
+        elif ref == self.backend:
+            how = (f"its own: the library's reference backends serve SGLang's two KV groups, not the groups of "
+                   f"{scenario.serving}")
+        else:
+            how = "the library's reference backend for this geometry: it declares no reference_backend"
+        line = f"the eager {REFERENCE_DESIGN} run on {ref} ({how})"
+        if scenario.serving not in STACKS or scenario.eviction.policy not in EVICTION_POLICIES:
+            line += (f", on serving stack {scenario.serving} with eviction policy {scenario.eviction.policy} (the "
+                     f"plug-in's own: a built-in one hands out other slots, which the slot-for-slot diff cannot "
+                     f"compare)")
+        return line + ", certified against the dense oracle"
+
     def run_spec(self) -> RunSpec:
         return self.scenario.run_spec(
             design=self.design, mode=self.mode, backend=self.backend, engine=self.engine, device=self.device,
@@ -118,6 +148,51 @@ class CaseResult:
     @property
     def ok(self) -> bool:
         return holds(self.case.expected, self.verdict.outcome)
+
+
+def reference_geometry(scenario: ScenarioSpec, device: str) -> dict[str, object]:
+    """What a reference backend must run: the scenario's eager run without faults, on ``device``."""
+    return dict(mode="eager", device=device, kv_write=scenario.kv_write, page_size=scenario.pool.page_size,
+                faults=(), model=scenario.model, kv_dtype=scenario.pool.kv_dtype)
+
+
+def reference_backend_of(scenario: ScenarioSpec, backend: str, device: str) -> str:
+    """The backend of the eager run that judges the runs of ``backend`` over ``scenario`` on ``device``."""
+    return reference_backend(backend, library=_sglang_groups(scenario), **reference_geometry(scenario, device))
+
+
+def _sglang_groups(scenario: ScenarioSpec) -> bool:
+    """The scenario's stack has SGLang's two KV groups (full and SWA), the ones the library's backends serve;
+    True for a registered stack and for one that does not load (its runs are errors saying why)."""
+    if scenario.serving in STACKS:
+        return True
+    from ...serving.kv_groups import hybrid_swa_groups
+    from ...serving.registry import stack_class, stack_kv_groups
+    from ...serving.stack import stack_spec
+
+    try:
+        spec = stack_spec(scenario.model, scenario.pool)
+        groups = stack_kv_groups(stack_class(scenario.serving), spec)
+    except (KeyError, ImportError, ValueError):
+        return True
+    return groups == hybrid_swa_groups(
+        layer_is_swa=spec.layer_is_swa, layer_windows=spec.layer_windows, full_size=spec.pool.full_size,
+        swa_size=spec.pool.swa_size, page_size=spec.pool.page_size, kv_dtype=spec.pool.kv_dtype,
+        num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim)
+
+
+def plugged_in(scenario: ScenarioSpec, backend: str) -> list[str]:
+    """The plug-ins (named by import path, not registered) among a run's backend, serving stack and eviction
+    policy: the runs whose reference ``harness run`` certifies against the dense oracle."""
+    return [name for name, known in ((backend, BACKENDS), (scenario.serving, STACKS),
+                                     (scenario.eviction.policy, EVICTION_POLICIES)) if name not in known]
+
+
+def backend_class_or_none(name: str) -> type[AttentionBackend] | None:
+    try:
+        return backend_class(name)
+    except KeyError:
+        return None
 
 
 def judgement_of(scenario: ScenarioSpec, *, design: str, mode: str, backend: str, with_faults: bool,
