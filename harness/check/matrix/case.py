@@ -21,7 +21,8 @@ from ...scenario.spec import Expectation, ScenarioSpec
 from ...serving.designs import DESIGN_REGISTRY
 from ...serving.registry import EVICTION_POLICIES, OPTIONAL_STACKS, STACKS
 from ...serving.designs import declared
-from .expect import EXPECT_DEFAULT, INFORMATION, LIKE, NO_EXPECTATION, expect_problem, holds  # noqa: F401 - case's vocabulary too
+from .expect import (  # noqa: F401 - case's vocabulary too
+    EXPECT_DEFAULT, INFORMATION, LIKE, NO_EXPECTATION, expect_problem, holds)
 from .judgement import Judgement
 from .verdict import Verdict
 
@@ -226,16 +227,16 @@ def judgement_of(scenario: ScenarioSpec, *, design: str, mode: str, backend: str
     return Judgement(expected=expected, why=why, option=option if judged_as != design else None)
 
 
-def _default_judgement(scenario: ScenarioSpec, like: str, exp: Expectation, *, mode: str, backend: str, with_faults: bool,
-                       option: str | None) -> Judgement | None:
+def _default_judgement(scenario: ScenarioSpec, like: str, exp: Expectation, *, mode: str, backend: str,
+                       with_faults: bool, option: str | None) -> Judgement | None:
     """An added design's run of a fault scenario under the default expectation (``judgement_of``)."""
     faults = ", ".join(sorted(scenario.faults))
     if with_faults:
         return Judgement(expected=INFORMATION, option=option, by_default=True,
-                         why=f"no verdict is known for an added design under {faults}: the scenario's verdicts say what "
-                             f"the fault does to the inputs of the designs it lists, which this one may never read; "
-                             f"what it gives says whether the fault reaches it, and its faults-off rerun is judged "
-                             f"(--expect states a verdict instead)")
+                         why=(f"no verdict is known for an added design under {faults}: the scenario's verdicts say "
+                              f"what the fault does to the inputs of the designs it lists, which this one may never "
+                              f"read; what it gives says whether the fault reaches it, and its faults-off rerun is "
+                              f"judged (--expect states a verdict instead)"))
     expected = exp.expected(mode=mode, backend=backend, with_faults=False)
     why = f"expected like {like} without {faults}: {exp.why_for(backend)}"
     if expected is None:
@@ -304,8 +305,9 @@ def cases(scenario: ScenarioSpec, selection: Selection = Selection(), *, expect:
     that mode, backend and fault setting (a scenario that does not list DESIGN skips them, saying so), an
     outcome expects it of every run; either way a fault scenario also runs them with the faults off, as it runs
     DESIGN (or, for an outcome, always). With no ``expect`` at all, an added design's runs under a fault
-    scenario's faults are ``INFORMATION`` and their faults-off reruns are always made (``judgement_of``). An added backend is expected to give what the scenario expects of the
-    design (its ``by_backend`` entry for that name, if any).
+    scenario's faults are ``INFORMATION`` and their faults-off reruns are always made (``judgement_of``). An
+    added backend is expected to give what the scenario expects of the design (its ``by_backend`` entry for
+    that name, if any).
     """
     by_default, expect = expect is None, EXPECT_DEFAULT if expect is None else expect
     limit = selection.timeout_s if selection.timeout_s is not None else scenario.timeout_s

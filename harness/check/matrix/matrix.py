@@ -72,8 +72,8 @@ def _certified(reference: RunResult, plugged: list[str]) -> RunResult:
     message = (f"the dense oracle disagrees with it (eager {s.design} on {s.backend}, serving stack {s.serving}, "
                f"eviction policy {s.eviction.policy}, judging the runs of {', '.join(plugged)}): "
                f"{cert.problems[0] if cert.problems else 'no detail'}{more}")
-    return RunResult(spec=s, snapshots=reference.snapshots, error=RunError(type=NOT_CERTIFIED, message=message, step=None),
-                     steps=reference.steps)
+    return RunResult(spec=s, snapshots=reference.snapshots, steps=reference.steps,
+                     error=RunError(type=NOT_CERTIFIED, message=message, step=None))
 
 
 def run_case(case: Case) -> CaseResult:
