@@ -9,6 +9,7 @@ so those runs are information and only the clean runs and the faults-off reruns 
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import pytest
@@ -94,3 +95,14 @@ def test_an_information_run_is_never_an_unexpected_pass_nor_unexpected(verdict):
     case = next(c for c in _added(PAD_TAIL, GOOD, modes=("full",)) if c.with_faults)
     view = dataclasses.replace(case_view(None, case=case), verdict=verdict, skip_reason=None)
     assert view.ok and not view.unexpected_pass and view.information
+
+
+def test_x_stops_a_cli_run_at_the_first_unexpected_run(capsys, tmp_path):
+    results = tmp_path / "r.json"
+    code = main(["run", str(LIBRARY / "swa_prefill_window_edge.toml"), "--design", WRONG, "--backend", "torch_native",
+                 "--jobs", "1", "-x", "--json", str(results)])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert "stopped after 1 unexpected run (--maxfail 1): 1 of 3 runs finished" in err
+    doc = json.loads(results.read_text())
+    assert doc["complete"] is False and [r["ok"] for r in doc["records"]] == [False]
