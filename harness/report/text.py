@@ -78,6 +78,9 @@ def first_divergence(view: CaseView, width: int = 90) -> str:
 
 FRAMES_TITLE = "raised at, innermost last (the harness's own machinery left out)"
 """the heading of an error's frames, in the terminal and on a scenario page"""
+STOPPED_TITLE = ("stopped at, innermost last (its main thread when the time limit ran out; the harness's own "
+                 "machinery left out)")
+"""the heading of a timed-out run's frames"""
 
 
 def frame_lines(error: ErrorView) -> list[str]:
@@ -131,7 +134,7 @@ def failure_block(view: CaseView) -> str:
                      f"step {cause.step} replayed ({', '.join(map(printable, cause.graphs))}) found:")
         lines.extend(f"    {finding_line(f)}" for f in cause.findings)
     if view.error is not None and view.error.frames:
-        lines.append(f"  {FRAMES_TITLE}:")
+        lines.append(f"  {STOPPED_TITLE if view.error.type == 'Timeout' else FRAMES_TITLE}:")
         lines.extend(f"    {line}" for line in frame_lines(view.error))
     if view.mismatches:
         classes = ", ".join(f"{name} {n}" for name, n in view.classes)

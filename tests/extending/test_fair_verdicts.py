@@ -16,7 +16,7 @@ import pytest
 
 from harness.check.matrix import expect as matrix_expect
 from harness.check.matrix.case import INFORMATION, Selection, cases
-from harness.check.matrix.matrix import run_case
+from harness.check.matrix.matrix import run_case, run_cases
 from harness.cli import main
 from harness.report import views as report_views
 from harness.report.build import case_view
@@ -26,6 +26,7 @@ from harness.scenario import load_scenario
 LIBRARY = Path(__file__).resolve().parents[2] / "scenarios"
 GOOD = "tests.extending.own_engine.designs:translating"
 WRONG = "tests.extending.own_engine.designs:flipped"
+HANGS = "tests.extending.own_engine.designs:hangs_on_decode"
 PAD_TAIL = LIBRARY / "faults" / "swa_decode_pad_tail_not_zeroed.toml"
 """forward_batch diverges in full mode under the fault (the padded slot reaches its out_cache_loc_swa); a design
 that translates out_cache_loc itself never reads it and matches"""
@@ -106,3 +107,18 @@ def test_x_stops_a_cli_run_at_the_first_unexpected_run(capsys, tmp_path):
     assert "stopped after 1 unexpected run (--maxfail 1): 1 of 3 runs finished" in err
     doc = json.loads(results.read_text())
     assert doc["complete"] is False and [r["ok"] for r in doc["records"]] == [False]
+
+
+def test_a_run_that_hangs_is_stopped_and_shows_where_its_main_thread_was():
+    (case,) = cases(load_scenario(LIBRARY / "swa_decode_past_window_reuse.toml"),
+                    Selection(designs=[HANGS], extra_designs=[HANGS], backends=["torch_native"], modes=["eager"],
+                              timeout_s=1.0))
+    (result,) = run_cases([case], jobs=1)
+    view = case_view(result)
+    assert (view.verdict, view.error.type, view.error.message) == ("error", "Timeout", "timed out after 1 s")
+    where = [(Path(f.file).name, f.function) for f in view.error.frames]
+    assert where[-2:] == [("designs.py", "hangs_on_decode"), ("designs.py", "_spin_forever")]
+    assert all(f.line > 0 for f in view.error.frames[-2:])
+    block = failure_block(view)
+    assert "  stopped at, innermost last (its main thread when the time limit ran out" in block
+    assert "designs.py:" in block and "in _spin_forever" in block

@@ -13,6 +13,7 @@ from ...runspec import Outcome, RunSpec
 from ...scenario.spec import ScenarioSpec
 from .case import Case, CaseResult, plugged_in, reference_backend_of
 from ..run.drive import execute
+from ..run.frames import dumped_frames
 from ..run.oracle import certify_run
 from ..run.result import RunError, RunResult
 from .judgement import judge_one
@@ -147,7 +148,9 @@ def _forkable(device: str) -> bool:
 
 
 def _died_error(died: WorkerDied) -> RunError:
-    return RunError(type="Timeout" if died.timed_out else "WorkerDied", message=died.reason, step=None)
+    # a timeout names where its main thread was when it was stopped, shown as an error's frames are
+    return RunError(type="Timeout" if died.timed_out else "WorkerDied", message=died.reason, step=None,
+                    frames=dumped_frames(died.stack))
 
 
 def _died_run(spec: RunSpec, died: WorkerDied) -> RunResult:

@@ -13,3 +13,15 @@ def flipped(forward_batch, pool, metadata, layer_id):
     """A planted bug: every layer of a multi-token forward writes each token's K/V into another token's slot."""
     loc = translating(forward_batch, pool, metadata, layer_id)
     return loc.flip(0) if loc.numel() > 1 else loc
+
+
+def hangs_on_decode(forward_batch, pool, metadata, layer_id):
+    """Hangs at the first decode batch: a run that never finishes, stopped by its time limit."""
+    if forward_batch.forward_mode.is_decode_like:
+        _spin_forever()
+    return translating(forward_batch, pool, metadata, layer_id)
+
+
+def _spin_forever():
+    while True:
+        pass
