@@ -18,9 +18,10 @@ from ...backends.base import AttentionBackend
 from ...backends.registry import BACKENDS, backend_class, reference_backend, unsupported_reasons
 from ...runspec import REFERENCE_DESIGN, TIMEOUT_DEFAULT_S, Device, Engine, Outcome, RunSpec
 from ...scenario.spec import Expectation, ScenarioSpec
-from ...serving.designs import DESIGN_REGISTRY
-from ...serving.registry import EVICTION_POLICIES, OPTIONAL_STACKS, STACKS
-from ...serving.designs import declared
+from ...serving.designs import DESIGN_REGISTRY, declared
+from ...serving.kv_groups import hybrid_swa_groups
+from ...serving.registry import EVICTION_POLICIES, OPTIONAL_STACKS, STACKS, stack_class, stack_kv_groups
+from ...serving.stack import stack_spec
 from .expect import (  # noqa: F401 - case's vocabulary too
     EXPECT_DEFAULT, INFORMATION, LIKE, NO_EXPECTATION, expect_problem, holds)
 from .judgement import Judgement
@@ -167,10 +168,6 @@ def _sglang_groups(scenario: ScenarioSpec) -> bool:
     True for a registered stack and for one that does not load (its runs are errors saying why)."""
     if scenario.serving in STACKS:
         return True
-    from ...serving.kv_groups import hybrid_swa_groups
-    from ...serving.registry import stack_class, stack_kv_groups
-    from ...serving.stack import stack_spec
-
     try:
         spec = stack_spec(scenario.model, scenario.pool)
         groups = stack_kv_groups(stack_class(scenario.serving), spec)
