@@ -52,7 +52,9 @@ SHARED_OPTIONS: dict[str, SharedOption] = {o.name: o for o in (
     SharedOption(name="expect", metavar="VERDICT|like:DESIGN",
                  help="what designs added by import path should give: one verdict for every run, or like:DESIGN, "
                       "what each scenario expects of DESIGN in that run (default: {expect_default}); a fault "
-                      "scenario also runs them with the faults off"),
+                      "scenario also runs them with the faults off. Without this option a run under a scenario's "
+                      "faults has no known verdict: it is information (does the fault reach the design?), never "
+                      "unexpected, and its faults-off rerun is judged"),
     SharedOption(name="timeout", metavar="SECONDS",
                  help="each run's time limit (default: the scenario's run.timeout_s)"),
     SharedOption(name="backend", metavar="BACKEND", repeatable=True,

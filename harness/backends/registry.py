@@ -86,10 +86,27 @@ def backend_class(name: str) -> type[AttentionBackend]:
     return cast("type[AttentionBackend]", load_named(name, BACKENDS, kind="backend", check=_is_declared_backend))
 
 
-def reference_backend(name: str) -> str:
-    """The backend whose eager run is the reference for runs of backend ``name`` (its declared
-    ``reference_backend``, or itself); a name that does not load is its own (its cases are skipped)."""
+LIBRARY_REFERENCES: tuple[str, ...] = ("torch_native", "torch_gather")
+"""the library's own reference backends, in order of preference: the one whose eager run judges a backend
+named by import path that declares no ``reference_backend`` is the first that can run the case's geometry"""
+
+
+def reference_backend(name: str, *, library: bool = True, **case: object) -> str:
+    """The backend whose eager run is the reference for runs of backend ``name``: its declared
+    ``reference_backend``; else a registered backend itself; else (a backend named by import path, never its
+    own judge) the first of ``LIBRARY_REFERENCES`` whose ``unsupported(**case)`` is empty for the reference run's
+    ``case`` (device, page size, KV write path, ...), the first of them when none is; itself where ``library``
+    is False (a serving stack whose KV groups the library's backends do not serve). A name that does not load
+    is its own (its cases are errors or skipped before any reference runs)."""
     try:
-        return backend_class(name).reference_backend or name
+        cls = backend_class(name)
     except KeyError:
         return name
+    if cls.reference_backend is not None:
+        return cls.reference_backend
+    if name in BACKENDS or not library:
+        return name
+    for candidate in LIBRARY_REFERENCES:
+        if not case or not unsupported_reasons(backend_class(candidate), **case):
+            return candidate
+    return LIBRARY_REFERENCES[0]

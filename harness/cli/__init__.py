@@ -152,8 +152,17 @@ def _why_nothing(args: argparse.Namespace, specs: list[ScenarioSpec], loaded: in
     return "the filters together select no run: no scenario runs that combination of design, mode and backend"
 
 
-def _run_all(all_cases: list[Case], jobs: int, session: ReportSession) -> None:
-    """Run every case, adding views to the session as they finish (so an interrupt keeps what finished)."""
+class MaxFailReached(Exception):
+    """``--maxfail N`` (``-x``: 1) unexpected runs finished: the rest are not run."""
+
+    def __init__(self, unexpected: int) -> None:
+        super().__init__(unexpected)
+        self.unexpected = unexpected
+
+
+def _run_all(all_cases: list[Case], jobs: int, session: ReportSession, maxfail: int | None = None) -> None:
+    """Run every case, adding views to the session as they finish (so an interrupt keeps what finished);
+    ``maxfail``: stop (``MaxFailReached``) once that many runs gave an unexpected verdict."""
     from ..check.matrix.matrix import run_cases
     from ..report.build import case_view
 
@@ -163,8 +172,10 @@ def _run_all(all_cases: list[Case], jobs: int, session: ReportSession) -> None:
     runnable = [c for c in all_cases if c.unsupported is None]
     ran = 0  # of the runnable: the skipped ones are added at once and would make the pace look fast
 
+    unexpected = 0
+
     def add(view: CaseView) -> None:
-        nonlocal done_count, ran
+        nonlocal done_count, ran, unexpected
         done_count += 1
         ran += view.skip_reason is None
         session.add(view)
@@ -174,6 +185,9 @@ def _run_all(all_cases: list[Case], jobs: int, session: ReportSession) -> None:
         elif not view.ok or done_count == total or done_count % 25 == 0:
             sys.stderr.write(progress_line(done_count, total, view, left_s=left) + "\n")
         sys.stderr.flush()
+        unexpected += not view.ok
+        if maxfail is not None and unexpected >= maxfail:
+            raise MaxFailReached(unexpected)  # out of the pool of children, which it stops (workers.run_grouped)
 
     for case in all_cases:
         if case.unsupported is not None:
@@ -223,7 +237,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
                             command=args.command_line, planned=[c.name for c in all_cases],
                             load_errors=[e.problems for e in load_errors])
     try:
-        _run_all(all_cases, args.jobs, session)
+        _run_all(all_cases, args.jobs, session, maxfail=args.maxfail)
+    except MaxFailReached as stop:
+        if sys.stderr.isatty():
+            sys.stderr.write("\r\033[K")
+        sys.stderr.write(f"stopped after {stop.unexpected} unexpected run{'s' if stop.unexpected != 1 else ''} "
+                         f"(--maxfail {args.maxfail}): {len(session.views)} of {len(all_cases)} runs finished\n")
+        _finish(session, complete=False, verbose=args.verbose)
+        return 1
     except KeyboardInterrupt as exc:
         signum = exc.signum if isinstance(exc, Terminated) else signal.SIGINT
         how = "interrupted" if signum == signal.SIGINT else f"terminated ({signal.Signals(signum).name})"
@@ -356,6 +377,11 @@ def _add_matrix_options(p: argparse.ArgumentParser) -> None:
                    help="runs at a time, each in its own process (default: all cores)")
     add_cli_option(p, "json")
     add_cli_option(p, "report")
+    p.add_argument("--maxfail", type=_positive_int, metavar="N",
+                   help="stop after N runs gave an unexpected verdict, as pytest's --maxfail does (the table, the "
+                        "totals and the JSON, marked incomplete, cover the runs that finished)")
+    p.add_argument("-x", "--exitfirst", dest="maxfail", action="store_const", const=1,
+                   help="stop at the first unexpected run (--maxfail 1)")
     p.add_argument("-v", "--verbose", action="store_true",
                    help="list every run in the result table (by default it lists the unexpected ones only)")
 

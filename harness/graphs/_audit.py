@@ -8,8 +8,10 @@ program re-points the captured tensor itself (``t.data = ...``, ``t.set_(...)``,
 old layout.  Nothing fails either way; the numbers are just wrong.
 
 At capture end we walk the caller's ``roots`` (attributes, ``__slots__``,
-dataclass fields, module parameters/buffers/submodules, lists, tuples, and dicts
-with string or integer keys; a Python module given as a root, by
+dataclass fields, module parameters/buffers/submodules, lists, tuples, and dicts,
+whose string, integer and tuple keys are written as they read back
+(``pool._cache[(4, 'decode')]``) and any other key by its type and place
+(``pool._cache[<ForwardBatch #3>]``); a Python module given as a root, by
 ``module_roots``, is walked through its globals after every object root) to map
 each graph input to the attribute path that held it (``pool.swa_loc``,
 ``my_backend.impl._cache``).  A view of a held tensor is named by its base's path plus the slice
@@ -71,7 +73,7 @@ _SKIPPED = (
 )
 _MODULE_STORES = {"param": "_parameters", "buffer": "_buffers", "module": "_modules"}
 
-Step = tuple[str, Any]  # ("attr" | "param" | "buffer" | "module", name) | ("item", key)
+Step = tuple[str, Any]  # ("attr" | "param" | "buffer" | "module", name) | ("item", key) | ("key", (label, key))
 _ViewKey = tuple[Any, ...]
 
 
@@ -115,8 +117,12 @@ def _children(obj: object) -> Iterable[tuple[Step, object]]:
         for i, (k, v) in enumerate(obj.items()):
             if i >= _MAX_ITEMS:
                 break
-            if type(v) not in _SCALARS and isinstance(k, (str, int)):
+            if type(v) in _SCALARS:
+                continue  # nothing below a scalar
+            if isinstance(k, (str, int)) or _literal(k):  # written back by its repr (``[(4, 'decode')]``)
                 yield ("item", k), v
+            else:  # an object key: shown by its type and place, looked up by the object itself
+                yield ("key", (f"<{type(k).__name__} #{i}>", k)), v
         return
     if isinstance(obj, (list, tuple)):
         # a free list holds thousands of ints: dropped here, by exact type, they cost no queue entry each
@@ -150,10 +156,17 @@ def _children(obj: object) -> Iterable[tuple[Step, object]]:
             yield ("attr", name), getattr(obj, name)
 
 
+def _literal(key: object) -> bool:
+    """A tuple key whose repr reads back as an equal tuple (of str, int, bool, None and such tuples)."""
+    return isinstance(key, tuple) and all(
+        isinstance(k, (str, int)) or k is None or _literal(k) for k in key)
+
+
 def _path_text(root: str, steps: tuple[Step, ...]) -> str:
     parts = [root]
     for kind, key in steps:
-        parts.append(f"[{key}]" if kind == "item" else f".{key}")
+        parts.append(f"[{key!r}]" if kind == "item" and isinstance(key, tuple) else f"[{key}]" if kind == "item"
+                     else f"[{key[0]}]" if kind == "key" else f".{key}")
     return "".join(parts)
 
 
@@ -161,6 +174,8 @@ def _getter(step: Step) -> Callable[[Any], Any]:
     kind, key = step
     if kind == "item":
         return itemgetter(key)
+    if kind == "key":
+        return itemgetter(key[1])
     if kind in _MODULE_STORES:
         store = attrgetter(_MODULE_STORES[kind])
         return lambda o: store(o)[key]
@@ -341,6 +356,9 @@ def _compile_watch(
                 kind, key = prefix[-1]
                 if kind == "item":
                     expr = f"{var}[{key!r}]"
+                elif kind == "key":  # the key object itself, from the probe's scope
+                    names[f"k{len(nodes)}"] = key[1]
+                    expr = f"{var}[k{len(nodes)}]"
                 elif kind in _MODULE_STORES:
                     expr = f"{var}.{_MODULE_STORES[kind]}[{key!r}]"
                 elif key.isidentifier() and not keyword.iskeyword(key) and not key.startswith("__"):

@@ -63,6 +63,7 @@ def case_view(result: CaseResult | None, *, case: Case | None = None, duration_s
         reproduce_pytest=pytest_cmd, reproduce_cli=cli_cmd, duration_s=round(duration_s, 3),
         setup=setup_view(scenario), steps=tuple(_step(s) for s in verdict.steps) if verdict is not None else (),
         heat=tuple(_heat(c) for c in verdict.counts) if verdict is not None else (),
+        added_design=not case.listed, judged_by=case.judged_by,
     )
 
 
@@ -118,7 +119,8 @@ def reproduce(case: Case) -> tuple[str, str]:
     """
     path = _display_path(case.scenario.path)
     added_design = not case.listed
-    expect = f"{LIKE}{case.like}" if case.like is not None else case.expected_override
+    expect = None if case.judgement.by_default else (
+        f"{LIKE}{case.like}" if case.like is not None else case.expected_override)
     pytest_args = ["pytest", f"{path}::{case.name}"]
     cli_args = ["python", "-m", "harness", "run", path, "--design", case.design, "--mode", str(case.mode),
                 "--backend", case.backend, "--engine", str(case.engine)]

@@ -154,6 +154,9 @@ class UnexpectedGroup:
     """the group's first run, linked with its first divergence"""
     filter_href: str
     """the index filtered to the group's unexpected runs"""
+    cause: str | None = None
+    """what its runs share (``cause_signature``), across designs and modes; None: one design and mode's
+    unexpected matches"""
 
 
 BANNER_GROUPS = 8
@@ -184,6 +187,8 @@ class IndexPage:
     """embedded in the page as JSON: the runs the filter counts"""
     compare_href: str | None
     load_errors: tuple[str, ...]
+    scenario_expectations_failed: bool = True
+    """some unexpected run is of a design its scenario lists: only those say to update the scenario file"""
 
 
 def _settings(views: Sequence[CaseView], environment: Mapping[str, str], duration_s: float | None,
@@ -238,19 +243,43 @@ def _matrices(views: Sequence[CaseView], href_of: Mapping[str, str], page_of: Ma
     return tuple(out)
 
 
-def _unexpected_groups(unexpected: Sequence[RunRow], *, by_backend: bool) -> list[UnexpectedGroup]:
-    by_key: dict[tuple[str, str, str], list[RunRow]] = {}
+def cause_signature(view: CaseView) -> str | None:
+    """What an unexpected run's first divergence or error says, numbers left out: runs that one cause broke (a
+    broken eviction policy under every design) share it, so the banner gives them one line and a design's own
+    bug keeps a line of its own. None for an unexpected match, which has no divergence to tell apart."""
+    if view.verdict == "match":
+        return None
+    if view.error is not None:
+        first = view.error.message.splitlines()[0] if view.error.message else ""
+        return f"{view.verdict}: {view.error.type}: {re.sub(r'[0-9]+', '#', first)}"
+    if view.first is not None:
+        return f"{view.verdict}: first {view.first.classification} in the {view.first.pool} pool"
+    return view.verdict
+
+
+def _unexpected_groups(unexpected: Sequence[RunRow], *, by_backend: bool,
+                       causes: Mapping[str, str | None] | None = None) -> list[UnexpectedGroup]:
+    """One group per cause (``causes``: a run's name -> its ``cause_signature``); unexpected matches, which have
+    none, one group per design and mode."""
+    causes = causes or {}
+    by_key: dict[tuple[str, ...], list[RunRow]] = {}
     for r in unexpected:
-        by_key.setdefault((r.backend if by_backend else "", r.design, r.mode), []).append(r)
+        backend = r.backend if by_backend else ""
+        cause = causes.get(r.name)
+        by_key.setdefault((backend, "cause", cause) if cause is not None else (backend, r.design, r.mode), []).append(r)
     out = []
-    for (backend, design, mode), rows in by_key.items():
+    for key, rows in by_key.items():
+        backend, cause = key[0], key[2] if key[1] == "cause" else None
+        design = ", ".join(dict.fromkeys(r.design for r in rows))
+        mode = ", ".join(dict.fromkeys(r.mode for r in rows))
         outcomes = Counter((r.expected, r.verdict) for r in rows)
-        query = [("design", design), ("mode", mode), *([("backend", backend)] if backend else []),
+        one = "," not in design and "," not in mode
+        query = [*([("design", design), ("mode", mode)] if one else []), *([("backend", backend)] if backend else []),
                  ("verdict", "unexpected")]
         out.append(UnexpectedGroup(
             design=design, mode=mode, backend=backend, runs=len(rows),
             outcomes=tuple((e, o, n) for (e, o), n in outcomes.most_common()), example=rows[0],
-            filter_href="#" + "&".join(f"{k}={quote(v, safe='')}" for k, v in query)))
+            filter_href="#" + "&".join(f"{k}={quote(v, safe='')}" for k, v in query), cause=cause))
     return sorted(out, key=lambda g: -g.runs)  # stable: equal groups keep the runs' order
 
 
@@ -300,7 +329,8 @@ def index_page(
             seeds=f"{setup.model_seed} / {setup.timeline_seed}" if setup else "-",
         ))
     scenarios.sort(key=lambda s: (s.unexpected == 0, s.name))
-    groups_of = _unexpected_groups(unexpected, by_backend=len({v.backend for v in views}) > 1)
+    groups_of = _unexpected_groups(unexpected, by_backend=len({v.backend for v in views}) > 1,
+                                   causes={v.name: cause_signature(v) for v in views if not v.ok})
     data = {"runs": [{"name": r.name, "family": r.family, "design": r.design, "mode": r.mode, "backend": r.backend,
                       "verdict": r.verdict, "expected": r.expected, "status": r.status} for r in rows]}
     return IndexPage(
@@ -313,4 +343,5 @@ def index_page(
         designs=ordered([v.design for v in views], DESIGN_ORDER), modes=ordered([v.mode for v in views], MODE_ORDER),
         backends=ordered([v.backend for v in views], ()), data=data, compare_href=compare_href,
         load_errors=tuple(load_errors),
+        scenario_expectations_failed=any(not v.ok and not v.added_design for v in views),
     )

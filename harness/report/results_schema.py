@@ -30,7 +30,7 @@ from typing import Any
 from ..runspec import Device, Engine, Mode, Outcome
 from ..serving.model import MAX_POSITIONS
 from ..serving.pool import KV_DTYPES, POOL_SIZE_LIMIT
-from .views import RECORD_VERSION, CaseView, StepView, TokenSlotsView
+from .views import INFORMATION, RECORD_VERSION, CaseView, StepView, TokenSlotsView
 
 FILE_LIMIT = 256 << 20
 """bytes; the library's results file is about 5 MiB"""
@@ -109,7 +109,7 @@ _RULES: dict[tuple[str, str], Callable[[Any], str | None]] = {
     ("CaseView", "mode"): _choice(*Mode),
     ("CaseView", "engine"): _choice(*Engine),
     ("CaseView", "device"): _choice(*Device),
-    ("CaseView", "expected"): _choice(*_OUTCOMES, NO_EXPECTATION),
+    ("CaseView", "expected"): _choice(*_OUTCOMES, NO_EXPECTATION, INFORMATION),
     ("CaseView", "verdict"): _choice(*_OUTCOMES, SKIPPED),
     ("CaseView", "mismatches"): _COUNT,
     ("CaseView", "mismatched_slots"): _COUNT,

@@ -22,7 +22,7 @@ from .pages import (
 )
 from .cause import Cause, first_divergence_cause
 from .slots import groups_of, pool_label, pools_of, slot_map
-from .text import FRAMES_TITLE, finding_line, frame_lines
+from .text import FRAMES_TITLE, STOPPED_TITLE, finding_line, frame_lines
 from .views import CaseView, FindingView, GraphView, StepView
 
 
@@ -291,7 +291,8 @@ def _section(view: CaseView, row: RunRow) -> RunSection:
                        f"({', '.join(cause.graphs)})")
     return RunSection(
         row=row, why=view.why, faults=view.faults, error=error,
-        frames=tuple(frame_lines(view.error)) if view.error is not None else (), frames_title=FRAMES_TITLE,
+        frames=tuple(frame_lines(view.error)) if view.error is not None else (),
+        frames_title=STOPPED_TITLE if view.error is not None and view.error.type == "Timeout" else FRAMES_TITLE,
         stats=tuple(stats), heatmaps=heatmaps,
         slotmaps=slotmaps,
         bad=tuple(BadRow(step=m.step, pool=m.pool, layer=m.layer, slot=m.slot, owner=m.owner,

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .files import os_error_text
-from .text import fault_split_line, totals_line
+from .text import fault_split_line, information_line, totals_line
 from .views import CaseView
 
 RECORD_ATTRIBUTE = "harness_record"
@@ -112,9 +112,9 @@ class ReportSession:
         from .matrix import matrix_text
 
         matrix = matrix_text(self.ordered())
-        split = fault_split_line(self.views)
+        split, info = fault_split_line(self.views), information_line(self.views)
         return [*([matrix, ""] if matrix else []), totals_line(self.views, len(self.load_errors)),
-                *([split] if split is not None else [])]
+                *([split] if split is not None else []), *([info] if info is not None else [])]
 
     def ordered(self) -> list[CaseView]:
         """The views in the plan's order; without a plan (pytest-xdist workers finish in any order), by

@@ -78,6 +78,9 @@ def first_divergence(view: CaseView, width: int = 90) -> str:
 
 FRAMES_TITLE = "raised at, innermost last (the harness's own machinery left out)"
 """the heading of an error's frames, in the terminal and on a scenario page"""
+STOPPED_TITLE = ("stopped at, innermost last (its main thread when the time limit ran out; the harness's own "
+                 "machinery left out)")
+"""the heading of a timed-out run's frames"""
 
 
 def frame_lines(error: ErrorView) -> list[str]:
@@ -112,12 +115,17 @@ def finding_line(f: FindingView) -> str:
 def failure_block(view: CaseView) -> str:
     """The block a failing case prints: expected vs observed, where it first diverged, how to reproduce."""
     head = f"{printable(view.name)}: expected {view.expected}, observed {view.verdict}"
-    if view.unexpected_pass:
+    if view.unexpected_pass and view.added_design:  # its expectation is borrowed: the scenario file is not wrong
+        head = (f"UNEXPECTED PASS {head}, the expectation taken for a design the scenario does not list: "
+                f"--expect states another")
+    elif view.unexpected_pass:
         head = (f"UNEXPECTED PASS {head}. The known bug no longer reproduces: if a fix landed, update the "
                 f"expectation and its why in the scenario file")
     # a multi-line why keeps its lines, indented under the heading; other control characters stay escaped
     why = printable(view.why, keep_newlines=True).replace("\n", "\n    ")
     lines = [head, f"  why expected: {why}"]
+    if view.judged_by is not None:
+        lines.append(f"  judged against: {printable(view.judged_by)}")
     if view.faults:
         lines.append(f"  faults: {', '.join(view.faults)}")
     lines.append(f"  observed: {summary(view)}")
@@ -126,7 +134,7 @@ def failure_block(view: CaseView) -> str:
                      f"step {cause.step} replayed ({', '.join(map(printable, cause.graphs))}) found:")
         lines.extend(f"    {finding_line(f)}" for f in cause.findings)
     if view.error is not None and view.error.frames:
-        lines.append(f"  {FRAMES_TITLE}:")
+        lines.append(f"  {STOPPED_TITLE if view.error.type == 'Timeout' else FRAMES_TITLE}:")
         lines.extend(f"    {line}" for line in frame_lines(view.error))
     if view.mismatches:
         classes = ", ".join(f"{name} {n}" for name, n in view.classes)
@@ -214,7 +222,7 @@ def _wrap(text: str, width: int) -> list[str]:
 
 def run_table(views: Sequence[CaseView], *, colour: bool = False) -> str:
     """One row per run; ``colour``: its UNEXPECTED mark in red (a terminal's, ``wants_colour``)."""
-    rows = [(v.name, v.expected, v.verdict, "" if v.ok else "UNEXPECTED", first_divergence(v)) for v in views]
+    rows = [(v.name, v.expected, v.verdict, _mark(v), first_divergence(v)) for v in views]
     text = table(("run", "expected", "observed", "", "first divergence / error"), rows)
     if not colour:
         return text
@@ -225,6 +233,12 @@ def run_table(views: Sequence[CaseView], *, colour: bool = False) -> str:
     return "\n".join([header, *(line[:at] + paint(mark, RED) + line[at + len(mark):]
                                 if not v.ok and line[at:at + len(mark)] == mark else line
                                 for line, v in zip(lines, views))])
+
+
+def _mark(view: CaseView) -> str:
+    if view.information and view.skip_reason is None:
+        return "fault reaches it" if view.verdict != "match" else "fault misses it"
+    return "" if view.ok else "UNEXPECTED"
 
 
 RED, GREEN = "31", "32"
@@ -266,11 +280,26 @@ def fault_split_line(views: Sequence[CaseView]) -> str | None:
     return f"clean runs (no fault injected): {part(clean)}; under the library's injected faults: {part(faulted)}"
 
 
+def information_line(views: Sequence[CaseView]) -> str | None:
+    """What the runs without a known verdict (an added design under a fault scenario's faults) say: whether the
+    fault reached the design; None when there are none."""
+    info = [v for v in views if v.information and v.skip_reason is None]
+    if not info:
+        return None
+    reached = sum(v.verdict != "match" for v in info)
+    one = len(info) == 1
+    return (f"{len(info)} run{'' if one else 's'} of added designs under injected faults {'has' if one else 'have'} no "
+            f"known verdict and count{'s' if one else ''} as expected (information): the fault reached the design in {reached} "
+            f"(not a match), not in {len(info) - reached} (a match); their faults-off reruns are judged, and "
+            f"--expect states a verdict for them instead")
+
+
 def progress_line(done: int, total: int, view: CaseView, width: int | None = None, *,
                   left_s: float | None = None) -> str:
     """``[done/total, about 1m05s left] name: verdict (mark)``, shortened to ``width`` when given (a terminal's
     status line); ``left_s``, the estimated seconds left, is shown when given."""
-    mark = "skipped" if view.skip_reason is not None else ("ok" if view.ok else "UNEXPECTED")
+    mark = "skipped" if view.skip_reason is not None else (
+        "information" if view.information else "ok" if view.ok else "UNEXPECTED")
     left = "" if left_s is None else f", about {duration_text(left_s)} left"
     line = f"[{done}/{total}{left}] {view.name}: {view.verdict} ({mark})"
     return printable(line) if width is None else shorten(line, width)

@@ -16,6 +16,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+INFORMATION = "information"
+"""``check.matrix.expect.INFORMATION`` (not imported: the views need nothing of the checking): the expectation of
+an added design's run under a fault scenario's faults by default; whatever it gives is as expected"""
+
 RECORD_VERSION = 1
 """schema version of a JSON record; bumped when a field changes meaning or goes away"""
 
@@ -219,14 +223,26 @@ class CaseView:
     """mismatch counts per (step, pool, layer) over the whole run (``details`` stops at the diff's limit)"""
     references: tuple[str, ...] = ()
     """the scenario's real-bug references (``ScenarioSpec.references``)"""
+    judged_by: str | None = None
+    """which reference run judged it, where a plug-in (a backend, serving stack or eviction policy named by import
+    path) is involved (``Case.judged_by``); None, and not in the record, where everything is the library's own"""
+    added_design: bool = False
+    """a design the scenario does not list, added by ``--design``: its expectations are borrowed (``like:DESIGN``,
+    a stated verdict or ``information``), never the scenario file's"""
 
     @property
     def ok(self) -> bool:
-        return self.skip_reason is not None or self.verdict == self.expected
+        return self.skip_reason is not None or self.verdict == self.expected or self.information
+
+    @property
+    def information(self) -> bool:
+        """No verdict was known (an added design under a fault scenario's faults): the verdict says whether the
+        fault reaches the design, and is never unexpected."""
+        return self.expected == INFORMATION
 
     @property
     def unexpected_pass(self) -> bool:
-        return self.verdict == "match" and self.expected != "match"
+        return self.verdict == "match" and self.expected != "match" and not self.information
 
     def to_record(self, *, timing: bool = False) -> dict[str, Any]:
         """The JSON record (documented in docs/reference.md, "results.json").
@@ -245,6 +261,10 @@ class CaseView:
             step["written"] = [[t["rid"], t["pos"], *t["slots"]] for t in step["written"]]
         if record["setup"] is not None and not record["setup"]["groups"]:
             del record["setup"]["groups"]
+        if not record["added_design"]:  # the records of the library's own runs keep their shape
+            del record["added_design"]
+        if record["judged_by"] is None:
+            del record["judged_by"]
         return record
 
     @classmethod

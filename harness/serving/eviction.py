@@ -80,6 +80,16 @@ class EvictionPolicy(ABC):
     """Decides what leaves the SWA window and when it is freed."""
 
     name: ClassVar[str]
+    frees_every_step: ClassVar[bool] = False
+    """the policy frees what left the window after every step (``tight``); False: it may batch its frees, up to
+    the scenario's eviction ``interval`` tokens at a time (``sglang``). The ``retained`` invariant holds every
+    policy to the bound this declares (``retention_bound``), whoever wrote it"""
+
+    @property
+    def declared_interval(self) -> int:
+        """Tokens the frontier may move past what was freed before the policy must free: 1 for a policy that
+        frees every step, else the scenario's ``[eviction] interval``."""
+        return 1 if self.frees_every_step else self.spec.interval
 
     def __init__(self, spec: EvictionSpec = EvictionSpec(), *, window: int, page_size: int = 1,
                  prefix_sharing: bool = False) -> None:
@@ -113,6 +123,7 @@ class TightEviction(EvictionPolicy):
     """
 
     name = "tight"
+    frees_every_step = True
 
     def frontier(self, req: RequestWindow) -> int:
         if self.prefix_sharing:
@@ -146,6 +157,27 @@ class SGLangEviction(EvictionPolicy):
         if moved < req.swa_evicted + self.spec.interval:
             return req.swa_evicted
         return max(req.swa_evicted, moved // self.page_size * self.page_size)
+
+
+def retention_bound(req: RequestWindow, *, window: int, page_size: int, interval: int, prefix_sharing: bool) -> int:
+    """The position below which every SWA slot of ``req`` must be free after a step, whatever the policy: what
+    SGLang may legitimately retain, from the model's ``window``, the ``page_size`` and the declared eviction
+    ``interval`` alone. It keeps the window back from the newest token (without the query's own key; with a
+    prefix cache rounded up to whole pages and counted back from the key's length, PR 34870), may wait until
+    the frontier has moved ``interval`` tokens past what it freed, and frees whole pages; it frees nothing
+    before a request's first decode batch, nor mid-prefill with a prefix cache. 0 where nothing is due.
+
+    A policy that meets it after every step frees at least this much: freeing ``interval`` tokens late at the
+    most (else it would have freed), floored to a page. The ``retained`` invariant measures against it, so a
+    policy that frees too late breaches it whoever wrote the policy (``tight`` declares an interval of 1, where
+    the bound is its own frontier)."""
+    if req.prefilling and prefix_sharing:
+        return 0
+    if not req.prefilling and req.decoded == 0:
+        return 0
+    retain = retained_with_sharing(window, page_size) if prefix_sharing else window - 1
+    moved = (req.insert_len if prefix_sharing else req.seq_len) - retain
+    return _floor_to(moved - interval + 1, page_size)
 
 
 def retained_with_sharing(window: int, page_size: int) -> int:

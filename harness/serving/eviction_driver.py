@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .eviction import EvictionPolicy
+from .eviction import EvictionPolicy, retention_bound
 from .prefix_cache import SWARadixCache
 from .registry import frontier
 from .requests import Req, RequestBook
@@ -60,7 +60,7 @@ class EvictionDriver:
                     self.book.free(req)
                 finished.append(req.spec.rid)
             elif not req.released:
-                req.due = max(req.due, frontier(self.eviction, req.window(bigram=self.bigram)))
+                req.due = max(req.due, self._due(req))
                 evicted.extend(self._evict(req, self._frontier(req)))
                 if self.cache is not None and req.prefilling:
                     evicted.extend(self._cache_unfinished(req))
@@ -79,6 +79,13 @@ class EvictionDriver:
         evicted = [TokenKey(req.spec.rid, p) for p in range(req.swa_evicted, evict_to)]
         req.swa_evicted = evict_to
         return evicted
+
+    def _due(self, req: Req) -> int:
+        """How far the request's SWA slots must be free after this step (``retention_bound``): from the model's
+        window, the page size and the policy's declared interval, never from the policy's own frontier."""
+        policy = self.eviction
+        return retention_bound(req.window(bigram=self.bigram), window=policy.window, page_size=self.stack.page_size,
+                               interval=policy.declared_interval, prefix_sharing=policy.prefix_sharing)
 
     def _last_batch_next(self, req: Req) -> bool:
         """The next decode batch writes the request's last token."""

@@ -8,8 +8,10 @@ keys where every padded row writes too. The harness checks them after every step
 * ``dummy``: the dummy page is never free and never owned by a token;
 * ``free_but_owned``: a live token's slot (full, or SWA while it has one) is not on its pool's free list;
 * ``window``: every token inside its request's window (the keys the next query reads) holds an SWA slot;
-* ``retained``: no token the eviction policy has freed past still holds one (a skipped or short eviction
-  keeps slots the pool needs: the leak that ends in an exhausted SWA pool).
+* ``retained``: no token below what SGLang may retain still holds one: the bound comes from the model's
+  window, the page size and the policy's declared eviction interval (``eviction.retention_bound``), never
+  from the policy under test, so a policy of one's own that frees too late breaches it as a scheduler patch
+  does (a skipped or short eviction keeps slots the pool needs: the leak that ends in an exhausted SWA pool).
 
 With a prefix cache (``prefix_cache.py``) the tokens it holds count too. Its slots are owned once, by the
 cache, and shared by every live token that matched them (``LiveToken.shared``, the same position), so
@@ -107,7 +109,8 @@ def pool_violations(live: Sequence[LiveToken], *, groups: KVGroups, free: Mappin
             slot = t.slots[i]
             if t.past_frontier and slot > 0:
                 out.append(InvariantViolation(invariant="retained", pool=g.name, slot=slot,
-                                              detail=f"{who} is behind its eviction frontier but still holds it"))
+                                              detail=f"{who} is below what its request may retain (the window, the "
+                                                     f"page floor, the declared eviction interval) but still holds it"))
         for g, slot in held:
             pool = g.name
             if slot < g.page_size:

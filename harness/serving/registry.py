@@ -125,6 +125,8 @@ def _is_declared_policy(obj: object) -> str | None:
         return why
     if hasattr(obj, "name") and not (isinstance(obj.name, str) and obj.name):  # type: ignore[attr-defined]
         raise expected("eviction policy", f"{owner(obj)}.name", "a non-empty str", obj.name)  # type: ignore[attr-defined]
+    if not isinstance(every := getattr(obj, "frees_every_step"), bool):
+        raise expected("eviction policy", f"{owner(obj)}.frees_every_step", "a bool", every)
     return None
 
 

@@ -185,6 +185,20 @@ def test_audit_follows_int_keyed_dicts_and_the_lists_in_them():
     assert {i.path for i in g.audit.inputs} == {"backend.graph_metadata[4][1]", "backend.by_layer[0]"}
 
 
+class _Batch:
+    """An object a cache is keyed by (a forward batch, say): no literal writes it back."""
+
+
+def test_audit_names_dict_entries_keyed_by_a_tuple_or_an_object_and_watches_them():
+    batch = _Batch()
+    pool = SimpleNamespace(_cache={(4, "decode"): torch.ones(4)}, _by_batch={"x": 0, batch: torch.zeros(2)})
+    g = capture(lambda: pool._cache[(4, "decode")].sum() + pool._by_batch[batch].sum(), roots={"pool": pool})
+    assert {i.path for i in g.audit.inputs} == {"pool._cache[(4, 'decode')]", "pool._by_batch[<_Batch #1>]"}
+    pool._by_batch[batch] = torch.ones(2)  # rebuilt, and nothing refreshes what the graph reads
+    (stale,) = g.replay()
+    assert (stale.path, stale.kind, stale.benign) == ("pool._by_batch[<_Batch #1>]", "rebound", False)
+
+
 def test_rebound_attribute_is_benign_while_the_captured_tensor_is_refreshed_before_each_replay():
     runner = SimpleNamespace(loc=torch.zeros(8, dtype=torch.int64))
     pool = SimpleNamespace(swa_loc=runner.loc[:4])

@@ -36,17 +36,22 @@ def own_designs(cli_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return cli_dir
 
 
-def _expectations(scenario, design: str) -> dict[tuple[str, str, bool], str]:
+def _expectations(scenario, design: str, expect: str | None = None) -> dict[tuple[str, str, bool], str]:
     return {(c.mode, c.backend, c.with_faults): c.expected
-            for c in cases(scenario, Selection(designs=[design], extra_designs=[design] if ":" in design else ()))}
+            for c in cases(scenario, Selection(designs=[design], extra_designs=[design] if ":" in design else ()),
+                           expect=expect)}
 
 
-def test_the_reference_design_by_import_path_expects_what_forward_batch_gets_with_and_without_the_faults():
+def test_the_reference_design_by_import_path_like_forward_batch_expects_what_it_gets_with_and_without_the_faults():
     scenario = load_scenario(LIBRARY / "faults" / "swa_decode_pad_seq_len_zero.toml")  # by_backend overrides too
-    added = _expectations(scenario, REFERENCE_BY_PATH)
+    added = _expectations(scenario, REFERENCE_BY_PATH, "like:forward_batch")
     assert added == _expectations(scenario, "forward_batch")
     assert {with_faults for _, _, with_faults in added} == {True, False}
     assert set(added.values()) == {"match", "diverge"}  # diverge under the fault in one backend's decode graphs
+    # by default the runs under the fault have no known verdict; the faults-off reruns keep forward_batch's
+    default = _expectations(scenario, REFERENCE_BY_PATH)
+    assert {k: v for k, v in default.items() if not k[2]} == {k: v for k, v in added.items() if not k[2]}
+    assert {v for k, v in default.items() if k[2]} == {"information"}
 
 
 def test_like_a_design_the_scenario_does_not_list_skips_its_runs_saying_why():
@@ -63,9 +68,11 @@ def test_like_a_design_the_scenario_does_not_list_skips_its_runs_saying_why():
 def test_a_fixed_expectation_reruns_a_fault_scenario_with_the_faults_off():
     scenario = load_scenario(LIBRARY / "faults" / "swa_decode_no_preset_swa_loc.toml")  # no without_faults stated
     fixed = cases(scenario, Selection(designs=["x:y"], extra_designs=["x:y"]), expect="match")
-    like = cases(scenario, Selection(designs=["x:y"], extra_designs=["x:y"]))
+    like = cases(scenario, Selection(designs=["x:y"], extra_designs=["x:y"]), expect="like:forward_batch")
+    default = cases(scenario, Selection(designs=["x:y"], extra_designs=["x:y"]))
     assert sorted(c.with_faults for c in fixed) == [False, False, True, True]
     assert sorted(c.with_faults for c in like) == [True, True]  # forward_batch states no faults-off verdict here
+    assert sorted(c.with_faults for c in default) == [False, False, True, True]  # by default: always
 
 
 @pytest.mark.parametrize("expect, problem", [

@@ -26,10 +26,10 @@ from harness.report.paths import page_names, safe_stem
 from harness.report.records import read_results
 from harness.report.scenario_page import run_anchors, scenario_page
 from harness.report.slots import first_divergence_sentence, slot_map
-from harness.report.views import CaseView, MismatchView
+from harness.report.views import CaseView, ErrorView, MismatchView
 
 from ._hostile import EVIL, EVIL_RID, elements, hostile
-from ._samples import many_unexpected, pick, with_expected
+from ._samples import MANY_DESIGNS, many_unexpected, pick, with_expected
 
 PAD = "tiny_pad_tail[forward_batch-full-torch_native]"
 WINDOW = "tiny_wrong_window[forward_batch-eager-torch_native]"
@@ -120,6 +120,28 @@ def test_many_unexpected_runs_make_a_short_banner_grouped_by_design_and_mode(sam
     rows = [a for t, a in tags if t == "tr" and "data-run" in a]
     assert len(rows) == 240 and all(a["data-status"] == "unexpected" for a in rows[:40])
     assert 'data-page-size="100"' in page and 'id="runs-pager"' in page
+
+
+def test_one_cause_under_every_design_is_one_banner_line_and_a_designs_own_bug_keeps_its_own(sample_views, tmp_path):
+    # issue 26: a broken eviction policy errs under every design and mode (12 runs), one design diverges on its own
+    views = [dataclasses.replace(v, expected=v.verdict) for v in many_unexpected(sample_views)]  # all as expected
+    policy = ErrorView(type="ReferenceNotCertified", message="reference run failed: retained: swa slot 5: a@4 is "
+                       "below what its request may retain", step=None)
+    broken = [dataclasses.replace(v, expected="match", verdict="error", error=dataclasses.replace(
+        policy, message=policy.message.replace("5", str(i))), first=None, details=())
+        for i, v in enumerate(x for x in views if x.scenario in ("syn_020", "syn_021")) if i < 12]
+    first = MismatchView(step=3, pool="swa", layer=0, slot=4, owner="a@3", what="k", classification="overwritten",
+                         detail="holds another row")
+    own = dataclasses.replace(views[-1], expected="match", verdict="diverge", first=first, details=(first,),
+                              mismatches=1)
+    replaced = {v.name: v for v in [*broken, own]}
+    index = write_report(tmp_path, [replaced.get(v.name, v) for v in views], environment=ENV, generated=None)
+    page, tags = _text(index), elements(index).tags
+    groups = [a for t, a in tags if t == "tr" and "data-unexpected-group" in a]
+    # by design and mode, the policy's 12 runs would fill ten lines ahead of the design's own bug
+    assert [(g["data-design"], g["data-mode"], g["data-runs"]) for g in groups] == [
+        (", ".join(MANY_DESIGNS), "eager, full", "12"), (own.design, own.mode, "1")]
+    assert "one cause: error: ReferenceNotCertified: reference run failed: retained: swa slot #: a@# is below" in page
 
 
 def test_expected_and_unexpected_verdicts_are_drawn_apart(sample_views, tmp_path):

@@ -129,6 +129,8 @@ def test_sound_accounting_over_three_groups_breaks_nothing():
 def test_each_invariant_names_the_group_whose_slot_broke_it():
     live = [_tok(0, 1, 9, 4), _tok(1, 2, 9, 0), _tok(2, 3, 0, 6)]
     live += [LiveToken(rid="b", pos=0, slots=(4, 10, 7), in_window=False, past_frontier=True)]
+    RETAINED = "b@0 is below what its request may retain (the window, the page floor, the declared eviction interval) " \
+               "but still holds it"
     found = [(v.invariant, v.pool, v.slot, v.detail) for v in pool_violations(live, groups=THREE,
                                                                                free=_free(w8={0, 1}))]
     assert found == [
@@ -137,8 +139,8 @@ def test_each_invariant_names_the_group_whose_slot_broke_it():
         ("owned_twice", "w8", 9, "owned by a@0 and a@1"),
         ("window", "full", 3, "a@2 is inside its window but holds no window-8 slot"),
         ("free_but_owned", "w32", 6, "a@2 owns it, and it is on the free list"),
-        ("retained", "w8", 10, "b@0 is behind its eviction frontier but still holds it"),
-        ("retained", "w32", 7, "b@0 is behind its eviction frontier but still holds it"),
+        ("retained", "w8", 10, RETAINED),
+        ("retained", "w32", 7, RETAINED),
         ("free_but_owned", "w32", 7, "b@0 owns it, and it is on the free list"),
     ]
 

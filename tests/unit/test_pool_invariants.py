@@ -96,4 +96,4 @@ def test_a_token_behind_its_frontier_that_still_holds_an_swa_slot_is_retained():
             LiveToken(rid="a", pos=1, slots=(2, 0), in_window=False, past_frontier=True)]
     found = _violations(live, free_full=(), free_swa=(), page_size=1)
     assert [(v.invariant, v.pool, v.slot) for v in found] == [("retained", "swa", 4)]
-    assert "a@0 is behind its eviction frontier" in found[0].detail
+    assert "a@0 is below what its request may retain" in found[0].detail

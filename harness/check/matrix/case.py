@@ -15,12 +15,15 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from ...backends.base import AttentionBackend
-from ...backends.registry import BACKENDS, backend_class, unsupported_reasons
-from ...runspec import TIMEOUT_DEFAULT_S, Device, Engine, RunSpec
-from ...scenario.spec import ScenarioSpec
-from ...serving.designs import DESIGN_REGISTRY
-from ...serving.registry import EVICTION_POLICIES, OPTIONAL_STACKS, STACKS
-from .expect import EXPECT_DEFAULT, LIKE, NO_EXPECTATION, expect_problem  # noqa: F401 - case's vocabulary too
+from ...backends.registry import BACKENDS, backend_class, reference_backend, unsupported_reasons
+from ...runspec import REFERENCE_DESIGN, TIMEOUT_DEFAULT_S, Device, Engine, Outcome, RunSpec
+from ...scenario.spec import Expectation, ScenarioSpec
+from ...serving.designs import DESIGN_REGISTRY, declared
+from ...serving.kv_groups import hybrid_swa_groups
+from ...serving.registry import EVICTION_POLICIES, OPTIONAL_STACKS, STACKS, stack_class, stack_kv_groups
+from ...serving.stack import stack_spec
+from .expect import (  # noqa: F401 - case's vocabulary too
+    EXPECT_DEFAULT, INFORMATION, LIKE, NO_EXPECTATION, expect_problem, holds)
 from .judgement import Judgement
 from .verdict import Verdict
 
@@ -91,8 +94,44 @@ class Case:
         return option if option is not None and not option.startswith(LIKE) else None
 
     @property
+    def information(self) -> bool:
+        """No verdict is known for this run (an added design under a fault scenario's faults, by default): what it
+        gives says whether the fault reaches the design, and only its faults-off rerun is judged."""
+        return self.judgement.expected == INFORMATION
+
+    @property
     def faults(self) -> frozenset[str]:
         return frozenset(self.scenario.faults) if self.with_faults else frozenset()
+
+    @property
+    def reference_backend(self) -> str:
+        """The backend of the eager run that judges this one (``backends.registry.reference_backend``)."""
+        return reference_backend_of(self.scenario, self.backend, self.device)
+
+    @property
+    def judged_by(self) -> str | None:
+        """Which reference run judges this one, in words, where plug-ins are involved (a backend, serving stack
+        or eviction policy named by import path); None where everything is the library's own."""
+        scenario = self.scenario
+        plugged = plugged_in(scenario, self.backend)
+        if not plugged:
+            return None
+        ref = self.reference_backend
+        if ref == getattr(backend_class_or_none(self.backend), "reference_backend", None):
+            how = "its declared reference_backend"
+        elif ref == self.backend and self.backend in BACKENDS:
+            how = "a registered backend"
+        elif ref == self.backend:
+            how = (f"its own: the library's reference backends serve SGLang's two KV groups, not the groups of "
+                   f"{scenario.serving}")
+        else:
+            how = "the library's reference backend for this geometry: it declares no reference_backend"
+        line = f"the eager {REFERENCE_DESIGN} run on {ref} ({how})"
+        if scenario.serving not in STACKS or scenario.eviction.policy not in EVICTION_POLICIES:
+            line += (f", on serving stack {scenario.serving} with eviction policy {scenario.eviction.policy} (the "
+                     f"plug-in's own: a built-in one hands out other slots, which the slot-for-slot diff cannot "
+                     f"compare)")
+        return line + ", certified against the dense oracle"
 
     def run_spec(self) -> RunSpec:
         return self.scenario.run_spec(
@@ -110,14 +149,61 @@ class CaseResult:
 
     @property
     def ok(self) -> bool:
-        return self.verdict.outcome == self.case.expected
+        return holds(self.case.expected, self.verdict.outcome)
+
+
+def reference_geometry(scenario: ScenarioSpec, device: str) -> dict[str, object]:
+    """What a reference backend must run: the scenario's eager run without faults, on ``device``."""
+    return dict(mode="eager", device=device, kv_write=scenario.kv_write, page_size=scenario.pool.page_size,
+                faults=(), model=scenario.model, kv_dtype=scenario.pool.kv_dtype)
+
+
+def reference_backend_of(scenario: ScenarioSpec, backend: str, device: str) -> str:
+    """The backend of the eager run that judges the runs of ``backend`` over ``scenario`` on ``device``."""
+    return reference_backend(backend, library=_sglang_groups(scenario), **reference_geometry(scenario, device))
+
+
+def _sglang_groups(scenario: ScenarioSpec) -> bool:
+    """The scenario's stack has SGLang's two KV groups (full and SWA), the ones the library's backends serve;
+    True for a registered stack and for one that does not load (its runs are errors saying why)."""
+    if scenario.serving in STACKS:
+        return True
+    try:
+        spec = stack_spec(scenario.model, scenario.pool)
+        groups = stack_kv_groups(stack_class(scenario.serving), spec)
+    except (KeyError, ImportError, ValueError):
+        return True
+    return groups == hybrid_swa_groups(
+        layer_is_swa=spec.layer_is_swa, layer_windows=spec.layer_windows, full_size=spec.pool.full_size,
+        swa_size=spec.pool.swa_size, page_size=spec.pool.page_size, kv_dtype=spec.pool.kv_dtype,
+        num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim)
+
+
+def plugged_in(scenario: ScenarioSpec, backend: str) -> list[str]:
+    """The plug-ins (named by import path, not registered) among a run's backend, serving stack and eviction
+    policy: the runs whose reference ``harness run`` certifies against the dense oracle."""
+    return [name for name, known in ((backend, BACKENDS), (scenario.serving, STACKS),
+                                     (scenario.eviction.policy, EVICTION_POLICIES)) if name not in known]
+
+
+def backend_class_or_none(name: str) -> type[AttentionBackend] | None:
+    try:
+        return backend_class(name)
+    except KeyError:
+        return None
 
 
 def judgement_of(scenario: ScenarioSpec, *, design: str, mode: str, backend: str, with_faults: bool,
-                 option: str | None = None) -> Judgement | None:
+                 option: str | None = None, by_default: bool = False) -> Judgement | None:
     """How one run of a scenario is judged: the scenario's expectation of a design it lists; for one it does
     not, ``option`` (``like:DESIGN``: the scenario's expectation of DESIGN there; an outcome: that). None
-    where nothing is expected (a clean rerun without a ``without_faults`` expectation): no such run is made."""
+    where nothing is expected (a clean rerun without a ``without_faults`` expectation): no such run is made.
+
+    ``by_default``: ``option`` is the default (``EXPECT_DEFAULT``), not the user's. The scenario's verdict of
+    DESIGN under its faults says what the fault does to DESIGN's inputs, which an added design may never read
+    (one that translates for itself matches where ``forward_batch`` diverges): such a run is ``INFORMATION``,
+    and its faults-off rerun is always made, expected to give what DESIGN gives without the faults (a match
+    where the scenario states nothing, for a design declared sound)."""
     judged_as = design if design in scenario.designs else None
     if judged_as is None and option is not None and option.startswith(LIKE):
         judged_as = option[len(LIKE):] if option[len(LIKE):] in scenario.designs else None
@@ -126,6 +212,9 @@ def judgement_of(scenario: ScenarioSpec, *, design: str, mode: str, backend: str
             return Judgement(expected=NO_EXPECTATION, why=_ADDED_WHY, option=option)
         return Judgement(expected=option or NO_EXPECTATION, why=_ADDED_WHY, option=option)
     exp = scenario.expectation(judged_as)
+    if by_default and judged_as != design and scenario.faults:
+        return _default_judgement(scenario, judged_as, exp, mode=mode, backend=backend, with_faults=with_faults,
+                                  option=option)
     expected = exp.expected(mode=mode, backend=backend, with_faults=with_faults)
     if expected is None:
         return None
@@ -133,6 +222,26 @@ def judgement_of(scenario: ScenarioSpec, *, design: str, mode: str, backend: str
     if judged_as != design:
         why = f"expected like {judged_as}, which the scenario lists: {why}"
     return Judgement(expected=expected, why=why, option=option if judged_as != design else None)
+
+
+def _default_judgement(scenario: ScenarioSpec, like: str, exp: Expectation, *, mode: str, backend: str,
+                       with_faults: bool, option: str | None) -> Judgement | None:
+    """An added design's run of a fault scenario under the default expectation (``judgement_of``)."""
+    faults = ", ".join(sorted(scenario.faults))
+    if with_faults:
+        return Judgement(expected=INFORMATION, option=option, by_default=True,
+                         why=(f"no verdict is known for an added design under {faults}: the scenario's verdicts say "
+                              f"what the fault does to the inputs of the designs it lists, which this one may never "
+                              f"read; what it gives says whether the fault reaches it, and its faults-off rerun is "
+                              f"judged (--expect states a verdict instead)"))
+    expected = exp.expected(mode=mode, backend=backend, with_faults=False)
+    why = f"expected like {like} without {faults}: {exp.why_for(backend)}"
+    if expected is None:
+        record = declared(like)
+        if record is None or not record.sound:
+            return None
+        expected, why = Outcome.MATCH, f"expected like {like} without {faults}: {like} is declared sound: {record.rule}"
+    return Judgement(expected=expected, why=why, option=option, by_default=True)
 
 
 _ADDED_WHY = "a design the scenario does not list, added on the command line"
@@ -192,10 +301,12 @@ def cases(scenario: ScenarioSpec, selection: Selection = Selection(), *, expect:
     (``EXPECT_DEFAULT`` when None): ``like:DESIGN`` expects of each run what the scenario expects of DESIGN in
     that mode, backend and fault setting (a scenario that does not list DESIGN skips them, saying so), an
     outcome expects it of every run; either way a fault scenario also runs them with the faults off, as it runs
-    DESIGN (or, for an outcome, always). An added backend is expected to give what the scenario expects of the
-    design (its ``by_backend`` entry for that name, if any).
+    DESIGN (or, for an outcome, always). With no ``expect`` at all, an added design's runs under a fault
+    scenario's faults are ``INFORMATION`` and their faults-off reruns are always made (``judgement_of``). An
+    added backend is expected to give what the scenario expects of the design (its ``by_backend`` entry for
+    that name, if any).
     """
-    expect = EXPECT_DEFAULT if expect is None else expect
+    by_default, expect = expect is None, EXPECT_DEFAULT if expect is None else expect
     limit = selection.timeout_s if selection.timeout_s is not None else scenario.timeout_s
     out = []
     for cell in cells(scenario, selection):
@@ -205,7 +316,7 @@ def cases(scenario: ScenarioSpec, selection: Selection = Selection(), *, expect:
                       runner=selection.runners.get(cell.mode))
         for with_faults in (True, False) if scenario.faults else (True,):
             judgement = judgement_of(scenario, design=cell.design, mode=cell.mode, backend=cell.backend,
-                                     with_faults=with_faults, option=option)
+                                     with_faults=with_faults, option=option, by_default=by_default)
             if judgement is None:
                 continue  # a clean rerun nobody expects anything of
             like = option[len(LIKE):] if option is not None and option.startswith(LIKE) else None

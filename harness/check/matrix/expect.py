@@ -15,10 +15,19 @@ NO_EXPECTATION = "no expectation"
 LIKE = "like:"
 """``like:DESIGN``: an added design is expected to give, run by run, what the scenario expects of DESIGN"""
 EXPECT_DEFAULT = f"{LIKE}{REFERENCE_DESIGN}"
-"""what an added design is expected to give when nobody says: what the reference design gets, run by run
-(so the reference design added by import path is as expected everywhere, fault scenarios included)"""
+"""what an added design is expected to give when nobody says: what the reference design gets, run by run, on
+runs without faults; under a fault scenario's faults, ``INFORMATION`` (a fault that corrupts the reference
+design's inputs may never reach a design that computes them itself), its faults-off rerun judged"""
+INFORMATION = "information"
+"""the expectation of an added design's run under a fault scenario's faults when nobody states one: no verdict
+is known, so whatever it gives is as expected and says whether the fault reaches the design (``holds``)"""
 
 _IMPORT_PATH = "an import path 'package.module:function'"
+
+
+def holds(expected: str, outcome: str) -> bool:
+    """Whether a run that gave ``outcome`` gave what was ``expected`` of it (an ``INFORMATION`` run always does)."""
+    return expected == INFORMATION or outcome == expected
 
 
 def expect_problem(expect: str) -> str | None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from ...runspec import Outcome, RunSpec
 from ...serving.designs import declared
 from ..run.drive import execute
-from .expect import NO_EXPECTATION
+from .expect import INFORMATION, NO_EXPECTATION, holds
 from ..run.result import RunResult
 from .verdict import Verdict, judge
 
@@ -23,12 +23,15 @@ class Judgement:
     """What one run should give, and why."""
 
     expected: str
-    """an ``Outcome``, or ``NO_EXPECTATION`` (whatever the run gives is unexpected)"""
+    """an ``Outcome``, ``NO_EXPECTATION`` (whatever the run gives is unexpected) or ``INFORMATION`` (whatever
+    it gives is as expected)"""
     why: str
     """the mechanism behind it, shown beside the verdict"""
     option: str | None = None
     """the ``--expect`` it came from (``like:DESIGN`` or an outcome) for a design the scenario does not list;
     None when the scenario states it"""
+    by_default: bool = False
+    """the default expectation of an added design (no ``--expect`` given): a rerun states none"""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -41,7 +44,7 @@ class Judged:
 
     @property
     def held(self) -> bool:
-        return self.verdict.outcome == self.judgement.expected
+        return holds(self.judgement.expected, self.verdict.outcome)
 
     def summary(self) -> str:
         """One line: the run, what was expected and what it gave."""
@@ -72,4 +75,4 @@ def judge_one(spec: RunSpec, judgement: Judgement, *, reference: RunResult | Non
     return Judged(spec=spec, judgement=judgement, verdict=judge(subject, reference))
 
 
-__all__ = ["NO_EXPECTATION", "Judged", "Judgement", "declared_judgement", "judge_one"]
+__all__ = ["INFORMATION", "NO_EXPECTATION", "Judged", "Judgement", "declared_judgement", "judge_one"]

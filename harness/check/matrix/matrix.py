@@ -9,11 +9,12 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from ...backends.registry import reference_backend
 from ...runspec import Outcome, RunSpec
 from ...scenario.spec import ScenarioSpec
-from .case import Case, CaseResult
+from .case import Case, CaseResult, plugged_in, reference_backend_of
 from ..run.drive import execute
+from ..run.frames import dumped_frames
+from ..run.oracle import certify_run
 from ..run.result import RunError, RunResult
 from .judgement import judge_one
 from .verdict import Verdict
@@ -28,6 +29,10 @@ def limit_threads() -> None:
 
 _REFERENCES: OrderedDict[RunSpec, RunResult] = OrderedDict()
 _REFERENCES_KEPT = 32
+_CERTIFIED: set[RunSpec] = set()
+"""references of runs with plug-ins checked against the dense oracle in this process (one walk each)"""
+NOT_CERTIFIED = "ReferenceNotCertified"
+"""the error type of a reference run the dense oracle disagrees with"""
 
 
 def scenario_reference(scenario: ScenarioSpec, *, backend: str, device: str = "cpu",
@@ -37,7 +42,8 @@ def scenario_reference(scenario: ScenarioSpec, *, backend: str, device: str = "c
     With ``isolate`` it runs in a child process (a third-party backend may crash or hang too) and comes back
     to the cache here, so that case runs forked afterwards inherit it.
     """
-    spec = scenario.run_spec(design=scenario.designs[0], mode=scenario.modes[0], backend=reference_backend(backend),
+    spec = scenario.run_spec(design=scenario.designs[0], mode=scenario.modes[0],
+                             backend=reference_backend_of(scenario, backend, device),
                              device=device, with_faults=False).reference()
     if spec not in _REFERENCES:
         if isolate and _forkable(spec.device):
@@ -46,8 +52,29 @@ def scenario_reference(scenario: ScenarioSpec, *, backend: str, device: str = "c
         else:
             _REFERENCES[spec] = execute(spec)
         while len(_REFERENCES) > _REFERENCES_KEPT:
-            _REFERENCES.popitem(last=False)
+            _CERTIFIED.discard(_REFERENCES.popitem(last=False)[0])
+    if (plugged := plugged_in(scenario, backend)) and spec not in _CERTIFIED:
+        # a plug-in's runs are judged by a reference the library's oracle items never walked (one that runs the
+        # plug-in's stack or policy, or its declared backend): a wrong reference is named as such, not diffed
+        _CERTIFIED.add(spec)
+        _REFERENCES[spec] = _certified(_REFERENCES[spec], plugged)
     return _REFERENCES[spec]
+
+
+def _certified(reference: RunResult, plugged: list[str]) -> RunResult:
+    """``reference``, or an error saying where the dense oracle disagrees with it."""
+    if reference.error is not None or reference.breach is not None:
+        return reference
+    cert = certify_run(reference.snapshots, reference.spec)
+    if cert.ok:
+        return reference
+    s = reference.spec
+    more = f", and elsewhere ({len(cert.problems) - 1} more at least)" if len(cert.problems) > 1 else ""
+    message = (f"the dense oracle disagrees with it (eager {s.design} on {s.backend}, serving stack {s.serving}, "
+               f"eviction policy {s.eviction.policy}, judging the runs of {', '.join(plugged)}): "
+               f"{cert.problems[0] if cert.problems else 'no detail'}{more}")
+    return RunResult(spec=s, snapshots=reference.snapshots, steps=reference.steps,
+                     error=RunError(type=NOT_CERTIFIED, message=message, step=None))
 
 
 def run_case(case: Case) -> CaseResult:
@@ -121,7 +148,9 @@ def _forkable(device: str) -> bool:
 
 
 def _died_error(died: WorkerDied) -> RunError:
-    return RunError(type="Timeout" if died.timed_out else "WorkerDied", message=died.reason, step=None)
+    # a timeout names where its main thread was when it was stopped, shown as an error's frames are
+    return RunError(type="Timeout" if died.timed_out else "WorkerDied", message=died.reason, step=None,
+                    frames=dumped_frames(died.stack))
 
 
 def _died_run(spec: RunSpec, died: WorkerDied) -> RunResult:

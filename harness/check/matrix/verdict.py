@@ -52,6 +52,11 @@ def _one_line(text: str) -> str:
 
 def judge(subject: RunResult, reference: RunResult) -> Verdict:
     """Compare a finished subject run with its reference run."""
+    if reference.error is None and reference.breach is not None and subject.breach is not None:
+        # the same invariant broken in the reference too: the code that broke it runs in both (a serving stack
+        # or eviction policy of one's own), and the subject's breach is its verdict, not a failed reference
+        return Verdict(outcome=Outcome.INVARIANT, diff=None, error=subject.breach.as_error(),
+                       observations=subject.observations, steps=subject.steps)
     if reference.error is not None or reference.breach is not None:
         err = reference.error or reference.breach.as_error()
         return Verdict(

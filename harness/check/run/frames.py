@@ -22,6 +22,7 @@ harness's code moves, and code need not be ordered to keep line numbers still. A
 from __future__ import annotations
 
 import importlib.util
+import re
 import sysconfig
 import traceback
 from dataclasses import dataclass
@@ -64,6 +65,28 @@ def subject_frames(tb: TracebackType | None) -> tuple[ErrorFrame, ...]:
     return tuple(frames[-FRAMES_KEPT:])
 
 
+_DUMPED = re.compile(r'^\s*File "(?P<file>.*)", line (?P<line>\d+|\?\?\?) in (?P<function>.*)$')
+
+
+def dumped_frames(dump: str) -> tuple[ErrorFrame, ...]:
+    """The frames a user needs (the module's rules) of a thread's stack as ``faulthandler`` dumps it (most
+    recent call first, ``File "x.py", line 3 in f`` each), outermost first: where a run that timed out was."""
+    found = [m for line in dump.splitlines() if (m := _DUMPED.match(line)) is not None][::-1]
+    if not found:
+        return ()
+    places = [_place(m["file"]) for m in found]
+    innermost = len(found) - 1
+    if "user" in places:
+        keep = {i for i, p in enumerate(places) if p == "user"} | {max(0, places.index("user") - 1), innermost}
+    else:
+        keep = {i for i, p in enumerate(places) if p == "built-in subject"} | {innermost}
+    # faulthandler names a function, not its class: a harness frame keeps that name, without its line
+    frames = [ErrorFrame(file=m["file"], line=0 if places[i] in ("harness", "built-in subject") else
+                         int(m["line"]) if m["line"].isdigit() else 0, function=m["function"])
+              for i, m in enumerate(found) if i in keep]
+    return tuple(frames[-FRAMES_KEPT:])
+
+
 def _frame(f: traceback.FrameSummary, place: str, qualname: str) -> ErrorFrame:
     if place in ("harness", "built-in subject"):
         return ErrorFrame(file=f.filename, line=0, function=qualname)
@@ -72,6 +95,8 @@ def _frame(f: traceback.FrameSummary, place: str, qualname: str) -> ErrorFrame:
 
 def _place(filename: str) -> str:
     """"user" (code outside the harness and the libraries), "built-in subject", "harness" or "library\""""
+    if filename.startswith("<frozen "):
+        return "library"  # the standard library's frozen modules (``<frozen runpy>``)
     path = _resolved(filename)
     if path is None:
         return "user"  # ``<string>``: code a design compiled itself

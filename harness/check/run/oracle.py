@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ...runspec import RunSpec
 from ...serving.model import SyntheticModel
 from ...serving.pool import dequantize_fp8
 from ...serving.timeline import TimelineSpec, request_tokens
@@ -81,6 +82,13 @@ class Certification:
     max_hidden_error: float
     problems: tuple[str, ...]
     """the first few places where the run and the oracle disagree beyond tolerance"""
+
+
+def certify_run(snapshots: tuple[KVSnapshot, ...], spec: RunSpec) -> Certification:
+    """``certify`` of a finished run of ``spec`` against the dense oracle of its model and timeline."""
+    model = SyntheticModel(spec.model, spec.device)
+    return certify(snapshots, dense_oracle(model, spec.timeline), model=model, kv_dtype=spec.pool.kv_dtype,
+                   kv_scales=model.kv_scales())
 
 
 def tolerance(model_dtype: str, kv_dtype: str) -> tuple[float, float]:

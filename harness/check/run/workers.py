@@ -70,6 +70,9 @@ class WorkerDied:
     reason: str
     """``worker died (signal 6)``, ``worker exited with status 3``, ``timed out after 5 s``"""
     timed_out: bool = False
+    stack: str = ""
+    """for a task that timed out: its main thread's stack as ``faulthandler`` dumped it just before the kill
+    (``frames.dumped_frames`` reads it); empty when it could not be had"""
 
 
 class Terminated(KeyboardInterrupt):
@@ -180,6 +183,8 @@ def _child(conn: Connection, out: tuple[int, int], parent: int, fn: Callable[[An
     os.close(out[0])
     _guard(conn, out[1])
     _capture_output(out[1])
+    # where a task that runs past its deadline is stuck: the parent asks for the main thread's stack (``_kill``)
+    faulthandler.register(_STACK_SIGNAL, file=sys.stderr, all_threads=False)
     for k, arg in enumerate(args):
         # each task after the first waits for the parent to take the previous one's output and result, so
         # that nothing the next task prints reaches the pipe before the parent has handed that output back
@@ -223,7 +228,7 @@ def _guard(conn: Connection, out: int) -> None:
         return  # the task's process: runs the tasks
     conn.close()  # only the task's process talks to the caller
     os.close(out)
-    for signum in (signal.SIGINT, signal.SIGHUP):  # the task's process answers them; the guard only waits
+    for signum in (signal.SIGINT, signal.SIGHUP, _STACK_SIGNAL):  # the task's process answers; the guard waits
         signal.signal(signum, signal.SIG_IGN)
     while True:
         try:
@@ -376,8 +381,41 @@ def _answer(run: _Running) -> tuple[Any, bool]:
 
 
 def _kill(run: _Running) -> WorkerDied:
+    stack = _dumped_stack(run)
     run.end()
-    return WorkerDied(f"timed out after {run.timeout_s:g} s", timed_out=True)
+    return WorkerDied(f"timed out after {run.timeout_s:g} s", timed_out=True, stack=stack)
+
+
+_STACK_SIGNAL = signal.SIGUSR1
+"""asks a task's process for its main thread's stack (``faulthandler.register`` in ``_child``)"""
+_STACK_HEADER = b"(most recent call first):"
+_STACK_WAIT_S = 1.0
+
+
+def _dumped_stack(run: _Running) -> str:
+    """The task's main thread's stack, asked for and cut out of its output (it is not the task's own)."""
+    start = len(run.output)
+    try:
+        os.killpg(run.proc.pid, _STACK_SIGNAL)
+    except (ProcessLookupError, PermissionError):
+        return ""
+    deadline = time.monotonic() + _STACK_WAIT_S
+    settled = None
+    while run.out >= 0 and time.monotonic() < deadline:
+        if wait([run.out], timeout=0.05):
+            run.read_output()
+            settled = None
+        elif _STACK_HEADER in run.output[start:]:  # written, and nothing more for a moment: the dump is whole
+            settled = settled or time.monotonic()
+            if time.monotonic() - settled >= 0.1:
+                break
+    at = run.output.find(_STACK_HEADER, start)
+    if at < 0:
+        return ""
+    begin = run.output.rfind(b"\n", start, at) + 1
+    text = run.output[begin:].decode("utf-8", "backslashreplace")
+    del run.output[begin:]
+    return text
 
 
 def output_block(title: str, text: str) -> str:
