@@ -50,6 +50,8 @@ class FuzzReport:
     shrink_steps: int
     elapsed_s: float
     findings: tuple[Finding, ...]
+    first_failure: int | None
+    """the example (counted from 1) that failed first; None when none did"""
     stopped: str
     """why the search ended: its budget, Hypothesis's own end, or the shrink limit"""
 
@@ -83,6 +85,7 @@ class _State:
     tried: int = 0
     shrink_steps: int = 0
     first_failure_at: float | None = None
+    first_failure: int | None = None
     found: dict[str, list] = field(default_factory=dict)
     """signature -> [smallest spec so far, its verdict, failing runs seen]"""
 
@@ -105,7 +108,7 @@ class _State:
             else:
                 self.found[sig] = [spec, verdict, 1]
             if self.first_failure_at is None:
-                self.first_failure_at = self.elapsed()
+                self.first_failure_at, self.first_failure = self.elapsed(), self.tried
         if self.progress is not None:
             self.progress(Progress(tried=self.tried, failures=len(self.found), shrink_steps=self.shrink_steps,
                                    elapsed_s=self.elapsed(), shrinking=self.first_failure_at is not None))
@@ -150,10 +153,12 @@ def fuzz(
     db = InMemoryExampleDatabase() if database is None else DirectoryBasedExampleDatabase(
         str(database / _folder(target)))
 
-    @hypothesis_seed(seed)
+    # settings outermost: @seed applied over them would switch the database off (it assumes a replay of one
+    # reported failure), and a seeded search that keeps its findings is what we want
     @settings(database=db, deadline=None, max_examples=max_examples or 1_000_000, report_multiple_bugs=multiple,
               phases=(Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink),
               suppress_health_check=list(HealthCheck), verbosity=Verbosity.quiet, print_blob=False)
+    @hypothesis_seed(seed)
     @given(run_specs(target))
     def search(spec: RunSpec) -> None:
         state.check(spec)
@@ -168,7 +173,8 @@ def fuzz(
     findings = tuple(Finding(target=target, signature=sig, spec=spec, verdict=verdict, examples=count)
                      for sig, (spec, verdict, count) in state.found.items())
     return FuzzReport(target=target, seed=seed, budget_s=budget_s, tried=state.tried,
-                      shrink_steps=state.shrink_steps, elapsed_s=state.elapsed(), findings=findings, stopped=stopped)
+                      shrink_steps=state.shrink_steps, elapsed_s=state.elapsed(), findings=findings,
+                      first_failure=state.first_failure, stopped=stopped)
 
 
 def _folder(target: FuzzTarget) -> str:
