@@ -77,7 +77,8 @@ def _cmd_fuzz(args: argparse.Namespace) -> int:
         sys.stderr.write("\r\033[K")
     print(f"fuzz {target.label}: {report.tried} examples in {report.elapsed_s:.1f}s, stopped by {report.stopped}; "
           f"{len(report.findings)} distinct failure{'s' if len(report.findings) != 1 else ''}, "
-          f"{report.shrink_steps} shrink steps")
+          f"{report.shrink_steps} shrink steps"
+          + (f", the first failure at example {report.first_failure}" if report.first_failure else ""))
     folder = Path(args.out) if args.out else REGRESSIONS_DEFAULT
     for finding in report.findings:
         print(finding.describe())

@@ -56,6 +56,11 @@ class FuzzReport:
     """why the search ended: its budget, Hypothesis's own end, or the shrink limit"""
 
 
+SLOW_AND_FILTERED = ("too_slow", "filter_too_much", "data_too_large", "large_base_example")
+"""the health checks a property over whole runs fails by its nature: each example is a run of tenths of a second,
+and the dry run refuses some drawn timelines (HypoFuzz refuses a test that suppresses any other)"""
+
+
 class _Interrupt(KeyboardInterrupt):
     """Ends Hypothesis's run where it stands. A KeyboardInterrupt, because that is what Hypothesis lets through
     without recording the example it interrupted as a failure."""
@@ -138,12 +143,10 @@ def fuzz(
     stops at the first failure and shrinks that one only (a test's choice: faster); ``max_examples`` ends the
     search after that many valid examples, whatever the budget left (a test's choice: the same examples on
     any machine)."""
-    from hypothesis import HealthCheck, Phase, Verbosity, given, settings
-    from hypothesis import seed as hypothesis_seed
+    from hypothesis import Phase, Verbosity
     from hypothesis.database import DirectoryBasedExampleDatabase, InMemoryExampleDatabase
 
     from ..check.matrix.matrix import limit_threads
-    from .strategies import run_specs
 
     if problems := target.problems():
         raise ValueError("; ".join(problems))
@@ -151,30 +154,61 @@ def fuzz(
     state = _State(target=target, budget_s=budget_s, shrink_s=budget_s if shrink_s is None else shrink_s,
                    progress=progress)
     db = InMemoryExampleDatabase() if database is None else DirectoryBasedExampleDatabase(
-        str(database / _folder(target)))
+        str(database_folder(target, database)))
 
-    # settings outermost: @seed applied over them would switch the database off (it assumes a replay of one
-    # reported failure), and a seeded search that keeps its findings is what we want
-    @settings(database=db, deadline=None, max_examples=max_examples or 1_000_000, report_multiple_bugs=multiple,
-              phases=(Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink),
-              suppress_health_check=list(HealthCheck), verbosity=Verbosity.quiet, print_blob=False)
-    @hypothesis_seed(seed)
-    @given(run_specs(target))
-    def search(spec: RunSpec) -> None:
-        state.check(spec)
+    search = property_test(target, state.check, database=db, seed=seed, max_examples=max_examples or 1_000_000,
+                           report_multiple_bugs=multiple, verbosity=Verbosity.quiet, print_blob=False,
+                           phases=(Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink))
 
     stopped = "Hypothesis ended its search"
+    shrunk: set[str] | None = None  # None: every signature found (a search cut short reports them all)
     try:
         search()
     except _Interrupt as interrupt:
         stopped = "the budget" if str(interrupt) == "budget" else "the shrink limit (smallest case so far kept)"
-    except (PropertyFailed, BaseExceptionGroup):
+    except (PropertyFailed, BaseExceptionGroup) as failure:
         stopped = "every failure shrunk"
+        # what Hypothesis reports is what it shrank: a signature met only on the way (a shrink step that failed
+        # another way) keeps its first, unshrunk case and is left out
+        shrunk = {sig for e in _leaves(failure) for sig, cls in _FAILURES.items() if type(e) is cls}
     findings = tuple(Finding(target=target, signature=sig, spec=spec, verdict=verdict, examples=count)
-                     for sig, (spec, verdict, count) in state.found.items())
+                     for sig, (spec, verdict, count) in state.found.items() if shrunk is None or sig in shrunk)
     return FuzzReport(target=target, seed=seed, budget_s=budget_s, tried=state.tried,
                       shrink_steps=state.shrink_steps, elapsed_s=state.elapsed(), findings=findings,
                       first_failure=state.first_failure, stopped=stopped)
+
+
+def _leaves(error: BaseException) -> list[BaseException]:
+    if isinstance(error, BaseExceptionGroup):
+        return [leaf for e in error.exceptions for leaf in _leaves(e)]
+    return [error]
+
+
+def property_test(target: FuzzTarget, check: Callable[[RunSpec], None], *, database, seed: int | None = None,
+                  **options) -> Callable[[], None]:
+    """The Hypothesis test of ``target``'s property: ``check`` on every generated run. The search and a HypoFuzz
+    campaign (``campaign.py``) build theirs here, so both have the same database key (Hypothesis derives it
+    from this function's source) and what one finds in a target's folder the other replays."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import seed as hypothesis_seed
+
+    from .strategies import run_specs
+
+    def fuzz_property(spec: RunSpec) -> None:
+        check(spec)
+
+    test = given(run_specs(target))(fuzz_property)
+    if seed is not None:
+        test = hypothesis_seed(seed)(test)
+    # settings outermost: @seed applied over them would switch the database off (it assumes a replay of one
+    # reported failure), and a seeded search that keeps its findings is what we want
+    return settings(database=database, deadline=None, suppress_health_check=[HealthCheck[h] for h in SLOW_AND_FILTERED],
+                    **options)(test)
+
+
+def database_folder(target: FuzzTarget, root: Path = DATABASE_DEFAULT) -> Path:
+    """Where ``target``'s examples are kept."""
+    return root / _folder(target)
 
 
 def _folder(target: FuzzTarget) -> str:
@@ -182,4 +216,4 @@ def _folder(target: FuzzTarget) -> str:
     return re.sub(r"[^\w.-]+", "_", "-".join(parts))
 
 
-__all__ = ["DATABASE_DEFAULT", "FuzzReport", "Progress", "PropertyFailed", "fuzz"]
+__all__ = ["DATABASE_DEFAULT", "FuzzReport", "Progress", "PropertyFailed", "database_folder", "fuzz", "property_test"]

@@ -37,6 +37,19 @@ class FuzzTarget:
     def needs_prefix_cache(self) -> bool:
         return any(FAULTS[f].needs_prefix_cache for f in self.faults if f in FAULTS)
 
+    @classmethod
+    def parse(cls, text: str) -> FuzzTarget:
+        """``design:mode[:fault...]`` (as ``make fuzz`` and a campaign spell a target); ValueError naming what is
+        wrong."""
+        design, _, rest = text.partition(":")
+        mode, *faults = rest.split(":")
+        if mode not in tuple(Mode):
+            raise ValueError(f"{text!r}: expected design:mode[:fault...], the mode one of {', '.join(Mode)}")
+        target = cls(design=design, mode=Mode(mode), faults=frozenset(f for f in faults if f))
+        if problems := target.problems():
+            raise ValueError(f"{text!r}: {'; '.join(problems)}")
+        return target
+
     def command(self, *, seed: int, budget_s: float | None = None) -> str:
         """The command line that runs this campaign again."""
         words = ["python", "-m", "harness", "fuzz", "--design", self.design, "--mode", str(self.mode)]

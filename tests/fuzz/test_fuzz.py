@@ -3,11 +3,16 @@ short budget, the known-bad configurations are found and shrunk, and a finding w
 loads back and reproduces its verdicts. Every search is seeded and keeps its examples in memory."""
 
 import dataclasses
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 
 from harness.check.matrix.judgement import Judgement, judge_one
+import harness.fuzz
 from harness.cli import main
 from harness.fuzz import Finding, FuzzTarget, fuzz, signature, write_regression
 from harness.fuzz.strategies import problems, run_specs
@@ -140,8 +145,9 @@ KNOWN_BAD = [
 @pytest.mark.parametrize("target", KNOWN_BAD, ids=[t.label for t in KNOWN_BAD])
 def test_a_known_bad_configuration_is_found_shrunk_and_written_as_a_scenario_that_reproduces(target, tmp_path):
     report = fuzz(target, budget_s=300, max_examples=25, shrink_s=45, seed=0, database=None, multiple=False)
-    assert report.findings, f"{target.label}: nothing found in {report.tried} examples"
-    finding = report.findings[-1]
+    assert len(report.findings) == 1, f"{target.label}: {report.tried} examples: " + \
+        "\n".join(f.describe() for f in report.findings)
+    [finding] = report.findings
     shrunk = finding.spec.timeline
     # shrunk to something a person reads: few requests, short prompts, few steps
     assert len(shrunk.requests) <= 3 and all(r.prompt_len <= 16 and r.output_len <= 8 for r in shrunk.requests), \
@@ -160,3 +166,26 @@ def test_a_failure_found_once_is_replayed_first_from_the_database(tmp_path):
     assert first.findings and first.first_failure > 1
     again = fuzz(target, budget_s=120, max_examples=40, shrink_s=1, seed=1, database=tmp_path, multiple=False)
     assert again.first_failure == 1
+
+
+def test_a_target_is_spelled_design_mode_faults():
+    assert FuzzTarget.parse("forward_batch:full:no_zero_swa_pad") == FuzzTarget(
+        design="forward_batch", mode=Mode.FULL, faults=frozenset({"no_zero_swa_pad"}))
+    assert FuzzTarget.parse("stale_state:eager") == FuzzTarget(design="stale_state", mode=Mode.EAGER)
+    with pytest.raises(ValueError, match="expected design:mode"):
+        FuzzTarget.parse("stale_state")
+    with pytest.raises(ValueError, match="no_zero_swa_pad acts only in full mode"):
+        FuzzTarget.parse("stale_state:eager:no_zero_swa_pad")
+
+
+@pytest.mark.slow
+def test_a_campaign_under_pytest_shares_the_database_with_the_search(tmp_path):
+    # the campaign module is a plain Hypothesis test (HypoFuzz runs the same); what it finds, the search replays first
+    campaign = Path(harness.fuzz.__file__).with_name("campaign.py")
+    env = {**os.environ, "HARNESS_FUZZ_TARGET": "stale_state:eager"}
+    done = subprocess.run([sys.executable, "-m", "pytest", str(campaign), "-q", "-p", "no:randomly", "-p", "no:cacheprovider"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 1 and "PropertyFailed" in done.stdout, done.stdout[-2000:]
+    report = fuzz(FuzzTarget(design="stale_state", mode=Mode.EAGER), budget_s=120, max_examples=10, shrink_s=1,
+                  seed=3, database=tmp_path / ".cache" / "fuzz", multiple=False)
+    assert report.first_failure == 1
