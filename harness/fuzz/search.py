@@ -86,6 +86,7 @@ class _State:
     budget_s: float
     shrink_s: float
     progress: Callable[[Progress], None] | None
+    shrink_examples: int | None = None
     start: float = field(default_factory=time.perf_counter)
     tried: int = 0
     shrink_steps: int = 0
@@ -121,7 +122,8 @@ class _State:
             raise _failure(sig)(f"{self.target.label}: {verdict.summary()}")
         if self.first_failure_at is None and self.elapsed() > self.budget_s:
             raise _Interrupt("budget")
-        if self.first_failure_at is not None and self.elapsed() - self.first_failure_at > self.shrink_s:
+        if self.first_failure_at is not None and (self.elapsed() - self.first_failure_at > self.shrink_s or (
+                self.shrink_examples is not None and self.tried - self.first_failure >= self.shrink_examples)):
             raise _Interrupt("shrink")
 
 
@@ -134,6 +136,7 @@ def fuzz(
     shrink_s: float | None = None,
     multiple: bool = True,
     max_examples: int | None = None,
+    shrink_examples: int | None = None,
     progress: Callable[[Progress], None] | None = None,
 ) -> FuzzReport:
     """Search ``target`` for ``budget_s`` seconds from ``seed``; every distinct failure found, shrunk.
@@ -141,8 +144,9 @@ def fuzz(
     ``database`` None keeps the examples in memory only (a test's choice: nothing it finds outlives it);
     ``shrink_s`` bounds the shrinking after the first failure (default: the budget again); ``multiple`` False
     stops at the first failure and shrinks that one only (a test's choice: faster); ``max_examples`` ends the
-    search after that many valid examples, whatever the budget left (a test's choice: the same examples on
-    any machine)."""
+    search after that many valid examples, whatever the budget left, and ``shrink_examples`` the shrinking
+    after that many examples past the first failure (a test's choice: the same examples and the same shrunk
+    case on any machine, however loaded)."""
     from hypothesis import Phase, Verbosity
     from hypothesis.database import DirectoryBasedExampleDatabase, InMemoryExampleDatabase
 
@@ -152,7 +156,7 @@ def fuzz(
         raise ValueError("; ".join(problems))
     limit_threads()  # tiny tensors: torch's intra-op threads only contend with each other
     state = _State(target=target, budget_s=budget_s, shrink_s=budget_s if shrink_s is None else shrink_s,
-                   progress=progress)
+                   progress=progress, shrink_examples=shrink_examples)
     db = InMemoryExampleDatabase() if database is None else DirectoryBasedExampleDatabase(
         str(database_folder(target, database)))
 
