@@ -12,7 +12,7 @@ PYTEST_WORKERS ?= auto
 # (in __pycache__/, ignored by git) where the environment turned that off
 TEST_ENV := env -u PYTHONDONTWRITEBYTECODE
 
-.PHONY: venv test test-slow test-all test-gpu gpu-plan gpu-durations sglang-venv test-sglang report report-quick screenshots chromium bench clean
+.PHONY: venv test test-slow test-all test-gpu gpu-plan gpu-durations sglang-venv test-sglang report report-quick screenshots chromium bench fuzz clean
 
 venv: $(STAMP)
 
@@ -123,6 +123,29 @@ chromium:
 	else \
 		echo "chromium is not installed (apt-get install chromium, as root): the browser test will skip"; \
 	fi
+
+# the timeline fuzzer (docs/fuzzing.md): each sound design below, clean, must give no failure in its budget, and
+# each known-bad configuration must be found, shrunk and written under scenarios/regressions/ (once per
+# signature: a second run replays it from Hypothesis's example database in .cache/fuzz/ and writes nothing new).
+# A target is design:mode[:fault]; FUZZ="--design D --mode M ..." runs that one search instead; FUZZ_OUT=DIR
+# writes the findings there instead.
+FUZZ_BUDGET ?= 60
+FUZZ_SEED ?= 0
+FUZZ_SOUND ?= forward_batch:full translate:piecewise metadata:eager
+FUZZ_KNOWN_BAD ?= stale_state:eager forward_batch:full:no_zero_swa_pad forward_batch:full:pad_slot_minus_one
+FUZZ ?=
+FUZZ_RUN = $(PY) -m harness fuzz --budget $(FUZZ_BUDGET) --seed $(FUZZ_SEED)$(if $(FUZZ_OUT), --out $(FUZZ_OUT))
+FUZZ_ARGS = set -- $$(echo $$t | tr : ' '); args="--design $$1 --mode $$2$${3:+ --fault $$3}"
+
+fuzz: $(STAMP)
+ifneq ($(strip $(FUZZ)),)
+	$(FUZZ_RUN) $(FUZZ)
+else
+	@for t in $(FUZZ_SOUND); do $(FUZZ_ARGS); echo "$(FUZZ_RUN) $$args"; \
+		$(FUZZ_RUN) $$args || { echo "fuzz: a false alarm in $$t (above)"; exit 1; }; done
+	@for t in $(FUZZ_KNOWN_BAD); do $(FUZZ_ARGS); echo "$(FUZZ_RUN) $$args"; \
+		if $(FUZZ_RUN) $$args; then echo "fuzz: $$t gave no failure in $(FUZZ_BUDGET)s"; exit 1; fi; done
+endif
 
 bench: $(STAMP)
 	$(PY) -m harness.bench

@@ -1,4 +1,4 @@
-"""Command line: ``python -m harness {run,list,report,compare}`` (the benchmark is ``python -m harness.bench``)."""
+"""Command line: ``python -m harness {run,list,report,compare,fuzz}`` (the benchmark is ``python -m harness.bench``)."""
 
 from __future__ import annotations
 
@@ -459,7 +459,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m harness",
         description="CUDA-graph correctness harness for attention backends with hybrid sliding-window KV caches.",
     )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{run,report,compare,list}",
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{run,report,compare,list,fuzz}",
                                 help="what to do (python -m harness COMMAND --help for its options)")
     run = sub.add_parser("run", help="run the scenario matrix and compare verdicts with expectations")
     _add_matrix_options(run)
@@ -487,6 +487,9 @@ def build_parser() -> argparse.ArgumentParser:
     lst.set_defaults(func=_cmd_list)
     for command in (run, report, compare, lst):
         command.set_defaults(parser=command)
+    from .fuzz import add_fuzz_command
+
+    add_fuzz_command(sub)
     return parser
 
 

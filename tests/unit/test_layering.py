@@ -38,6 +38,8 @@ FORBIDDEN = {
     "sglang": {"check", "report", "runners", "graphs", "collect", "plugin", "cli", "bench", "diffbench", "gpuci"},
     # the GPU CI's planning (shards, pinning, agreement between machines) reads results and backends' declarations
     "gpuci": {"check", "collect", "plugin", "cli", "bench", "diffbench", *TARGETS},
+    # the fuzzer sits beside the matrix: it judges runs (check) and writes scenarios; the front doors run it
+    "fuzz": {"report", "collect", "plugin", "cli", "bench", "diffbench", "gpuci", *TARGETS},
 }
 
 

@@ -1,0 +1,90 @@
+"""``python -m harness fuzz``: search one design, mode, backend and fault set with Hypothesis for a time budget,
+and write each failure found, shrunk, as a regression scenario (docs/fuzzing.md)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from ..imports import name_type
+from ..runspec import Mode
+from ..serving.faults import FAULTS
+
+BUDGET_DEFAULT_S = 60.0
+
+
+def add_fuzz_command(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    from . import _backend, _design, _positive_float
+
+    p = sub.add_parser("fuzz", help="search random timelines of one design and mode for a run that does not match the "
+                       "reference; write each failure, shrunk, as a scenario under scenarios/regressions/")
+    p.add_argument("--design", required=True, type=_design, help="the design under test")
+    p.add_argument("--mode", required=True, type=name_type("mode", Mode), metavar="{" + ",".join(Mode) + "}",
+                   help="the runner mode under test")
+    p.add_argument("--backend", type=_backend, default="torch_native", help="the attention backend (default: "
+                   "torch_native)")
+    p.add_argument("--fault", action="append", default=[], type=name_type("fault", sorted(FAULTS)), metavar="FAULT",
+                   help="switch this fault on in every run (repeatable)")
+    p.add_argument("--budget", type=_positive_float, default=BUDGET_DEFAULT_S, metavar="SECONDS",
+                   help=f"seconds of search before giving up, and again at most for shrinking what it found "
+                        f"(default: {BUDGET_DEFAULT_S:g})")
+    p.add_argument("--seed", type=_seed, default=0, help="Hypothesis's seed: the same seed and database, the same search "
+                   "(default: 0)")
+    p.add_argument("--out", default=None, metavar="DIR",
+                   help="where findings are written as scenario files (default: scenarios/regressions/)")
+    p.add_argument("--database", default=None, metavar="DIR",
+                   help="Hypothesis's example database, replayed first (default: .cache/fuzz/)")
+    p.add_argument("--no-write", action="store_true", help="report findings without writing scenario files")
+    p.set_defaults(func=_cmd_fuzz, parser=p)
+    return p
+
+
+def _seed(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {value}")
+    return value
+
+
+def _cmd_fuzz(args: argparse.Namespace) -> int:
+    from ..fuzz import DATABASE_DEFAULT, REGRESSIONS_DEFAULT, FuzzTarget, Progress, fuzz, write_regression
+
+    target = FuzzTarget(design=args.design, mode=Mode(args.mode), backend=args.backend, faults=frozenset(args.fault))
+    if problems := target.problems():
+        print("\n".join(problems), file=sys.stderr)
+        return 2
+    tty = sys.stderr.isatty()
+    shown = [-10.0]
+
+    def progress(p: Progress) -> None:
+        if not tty and p.elapsed_s - shown[0] < 5:
+            return
+        shown[0] = p.elapsed_s
+        phase = "shrinking" if p.shrinking else "searching"
+        line = (f"fuzz {target.label}: {phase}: {p.tried} examples tried, {p.failures} distinct "
+                f"failure{'s' if p.failures != 1 else ''}, {p.shrink_steps} shrink steps, {p.elapsed_s:.0f}s")
+        sys.stderr.write(("\r\033[K" + line) if tty else line + "\n")
+        sys.stderr.flush()
+
+    command = target.command(seed=args.seed)
+    report = fuzz(target, budget_s=args.budget, seed=args.seed, progress=progress,
+                  database=Path(args.database) if args.database else DATABASE_DEFAULT)
+    if tty:
+        sys.stderr.write("\r\033[K")
+    print(f"fuzz {target.label}: {report.tried} examples in {report.elapsed_s:.1f}s, stopped by {report.stopped}; "
+          f"{len(report.findings)} distinct failure{'s' if len(report.findings) != 1 else ''}, "
+          f"{report.shrink_steps} shrink steps"
+          + (f", the first failure at example {report.first_failure}" if report.first_failure else ""))
+    folder = Path(args.out) if args.out else REGRESSIONS_DEFAULT
+    for finding in report.findings:
+        print(finding.describe())
+        if args.no_write:
+            continue
+        path = write_regression(finding, folder=folder, command=command)
+        print(f"  written: {path}" if path is not None else "  already written (same signature): "
+              f"{folder}/*{finding.key}.toml")
+    return 1 if report.findings else 0

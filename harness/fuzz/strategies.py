@@ -1,0 +1,161 @@
+"""Hypothesis strategies over the scenario spec: every case they make is a run the loader would accept.
+
+``run_specs(target)`` draws a model preset, a KV setup, a pool sized near what its timeline needs, page
+sizes the backend reads, decode and prefill buckets, a capture policy, a free order and a timeline
+(arrivals, prompt lengths around the window and its multiples, chunking, decode lengths, aborts, drafts),
+and keeps only what passes the scenario's own checks, the dry run of its timeline included
+(``scenario.check_scenario``), so the property never judges an input the harness would refuse.
+
+Every choice is ordered so that Hypothesis shrinks toward what a person reads fastest: the first preset,
+float32 with the plain write, pages of one token, one request, short prompts, no chunking, no drafts, no
+abort, one decode bucket, startup capture, the default free order.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from hypothesis import assume
+from hypothesis import strategies as st
+
+from ..runspec import CapturePolicy, GraphSpec, KVWrite, Outcome, RunSpec
+from ..scenario.generated import scenario_of
+from ..scenario.loader import check_scenario
+from ..scenario.spec import Expectation
+from ..serving.eviction import EvictionSpec
+from ..serving.model_spec import PRESETS, ModelSpec
+from ..serving.pool_spec import FREE_ORDERS, SUPPORTED_PAGE_SIZES, PoolSpec
+from ..serving.timeline import RequestSpec, TimelineSpec
+from .target import FuzzTarget
+
+CPU_PRESETS = ("gpt-oss-mini", "all-swa", "gemma-mini")
+"""the presets the CPU backends run (the others are FlashInfer's, with head_dim 64 and half-precision models)"""
+
+KV_SETUPS = (("float32", "float32", KVWrite.PLAIN), ("bfloat16", "bfloat16", KVWrite.PLAIN),
+             ("float32", "fp8_e4m3", KVWrite.FUSED_FP8), ("float32", "fp8_e4m3", KVWrite.PLAIN))
+"""(model dtype, KV dtype, KV write): the float32 one first, the one a shrunk case keeps"""
+
+PAGE_SIZES = (1, 4, 16)
+"""page sizes drawn: 16 is the smallest TRT-LLM MHA runs; 32 and 64 only make the pools larger"""
+
+MAX_REQUESTS = 4
+MAX_ARRIVE = 6
+MAX_OUTPUT = 12
+MAX_DRAFT_STEPS = 3
+DECODE_BUCKETS = (1, 2, 3, 4, 8)
+PREFILL_BUCKETS = (4, 8, 12, 16, 24, 32, 64)
+POOL_SLACK_PAGES = 3
+"""pages beyond what the timeline's tokens need: few, so that pools run near exhaustion and freed slots are
+reused at once"""
+
+
+def _prompt_len(window: int) -> st.SearchStrategy[int]:
+    # plain small lengths shrink first; the window's edges and multiples are where chunking and eviction turn
+    edges = sorted({n for k in (1, 2, 3) for n in (k * window - 1, k * window, k * window + 1) if n >= 1})
+    return st.one_of(st.integers(1, 3 * window + 1), st.sampled_from(edges))
+
+
+@st.composite
+def _request(draw: st.DrawFn, rid: str, window: int) -> RequestSpec:
+    arrive = draw(st.integers(0, MAX_ARRIVE))
+    prompt_len = draw(_prompt_len(window))
+    output_len = draw(st.integers(0, MAX_OUTPUT))
+    abort = draw(st.none() | st.integers(1, MAX_OUTPUT + 4).map(lambda d: arrive + d))
+    return RequestSpec(rid=rid, arrive=arrive, prompt_len=prompt_len, output_len=output_len, abort=abort)
+
+
+def _slack() -> st.SearchStrategy[int]:
+    # no slack at all more often than not: only an exhausted pool has its last slot live at the peak
+    return st.one_of(st.just(0), st.integers(0, POOL_SLACK_PAGES))
+
+
+def _buckets(sizes: tuple[int, ...]) -> st.SearchStrategy[tuple[int, ...]]:
+    return st.lists(st.sampled_from(sizes), min_size=1, max_size=3, unique=True).map(lambda b: tuple(sorted(b)))
+
+
+def _pages(tokens: int, page: int) -> int:
+    return -(-tokens // page)
+
+
+@st.composite
+def run_specs(draw: st.DrawFn, target: FuzzTarget) -> RunSpec:
+    """A valid ``RunSpec`` of ``target``'s design, mode, backend and faults."""
+    from ..backends.registry import backend_class
+
+    backend = backend_class(target.backend)
+    preset = PRESETS[draw(st.sampled_from(CPU_PRESETS))]
+    dtype, kv_dtype, kv_write = draw(st.sampled_from(KV_SETUPS))
+    model = preset if dtype == preset.dtype else dataclasses.replace(preset, dtype=dtype)
+    page_sizes = [p for p in PAGE_SIZES if p in SUPPORTED_PAGE_SIZES
+                  and (backend.page_sizes is None or p in backend.page_sizes)]
+    page = draw(st.sampled_from(page_sizes))
+    window = model.window
+
+    count = draw(st.integers(1, MAX_REQUESTS))
+    requests = tuple(draw(_request(f"r{i}", window)) for i in range(count))
+    chunk_size = draw(st.none() | st.integers(1, 2 * window + 1))
+    min_drafts = 1 if target.needs_drafts else 0
+    draft_steps = draw(st.sampled_from(range(min_drafts, MAX_DRAFT_STEPS + 1)))
+    timeline = TimelineSpec(requests=requests, chunk_size=chunk_size, draft_steps=draft_steps,
+                            seed=draw(st.integers(0, 255)))
+
+    # pools near exhaustion: each is the timeline's peak use plus a few pages (a slack that shrinks to none),
+    # so freed slots are reused at once and the last slot of each pool holds a live token at the peak
+    roomy = PoolSpec(full_size=_ROOMY * page, swa_size=_ROOMY * page, page_size=page)
+    eviction = EvictionSpec(prefix_cache=target.needs_prefix_cache)
+    peak = _peak_pages(model, roomy, timeline, eviction)
+    assume(peak is not None)
+    full_pages, swa_pages = peak
+    pool = PoolSpec(full_size=(full_pages + draw(_slack())) * page, swa_size=(swa_pages + draw(_slack())) * page,
+                    kv_dtype=kv_dtype, page_size=page, free_order=draw(st.sampled_from(FREE_ORDERS)))
+
+    graphs = GraphSpec(decode_buckets=draw(_buckets(DECODE_BUCKETS)),
+                       prefill_buckets=draw(_buckets(PREFILL_BUCKETS)),
+                       capture=draw(st.sampled_from(tuple(CapturePolicy))))
+    spec = RunSpec(model=model, pool=pool, timeline=timeline, design=target.design, mode=target.mode,
+                   backend=target.backend, faults=target.faults, kv_write=kv_write, graphs=graphs,
+                   eviction=eviction)
+    assume(not backend.unsupported(mode=spec.mode, device="cpu", kv_write=kv_write, page_size=page,
+                                   faults=spec.faults, model=model, kv_dtype=kv_dtype))
+    assume(not problems(spec))
+    return spec
+
+
+_ROOMY = 512
+"""pages of the pool a timeline's peak use is measured in: more than any drawn timeline needs"""
+
+
+def _peak_pages(model: ModelSpec, pool: PoolSpec, timeline: TimelineSpec,
+                eviction: EvictionSpec) -> tuple[int, int] | None:
+    """The most pages of each pool (the dummy page included) the timeline holds at once, scheduled by the real
+    scheduler in a pool too large to run dry; None when it cannot be scheduled at all."""
+    from ..serving.registry import eviction_policy, stack_class
+    from ..serving.scheduler import Scheduler
+    from ..serving.stack import StackSpec
+
+    stack = stack_class("miniature").build(StackSpec(pool=pool, layer_is_swa=(), num_kv_heads=1, head_dim=1,
+                                                     poison_freed=False))
+    sched = Scheduler(timeline, stack=stack, vocab_size=model.vocab_size,
+                      eviction=eviction_policy(eviction, window=model.window, page_size=pool.page_size))
+    least = {"full": pool.full_size, "swa": pool.swa_size}
+    try:
+        while sched.next_step() is not None:
+            for group, free in stack.free_slots().items():
+                least[group] = min(least[group], len(free))
+            sched.finish_step()
+    except Exception:  # noqa: BLE001 - a timeline the scheduler refuses is not a case; the dry run says why
+        return None
+    return tuple(1 + _pages(size - least[group] - pool.page_size, pool.page_size)
+                 for group, size in (("full", pool.full_size), ("swa", pool.swa_size)))
+
+
+def problems(spec: RunSpec) -> list[str]:
+    """What the loader would refuse in ``spec`` as a scenario file, the dry run of its timeline included."""
+    if found := spec.problems():
+        return [str(p) for p in found]
+    scenario = scenario_of(spec, name="fuzzed", description="a generated case",
+                           expectations=[Expectation(design=spec.design, verdict=Outcome.MATCH, why="generated")])
+    return [str(p) for p in check_scenario(scenario)]
+
+
+__all__ = ["CPU_PRESETS", "KV_SETUPS", "problems", "run_specs"]

@@ -1,0 +1,193 @@
+"""The timeline fuzzer: its strategies make only valid scenarios, a clean design gives no false alarm in a
+short budget, the known-bad configurations are found and shrunk, and a finding written as a scenario file
+loads back and reproduces its verdicts. Every search is seeded and keeps its examples in memory."""
+
+import dataclasses
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+from harness.check.matrix.judgement import Judgement, judge_one
+import harness.fuzz
+from harness.cli import main
+from harness.fuzz import Finding, FuzzTarget, fuzz, signature, write_regression
+from harness.fuzz.strategies import problems, run_specs
+from harness.runspec import Mode, RunSpec
+from harness.scenario import load_scenario
+from harness.serving.model_spec import model_spec
+from harness.serving.pool_spec import PoolSpec
+from harness.serving.timeline import RequestSpec, TimelineSpec
+
+
+def reproduces(path) -> list[str]:
+    """Every cell of the scenario file at ``path`` run and judged as pytest would: the failures, one line each."""
+    scenario = load_scenario(path)
+    out = []
+    for design in scenario.designs:
+        exp = scenario.expectation(design)
+        for mode in scenario.modes:
+            for backend in scenario.backends:
+                for with_faults in (True, False) if scenario.faults else (True,):
+                    expected = exp.expected(mode=mode, backend=backend, with_faults=with_faults)
+                    if expected is None:
+                        continue
+                    spec = scenario.run_spec(design=design, mode=mode, backend=backend, with_faults=with_faults)
+                    judged = judge_one(spec, Judgement(expected=expected, why=exp.why))
+                    if not judged.held:
+                        out.append(judged.summary())
+    return out
+
+
+@settings(max_examples=8, derandomize=True, database=None, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(run_specs(FuzzTarget(design="forward_batch", mode=Mode.FULL, faults=frozenset({"no_zero_swa_pad"}))))
+def test_every_generated_run_is_a_valid_scenario_with_its_target(spec):
+    assert problems(spec) == []
+    assert (spec.design, spec.mode, spec.faults) == ("forward_batch", "full", frozenset({"no_zero_swa_pad"}))
+
+
+# the false-alarm check: one sound design per mode, clean, four examples each (the same four on any machine;
+# make test keeps them within about ten seconds together, make fuzz runs for longer)
+@pytest.mark.parametrize("design, mode", [("forward_batch", "full"), ("translate", "piecewise"),
+                                          ("metadata", "eager")])
+def test_a_sound_design_without_faults_gives_no_false_alarm(design, mode):
+    report = fuzz(FuzzTarget(design=design, mode=Mode(mode)), budget_s=30, max_examples=4, seed=0, database=None)
+    assert report.tried == 4 and report.stopped == "Hypothesis ended its search"
+    assert not report.findings, "\n".join(f.describe() for f in report.findings)
+
+
+def _tiny_stale_state() -> RunSpec:
+    # what the fuzzer shrinks stale_state in eager mode to: one request, one prompt token, one draft step
+    return RunSpec(model=model_spec("gpt-oss-mini"), pool=PoolSpec(full_size=4, swa_size=4),
+                   timeline=TimelineSpec(requests=(RequestSpec(rid="r0", prompt_len=1, output_len=1),),
+                                         draft_steps=1),
+                   design="stale_state", mode=Mode.EAGER)
+
+
+def _finding(spec: RunSpec, target: FuzzTarget) -> Finding:
+    verdict = judge_one(spec, Judgement(expected="match", why="")).verdict
+    return Finding(target=target, signature=signature(verdict), spec=spec, verdict=verdict, examples=1)
+
+
+def test_a_finding_is_written_once_per_signature_and_reproduces_when_loaded(tmp_path):
+    target = FuzzTarget(design="stale_state", mode=Mode.EAGER)
+    finding = _finding(_tiny_stale_state(), target)
+    assert finding.signature == "diverge in the swa pool"
+    command = target.command(seed=0)
+    path = write_regression(finding, folder=tmp_path, command=command)
+    assert path is not None and path.parent == tmp_path and path.name.startswith("fuzz_stale_state_eager_")
+    text = path.read_text()
+    assert 'verdict = "diverge"' in text and command in text and "first divergence: diverge: first at step" in text
+    scenario = load_scenario(path)
+    assert scenario.designs == ("stale_state",) and scenario.modes == ("eager",)
+    assert reproduces(path) == []
+    # the same signature from another timeline is the same finding: not written again
+    other = dataclasses.replace(finding, spec=dataclasses.replace(
+        finding.spec, timeline=dataclasses.replace(finding.spec.timeline, seed=7)))
+    assert write_regression(other, folder=tmp_path, command=command) is None
+    assert list(tmp_path.iterdir()) == [path]
+
+
+def test_a_fault_finding_expects_the_clean_twin_too(tmp_path):
+    target = FuzzTarget(design="forward_batch", mode=Mode.FULL, faults=frozenset({"pad_slot_minus_one"}))
+    # what the fuzzer shrinks it to: one request in the bucket-2 graph, pools of two slots and the dummy, so
+    # the padded row's slot -1 is the live token's
+    spec = RunSpec(model=model_spec("gpt-oss-mini"), pool=PoolSpec(full_size=3, swa_size=3),
+                   timeline=TimelineSpec(requests=(RequestSpec(rid="r0", prompt_len=1, output_len=1),)),
+                   design="forward_batch", mode=Mode.FULL, faults=target.faults,
+                   graphs=dataclasses.replace(RunSpec.__dataclass_fields__["graphs"].default, decode_buckets=(2,)))
+    finding = _finding(spec, target)
+    assert finding.signature == "diverge in the swa pool", finding.describe()
+    path = write_regression(finding, folder=tmp_path, command=target.command(seed=0))
+    scenario = load_scenario(path)
+    assert scenario.faults == ("pad_slot_minus_one",)
+    assert scenario.expectation("forward_batch").without_faults == "match"
+    assert reproduces(path) == []
+
+
+@pytest.mark.parametrize("argv, error", [
+    (["--design", "stale_state", "--mode", "eager", "--fault", "no_zero_swa_pad"],
+     "--fault: no_zero_swa_pad acts only in full mode, not eager"),
+    (["--design", "forward_batch", "--mode", "full", "--budget", "0"], "--budget: expected seconds"),
+    (["--design", "forward_batch", "--mode", "full", "--seed", "-1"], "--seed: expected a non-negative integer"),
+])
+def test_bad_fuzz_options_are_one_line_errors(argv, error, capsys):
+    try:
+        rc = main(["fuzz", *argv])
+    except SystemExit as exc:
+        rc = exc.code
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert rc == 2 and error in err, err
+
+
+def test_the_command_searches_for_its_budget_and_reports_what_it_tried(tmp_path, capsys):
+    rc = main(["fuzz", "--design", "metadata", "--mode", "eager", "--budget", "0.5", "--database", str(tmp_path / "db"),
+               "--out", str(tmp_path / "out")])
+    out = capsys.readouterr()
+    assert rc == 0, out
+    assert out.out.startswith("fuzz metadata/eager on torch_native: ") and "stopped by the budget; 0 distinct failures" in out.out
+    assert "examples tried, 0 distinct failures, 0 shrink steps" in out.err
+    assert not (tmp_path / "out").exists()
+
+
+KNOWN_BAD = [
+    FuzzTarget(design="stale_state", mode=Mode.EAGER),
+    FuzzTarget(design="forward_batch", mode=Mode.FULL, faults=frozenset({"no_zero_swa_pad"})),
+    FuzzTarget(design="forward_batch", mode=Mode.FULL, faults=frozenset({"pad_slot_minus_one"})),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("target", KNOWN_BAD, ids=[t.label for t in KNOWN_BAD])
+def test_a_known_bad_configuration_is_found_shrunk_and_written_as_a_scenario_that_reproduces(target, tmp_path):
+    # bounded by counts, not seconds: the same search and the same shrunk case however loaded the machine is
+    report = fuzz(target, budget_s=600, max_examples=25, shrink_s=600, shrink_examples=120, seed=0, database=None,
+                  multiple=False)
+    assert len(report.findings) == 1, f"{target.label}: {report.tried} examples: " + \
+        "\n".join(f.describe() for f in report.findings)
+    [finding] = report.findings
+    shrunk = finding.spec.timeline
+    # shrunk to something a person reads: few requests, short prompts, few steps
+    assert len(shrunk.requests) <= 3 and all(r.prompt_len <= 16 and r.output_len <= 8 for r in shrunk.requests), \
+        finding.describe()
+    if target.design == "stale_state":
+        assert shrunk.draft_steps >= 1, finding.describe()  # eager stale_state breaks only where drafts drop the SWA locations
+    path = write_regression(finding, folder=tmp_path, command=target.command(seed=0))
+    assert path is not None
+    assert reproduces(path) == []
+
+
+@pytest.mark.slow
+def test_a_failure_found_once_is_replayed_first_from_the_database(tmp_path):
+    target = FuzzTarget(design="stale_state", mode=Mode.EAGER)
+    first = fuzz(target, budget_s=120, max_examples=40, shrink_s=5, seed=0, database=tmp_path, multiple=False)
+    assert first.findings and first.first_failure > 1
+    again = fuzz(target, budget_s=120, max_examples=40, shrink_s=1, seed=1, database=tmp_path, multiple=False)
+    assert again.first_failure == 1
+
+
+def test_a_target_is_spelled_design_mode_faults():
+    assert FuzzTarget.parse("forward_batch:full:no_zero_swa_pad") == FuzzTarget(
+        design="forward_batch", mode=Mode.FULL, faults=frozenset({"no_zero_swa_pad"}))
+    assert FuzzTarget.parse("stale_state:eager") == FuzzTarget(design="stale_state", mode=Mode.EAGER)
+    with pytest.raises(ValueError, match="expected design:mode"):
+        FuzzTarget.parse("stale_state")
+    with pytest.raises(ValueError, match="no_zero_swa_pad acts only in full mode"):
+        FuzzTarget.parse("stale_state:eager:no_zero_swa_pad")
+
+
+@pytest.mark.slow
+def test_a_campaign_under_pytest_shares_the_database_with_the_search(tmp_path):
+    # the campaign module is a plain Hypothesis test (HypoFuzz runs the same); what it finds, the search replays first
+    campaign = Path(harness.fuzz.__file__).with_name("campaign.py")
+    env = {**os.environ, "HARNESS_FUZZ_TARGET": "stale_state:eager"}
+    done = subprocess.run([sys.executable, "-m", "pytest", str(campaign), "-q", "-p", "no:randomly", "-p", "no:cacheprovider"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 1 and "PropertyFailed" in done.stdout, done.stdout[-2000:]
+    report = fuzz(FuzzTarget(design="stale_state", mode=Mode.EAGER), budget_s=120, max_examples=10, shrink_s=1,
+                  seed=3, database=tmp_path / ".cache" / "fuzz", multiple=False)
+    assert report.first_failure == 1
