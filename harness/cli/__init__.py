@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Sequence
 # so --help and an option error do not wait for them (tests/plugin/test_front_door.py holds this)
 from ..check.matrix.expect import EXPECT_DEFAULT, expect_problem
 from .keywords import KeywordError, Keywords
+from .types import int_at_least
 from ..check.run.workers import Terminated, output_block, terminate_like_ctrl_c
 from ..imports import is_import_path, name_type, unknown_name
 from ..options import add_cli_option
@@ -434,14 +435,7 @@ def _runner(text: str) -> tuple[str, str]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
+_positive_int = int_at_least(1, "a positive integer")
 
 
 def _positive_float(text: str) -> float:

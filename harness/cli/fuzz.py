@@ -10,6 +10,7 @@ from pathlib import Path
 from ..imports import name_type
 from ..runspec import Mode
 from ..serving.faults import FAULTS
+from .types import int_at_least
 
 BUDGET_DEFAULT_S = 60.0
 
@@ -40,14 +41,7 @@ def add_fuzz_command(sub: argparse._SubParsersAction) -> argparse.ArgumentParser
     return p
 
 
-def _seed(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {value}")
-    return value
+_seed = int_at_least(0, "a non-negative integer")
 
 
 def _cmd_fuzz(args: argparse.Namespace) -> int:

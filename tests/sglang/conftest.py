@@ -22,22 +22,43 @@ def pytest_configure(config):
     config.addinivalue_line("filterwarnings", "ignore:Only CUDA.*support:UserWarning")
 
 
+def first_clean_spec(path):
+    """The run spec of a library scenario's first design, mode and backend with its faults off: the run the SGLang
+    graph tests drive."""
+    from harness.scenario.loader import load_scenario
+
+    scenario = load_scenario(path)
+    return scenario.run_spec(design=scenario.designs[0], mode=scenario.modes[0], backend=scenario.backends[0],
+                             with_faults=False)
+
+
+@pytest.fixture(scope="session")
+def clean_spec():
+    """``clean_spec(path)``: ``first_clean_spec`` as a fixture, for test modules (which do not import conftest)."""
+    return first_clean_spec
+
+
+@pytest.fixture(scope="session")
+def graph_runner():
+    """``harness.sglang.graph_runner``, imported only where SGLang is installed."""
+    from harness.sglang import graph_runner
+
+    return graph_runner
+
+
 @pytest.fixture(scope="session")
 def trtllm_runs():
     """``runs(path) -> (spec, eager, graph)``: a library scenario's timeline through SGLang's TRT-LLM MHA backend,
     eagerly and under SGLang's decode graph runner on the tape, built once per session (several test modules
     read the same runs)."""
     from harness.graphs import get_engine
-    from harness.scenario.loader import load_scenario
     from harness.sglang import graph_runner
 
     cache = {}
 
     def runs(path):
         if path not in cache:
-            scenario = load_scenario(path)
-            spec = scenario.run_spec(design=scenario.designs[0], mode=scenario.modes[0],
-                                     backend=scenario.backends[0], with_faults=False)
+            spec = first_clean_spec(path)
             cache[path] = (spec, graph_runner.run_timeline(spec, engine=None, attention="trtllm_mha"),
                            graph_runner.run_timeline(spec, engine=get_engine("tape"), attention="trtllm_mha"))
         return cache[path]

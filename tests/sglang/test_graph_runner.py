@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from harness.graphs import CaptureError, get_engine
-from harness.scenario.loader import load_scenario
 from harness.sglang import differential
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -21,24 +20,14 @@ EAGER_EXTEND_RAISES = {"swa_mixed_continuous_batching", "swa_evict_skipped_mid_p
                        "swa_decode_pad_tail_not_zeroed"}
 
 
-def _spec(name: str):
-    path = next(p for p in LIBRARY if p.stem == name)
-    scenario = load_scenario(path)
-    return scenario.run_spec(design=scenario.designs[0], mode=scenario.modes[0], backend=scenario.backends[0],
-                             with_faults=False)
+def _path(name: str):
+    return next(p for p in LIBRARY if p.stem == name)
 
 
 @pytest.fixture(scope="module")
-def graph_runner():
-    from harness.sglang import graph_runner
-
-    return graph_runner
-
-
-@pytest.fixture(scope="module")
-def padded(graph_runner):
+def padded(graph_runner, clean_spec):
     """swa_decode_padded_buckets (buckets 1, 2, 4; decode batches of 4, 3, 2 and 1): eager and replayed."""
-    spec = _spec("swa_decode_padded_buckets")
+    spec = clean_spec(_path("swa_decode_padded_buckets"))
     tape = get_engine("tape")
     return spec, graph_runner.run_timeline(spec, engine=None), graph_runner.run_timeline(spec, engine=tape)
 
@@ -97,13 +86,13 @@ def test_a_padded_out_cache_loc_row_left_at_a_live_slot_is_flagged_where_it_wrot
     assert stale <= {d.slot for d in differences if d.pool == "full"}
 
 
-def test_the_installed_torch_native_backend_has_no_graph_state(graph_runner):
+def test_the_installed_torch_native_backend_has_no_graph_state(graph_runner, clean_spec):
     from harness.serving.model import SyntheticModel
     from harness.sglang.graph_runner import _stack
     from harness.sglang.installed import load
     from harness.sglang.model_runner import harness_model_runner
 
-    spec = differential.comparable_spec(_spec("swa_decode_padded_buckets"))
+    spec = differential.comparable_spec(clean_spec(_path("swa_decode_padded_buckets")))
     runner = harness_model_runner(stack=_stack(spec), model=SyntheticModel(spec.model),
                                   attn_backend_cls=load().TorchNativeAttnBackend)
     with pytest.raises(NotImplementedError):
@@ -129,10 +118,8 @@ def test_the_installed_torch_native_decode_read_is_refused_in_capture(graph_runn
 
 
 @pytest.mark.parametrize("path", LIBRARY, ids=lambda p: p.stem.replace("_", "-"))
-def test_every_library_decode_timeline_replays_to_the_eager_pools(path, graph_runner):
-    scenario = load_scenario(path)
-    spec = scenario.run_spec(design=scenario.designs[0], mode=scenario.modes[0], backend=scenario.backends[0],
-                             with_faults=False)
+def test_every_library_decode_timeline_replays_to_the_eager_pools(path, graph_runner, clean_spec):
+    spec = clean_spec(path)
     reason = differential.not_expressible(spec)
     if reason is not None:
         pytest.skip(f"not expressible against SGLang 0.5.23: {reason}")

@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from harness.graphs import get_engine
-from harness.scenario.loader import load_scenario
 from harness.sglang import differential
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -24,19 +23,6 @@ SWEEP = ("swa_decode_past_window_reuse", "swa_mixed_decode_prefill_decode", "swa
 around a prefill (and swa_decode_padded_buckets above); HARNESS_SGLANG_FULL_SWEEP=1 runs every one"""
 
 TRTLLM = "trtllm_mha"
-
-
-def _spec(path: Path):
-    scenario = load_scenario(path)
-    return scenario.run_spec(design=scenario.designs[0], mode=scenario.modes[0], backend=scenario.backends[0],
-                             with_faults=False)
-
-
-@pytest.fixture(scope="module")
-def graph_runner():
-    from harness.sglang import graph_runner
-
-    return graph_runner
 
 
 @pytest.fixture(scope="module")
@@ -182,8 +168,9 @@ def test_the_prefill_runner_is_refused_over_the_torch_native_subclass(graph_runn
 
 @pytest.mark.parametrize("path", [p for p in DECODE_LIBRARY if p.stem in SWEEP or os.environ.get(
     "HARNESS_SGLANG_FULL_SWEEP") == "1"], ids=lambda p: p.stem.replace("_", "-"))
-def test_every_library_decode_timeline_replays_through_trtllm_to_the_eager_pools(path, graph_runner, trtllm_runs):
-    spec = _spec(path)
+def test_every_library_decode_timeline_replays_through_trtllm_to_the_eager_pools(path, graph_runner, trtllm_runs,
+                                                                                 clean_spec):
+    spec = clean_spec(path)
     reason = differential.not_expressible(spec)
     if reason is not None:
         pytest.skip(f"not expressible against SGLang 0.5.23: {reason}")
