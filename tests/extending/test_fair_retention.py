@@ -20,7 +20,8 @@ LEAKING = "tests.extending.own_engine.policies:StopsFreeingOnceDecoding"
 
 
 @pytest.mark.parametrize("scenario", ["swa_decode_past_window_reuse", "swa_paged_decode_pages_of_4",
-                                      "swa_prefix_multi_turn"])
+                                      "swa_prefix_multi_turn"],
+                         ids=lambda n: n.replace("_", "-"))  # hyphens: -k <family> keeps to scenario items
 def test_a_policy_that_stops_freeing_once_decoding_breaches_retained_in_every_mode(scenario):
     spec = load_scenario(LIBRARY / f"{scenario}.toml")
     spec = dataclasses.replace(spec, eviction=dataclasses.replace(spec.eviction, policy=LEAKING))

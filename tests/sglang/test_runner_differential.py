@@ -94,7 +94,8 @@ def test_the_comparison_sees_a_stale_padded_swa_id_in_the_harness_runner(monkeyp
         assert mine.swa_out_cache_loc[n:] != theirs.swa_out_cache_loc[n:] == (0,) * (mine.bucket - n)
 
 
-@pytest.mark.parametrize("name", ["swa_decode_padded_buckets", "swa_paged_decode_pages_of_4"])
+@pytest.mark.parametrize("name", ["swa_decode_padded_buckets", "swa_paged_decode_pages_of_4"],
+                         ids=lambda n: n.replace("_", "-"))  # hyphens: -k <family> keeps to scenario items
 def test_the_harness_runner_fills_its_static_buffers_as_sglangs_does(name, monkeypatch, trtllm_runs):
     harness, sglang = _both(name, monkeypatch, trtllm_runs)
     assert harness and len(harness) == len(sglang)

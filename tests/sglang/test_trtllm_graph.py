@@ -146,7 +146,8 @@ PREFILL_TOKENS = (4, 16, 64)
 """the library's extend batches (3 to 37 tokens) each fit one within SGLang's padding factor of 2"""
 
 
-@pytest.mark.parametrize("name", ["swa_decode_padded_buckets", "swa_mixed_decode_prefill_decode"])
+@pytest.mark.parametrize("name", ["swa_decode_padded_buckets", "swa_mixed_decode_prefill_decode"],
+                         ids=lambda n: n.replace("_", "-"))  # hyphens: -k <family> keeps to scenario items
 def test_the_prefill_runner_replays_every_extend_batch_to_the_eager_pools(name, graph_runner, trtllm_runs):
     """SGLang's PrefillCudaGraphRunner over its breakable backend (graph segments between eager attention calls),
     the TRT-LLM backend's extend path at each break, and the decode runner for the decode batches."""

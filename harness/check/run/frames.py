@@ -72,9 +72,13 @@ def dumped_frames(dump: str) -> tuple[ErrorFrame, ...]:
     """The frames a user needs (the module's rules) of a thread's stack as ``faulthandler`` dumps it (most
     recent call first, ``File "x.py", line 3 in f`` each), outermost first: where a run that timed out was."""
     found = [m for line in dump.splitlines() if (m := _DUMPED.match(line)) is not None][::-1]
+    places = [_place(m["file"]) for m in found]
+    # a dump holds the whole stack, the caller's too (pytest, xdist, the CLI, from before the run's process
+    # forked): the run starts at the harness's outermost frame, and only what lies inside it is the run's
+    start = next((i for i, p in enumerate(places) if p in ("harness", "built-in subject")), 0)
+    found, places = found[start:], places[start:]
     if not found:
         return ()
-    places = [_place(m["file"]) for m in found]
     innermost = len(found) - 1
     if "user" in places:
         keep = {i for i, p in enumerate(places) if p == "user"} | {max(0, places.index("user") - 1), innermost}
