@@ -6,6 +6,7 @@ them; each test copies the ones it needs, optionally edited, into a fresh ``scen
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -50,9 +51,20 @@ def one_torch_thread(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
+SAMPLE_MODULES = tuple(sorted(p.stem for p in SAMPLES.glob("*.py")))
+"""the sample plug-ins' module names: tests copy them beside their scenarios and import them from there"""
+
+
 @pytest.fixture
-def harness_pytester(pytester: pytest.Pytester, one_torch_thread: None) -> pytest.Pytester:
-    """A pytester directory whose conftest loads the harness plugin, as the repository's root conftest does."""
+def harness_pytester(pytester: pytest.Pytester, one_torch_thread: None,
+                     monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
+    """A pytester directory whose conftest loads the harness plugin, as the repository's root conftest does.
+
+    A sample module an earlier test of this process imported (from ``samples/`` or its own folder) stays in
+    ``sys.modules``, and an in-process run here would use that copy, and say so in its reproduce lines, where a
+    fresh process (an xdist worker) imports the one beside the scenarios: each test starts without them."""
+    for name in SAMPLE_MODULES:
+        monkeypatch.delitem(sys.modules, name, raising=False)
     pytester.makeconftest('pytest_plugins = ["harness.plugin"]\n')
     return pytester
 
