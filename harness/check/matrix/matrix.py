@@ -92,8 +92,9 @@ def run_cases(cases: Sequence[Case], *, jobs: int, done: Callable[[int, CaseResu
     A scenario's built-in cases (``Case.builtin``) share one child, one after the other: a fork and the
     memory its child touches cost about as much as a small run, and the harness's own code leaves the
     process as it found it. A case naming anything by import path gets a child of its own, as third-party
-    code may exit, hang or leave state behind. References are computed (isolated too) in this process just
-    before the first child that needs one forks, so each is computed once. Cases on CUDA run here, in
+    code may exit, hang or leave state behind. Its reference is computed (isolated too) in this process just
+    before the first child that needs one forks, so each is computed once; with more than one job a built-in
+    group's child computes its scenario's references itself, so that no other child waits on them. Cases on CUDA run here, in
     order: a CUDA context cannot be forked. ``output(index, text)``: what a forked case's run printed,
     captured (``workers.run_grouped``).
     """
@@ -114,6 +115,10 @@ def run_cases(cases: Sequence[Case], *, jobs: int, done: Callable[[int, CaseResu
             done(position[id(case)], result)
 
     def reference_first(case: Case) -> None:
+        if jobs > 1 and case.builtin:
+            # its group's own child computes it: in this process it would hold up the next fork while a child
+            # slot stands idle, and come back pickled; the harness's own code needs no child of its own for it
+            return
         scenario_reference(case.scenario, backend=case.backend, device=case.device, isolate=True,
                            timeout_s=case.timeout_s)
 
