@@ -122,7 +122,12 @@ def run_cases(cases: Sequence[Case], *, jobs: int, done: Callable[[int, CaseResu
         scenario_reference(case.scenario, backend=case.backend, device=case.device, isolate=True,
                            timeout_s=case.timeout_s)
 
-    run_grouped(run_case, forked, _groups(forked), jobs=jobs, timeout_s=lambda c: c.timeout_s, done=finished,
+    groups = _groups(forked)
+    if jobs > 1:
+        # the largest groups first, so that the last child to finish is a short one and no slot idles long at
+        # the end (results still come back in argument order)
+        groups.sort(key=len, reverse=True)
+    run_grouped(run_case, forked, groups, jobs=jobs, timeout_s=lambda c: c.timeout_s, done=finished,
                 before_start=reference_first,
                 output=None if output is None else lambda i, text: output(position[id(forked[i])], text))
     for index, case in enumerate(cases):
