@@ -90,6 +90,16 @@ class SWATokenToKVPoolAllocator:
             self.pool.full_to_swa_index_mapping[full_t] = torch.tensor(swa, dtype=torch.int64, device=device)
         return full_t
 
+    def free_group_begin(self) -> None:
+        """Hold every free until ``free_group_end``, as SGLang's allocator does around a batch build's frees."""
+        self._full.hold()
+        self._swa.hold()
+
+    def free_group_end(self) -> None:
+        """The held frees go back, each pool's in one give-back in the order they were made."""
+        self._swa.release_held()
+        self._full.release_held()
+
     def free_swa(self, full_slots: torch.Tensor) -> None:
         """Evict tokens that left the window of a live request: free their SWA slots, keep the full ones."""
         if full_slots.numel() == 0:
