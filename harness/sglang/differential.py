@@ -55,10 +55,6 @@ DIFFERENCES: dict[str, str] = {
                                 "first. The miniature frees the row in one call, in position order, so its "
                                 "first page is reused first. Not on purpose: the miniature side frees in "
                                 "SGLang's two calls here (_TwoSegmentFree) until the miniature does",
-    "pools not a multiple of the page": "SGLang takes any pool size (its allocator uses size // page_size pages); "
-                                        "the miniature's scenario schema refuses a full_size or swa_size that is "
-                                        "not a multiple of page_size. Not fixed: 23 of the library's timelines "
-                                        "at pages of 16 (1 at pages of 4) are skipped naming it",
     "speculative timelines": "SGLang's schedule here runs no draft worker (spec_prepare_for_decode needs one), "
                              "so timelines with draft_steps are skipped (4 of the library's)",
 }

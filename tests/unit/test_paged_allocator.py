@@ -3,6 +3,7 @@ never handed out, and a page given back only when its last slot is freed."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from harness.serving.eviction import RequestWindow, TightEviction
@@ -72,3 +73,17 @@ def test_freed_pages_are_reused_in_the_pools_free_order():
         stack.alloc_extend(prefix_lens=[0], extend_lens=[4], last_locs=[0])  # takes one page
         nxt = stack.alloc_extend(prefix_lens=[0], extend_lens=[1], last_locs=[0])
         assert int(nxt[0]) == expected, order
+
+
+def test_a_pool_that_is_not_a_multiple_of_the_page_hands_out_its_whole_pages_only():
+    # SGLang takes any pool size; its allocator has size // page_size pages (the trailing part is no slot)
+    from harness.serving.allocator import SWATokenToKVPoolAllocator
+    from harness.serving.pool import HybridSWAKVPool, PoolExhausted, PoolSpec
+
+    spec = PoolSpec(full_size=37, swa_size=35, page_size=16)
+    assert spec.problems() == []
+    allocator = SWATokenToKVPoolAllocator(HybridSWAKVPool(spec=spec, layer_is_swa=(False, True), num_kv_heads=1,
+                                                          head_dim=1))
+    assert allocator.alloc(16).tolist() == list(range(16, 32))
+    with pytest.raises(PoolExhausted):
+        allocator.alloc(1)
