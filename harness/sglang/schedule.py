@@ -41,8 +41,10 @@ import torch
 
 from ..serving.batch import ForwardMode, make_forward_batch
 from ..serving.batch_builder import ScheduledStep
-from ..serving.eviction import EvictionPolicy
+from ..serving.eviction import EvictionPolicy, RequestWindow, retention_bound
 from ..serving.eviction_driver import StepEnd
+from ..serving.faults import Component, faults_acting_on
+from ..serving.loc_plan import KVIndexTranslator
 from ..serving.model import ModelSpec
 from ..serving.pool import PoolExhausted
 from ..serving.scheduler import TimelineTooLong
@@ -73,6 +75,9 @@ class _Request:
     """SGLang's ``Req``, made when the request arrives"""
     aborted: bool = False
     finished: bool = False
+    due: int = 0
+    """what SGLang may retain at most (``retention_bound``, from the window, page and declared interval), as of
+    the request's latest batch build: its SWA slots below this must be free"""
 
 
 @dataclass(slots=True)
@@ -88,10 +93,8 @@ class SGLangScheduler:
 
     def __init__(self, timeline: TimelineSpec, *, stack: SGLangStack, eviction: EvictionPolicy,
                  vocab_size: int, faults: Collection[str] = ()) -> None:
-        if timeline.draft_steps:
-            raise ValueError("the SGLang schedule runs no speculative decoding (timeline.draft_steps > 0)")
-        if eviction.prefix_sharing:
-            raise ValueError("the SGLang schedule runs SGLang's chunk cache (no prefix sharing)")
+        if (why := schedule_unsupported(timeline, eviction=eviction, faults=faults)) is not None:
+            raise ValueError(f"SGLang's schedule cannot run this timeline: {why}")
         from sglang.srt.configs.model_config import ModelConfig  # noqa: PLC0415 - SGLang loads lazily
         from sglang.srt.managers import schedule_batch  # noqa: PLC0415
         from sglang.srt.mem_cache import common  # noqa: PLC0415
@@ -112,7 +115,7 @@ class SGLangScheduler:
         self.stack = stack
         self.eviction = eviction
         self.device = stack.device
-        self.interval = eviction.spec.interval if eviction.spec.policy == "sglang" else 1
+        self.interval = eviction.declared_interval
         self.faults = frozenset(faults)
         server_args = publish_cpu_server_args(
             tiny_model_spec(tuple(stack.spec.layer_is_swa), eviction.window, vocab_size))
@@ -129,6 +132,9 @@ class SGLangScheduler:
             kv_index_translator=stack.api.KVIndexTranslator(
                 req_to_token=self.rows.req_to_token, token_to_kv_pool_allocator=stack.allocator,
                 token_to_kv_pool=stack.kv_pool, page_size=stack.page_size, device=str(stack.device)))
+        # the harness's plan of the step's SWA ids, for the designs that read one (``plan``); SGLang's own plan is
+        # the one ForwardBatch.init_new binds (``forward_batch.kv_loc_plan``)
+        self.translator = KVIndexTranslator(stack.translate)
         tokens = request_tokens(timeline, vocab_size)
         self.book = _Book(pending=[_Request(spec=r, tokens=tokens[r.rid])
                                    for r in sorted(timeline.requests, key=lambda r: r.arrive)])
@@ -139,12 +145,17 @@ class SGLangScheduler:
         self._held: list[_Request] = []
         """every request holding KV, in admission order"""
         self._evicted_at_build: tuple[TokenKey, ...] = ()
+        self._reading: dict[int, int] = {}
+        """per request of the batch built and not yet finished: its first position the batch writes"""
         self.forward_batch: Any = None
         """SGLang's ``ForwardBatch`` of the latest step (``ForwardBatch.init_new``)"""
 
     @property
     def step_index(self) -> int:
         return self.book.step
+
+    evicts_at_batch_build = True
+    """SGLang frees out-of-window slots building a batch (``maybe_evict_swa``), before the forward"""
 
     # ---- the loop ---------------------------------------------------------------------------------------
     def next_step(self) -> ScheduledStep | None:
@@ -183,6 +194,7 @@ class SGLangScheduler:
             # the next decode's inputs: what each request sampled (process_batch_result_decode)
             batch.output_ids = torch.tensor([r.req.output_ids[-1] for r in self._in_batch], dtype=torch.int64)
         evicted, self._evicted_at_build = self._evicted_at_build, ()
+        self._reading = {}
         self.book.step += 1
         return StepEnd(finished=tuple(finished), evicted=evicted)
 
@@ -195,11 +207,12 @@ class SGLangScheduler:
                 continue
             slots = self.rows.req_to_token[kv.req_pool_idx, :n].to(torch.int64)
             groups = list(zip(*self.stack.group_slots(slots).tolist()))
-            first_in_window = self.eviction.window_start(n)
-            frontier = kv.get_evicted_seqlen(self._swa)
+            # between a batch's build and its results, the batch's first query is at its first new position;
+            # otherwise the request's next query is at its length
+            first_in_window = self.eviction.window_start(self._reading.get(id(r), n))
             for pos, held in enumerate(groups):
                 out.append(LiveToken(rid=r.spec.rid, pos=pos, slots=held, in_window=pos >= first_in_window,
-                                     past_frontier=pos < frontier))
+                                     past_frontier=pos < r.due))
         return out
 
     # ---- the queues ---------------------------------------------------------------------------------------
@@ -302,6 +315,9 @@ class SGLangScheduler:
         """Run ``prepare`` (which evicts, then allocates) under the scenario's interval, noting what it evicted;
         the allocator running out is the harness's ``PoolExhausted``."""
         before = {id(r): r.req.kv.get_evicted_seqlen(self._swa) for r in self._held}
+        for r in chosen:
+            if r.req.kv.holds_kv:  # batched before: what its eviction must free building this batch
+                r.due = max(r.due, self._due(r))
         try:
             with _interval(self.interval):
                 prepare()
@@ -315,6 +331,17 @@ class SGLangScheduler:
             evicted.extend(TokenKey(r.spec.rid, p) for p in range(was, now))
         self._evicted_at_build = tuple(evicted)
         self._in_batch = chosen
+        self._reading = {id(r): r.req.kv.kv_allocated_len - n
+                         for r, n in zip(chosen, batch.extend_lens if batch.forward_mode.is_extend() else
+                                         [1] * len(chosen))}
+
+    def _due(self, r: _Request) -> int:
+        kv, req = r.req.kv, r.req
+        window = RequestWindow(seq_len=kv.kv_committed_len, swa_evicted=kv.get_evicted_seqlen(self._swa),
+                               prefilling=kv.kv_committed_len < len(req.origin_input_ids),
+                               decoded=req.decode_batch_idx)
+        return retention_bound(window, window=self.eviction.window, page_size=self.stack.page_size,
+                               interval=self.interval, prefix_sharing=False)
 
     def _short_field(self) -> str:
         alloc = self.stack.allocator
@@ -340,9 +367,31 @@ class SGLangScheduler:
             input_ids=fb.input_ids.to(torch.int64), positions=fb.positions.to(torch.int64),
             req_pool_indices=fb.req_pool_indices.to(torch.int64), prefix_lens=prefix_lens, extend_lens=extend_lens,
             out_cache_loc=out_cache_loc, req_to_token_pool=self.stack.req_to_token_pool, pool=self.stack.pool,
-            translate=self.stack.translate, kv_loc_plan=None,
+            translate=self.stack.translate, kv_loc_plan=self.translator.own_plan(self.book.step, out_cache_loc),
         )
         return ScheduledStep(index=self.book.step, batch=harness_batch, forwards=(owners,))
+
+
+def schedule_unsupported(timeline: TimelineSpec, *, eviction: EvictionPolicy,
+                         faults: Collection[str] = ()) -> str | None:
+    """Why SGLang's own schedule does not run ``timeline`` here, or None."""
+    if timeline.draft_steps:
+        return "speculative decoding: spec_prepare_for_decode needs a draft worker"
+    if eviction.prefix_sharing:
+        return "prefix sharing: the real SWA radix cache is not adapted yet (SGLang's chunk cache runs)"
+    if acting := sorted(set(faults) & faults_acting_on(Component.SCHEDULER)):
+        return f"faults on the harness's scheduler ({', '.join(acting)}) act on its own code"
+    return None
+
+
+def own_scheduler(stack: SGLangStack, timeline: TimelineSpec, *, eviction: EvictionPolicy, vocab_size: int,
+                  faults: frozenset[str]) -> SGLangScheduler | None:
+    """The SGLang stack's own scheduler for a run (registered with the stack, ``target.py``): SGLang's schedule,
+    or None where it cannot express the run (``schedule_unsupported``) and the harness's scheduler drives the
+    installed stack."""
+    if schedule_unsupported(timeline, eviction=eviction, faults=faults) is not None:
+        return None
+    return SGLangScheduler(timeline, stack=stack, eviction=eviction, vocab_size=vocab_size, faults=faults)
 
 
 @contextlib.contextmanager
