@@ -318,13 +318,20 @@ class SGLangScheduler:
         for r in chosen:
             if r.req.kv.holds_kv:  # batched before: what its eviction must free building this batch
                 r.due = max(r.due, self._due(r))
+        alloc = self.stack.allocator
+        free_before = alloc.full_available_size(), alloc.swa_available_size()
         try:
             with _interval(self.interval):
                 prepare()
         except RuntimeError as exc:
             if "out of memory" not in str(exc).lower():
                 raise
-            raise PoolExhausted(self._short_field(), f"SGLang's {prepare.__name__}: {exc}".splitlines()[0]) from exc
+            message = f"SGLang's {prepare.__name__}: {exc}".splitlines()[0]
+            # a failed allocation must leave the pools as they were (evictions only add free SWA slots)
+            if (kept := free_before[0] - alloc.full_available_size()) > 0:
+                message += (f"; the failed allocation kept {kept} full slots (full free {free_before[0]} -> "
+                            f"{alloc.full_available_size()}, SWA free {alloc.swa_available_size()})")
+            raise PoolExhausted(self._short_field(), message) from exc
         evicted = []
         for r in self._held:
             was, now = before.get(id(r), 0), r.req.kv.get_evicted_seqlen(self._swa)
