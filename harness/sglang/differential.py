@@ -48,13 +48,6 @@ DIFFERENCES: dict[str, str] = {
                        "past an interval (decode batches) and not in a request's first decode batch. Compared "
                        "with the miniature's model of SGLang's policy ('sglang'), which frees as SGLang does "
                        "(EvictionPolicy.evicts_at_batch_build, in one group of frees per batch build)",
-    "finished rows with pages": "SGLang frees a finished request's row as two segments "
-                                "(free_kv_row_segments): first the run its eviction already freed, full side "
-                                "only, then the rest, and each call puts its pages at the head of the free list, "
-                                "so with pages the finished request's pages still in the window are reused "
-                                "first. The miniature frees the row in one call, in position order, so its "
-                                "first page is reused first. Not on purpose: the miniature side frees in "
-                                "SGLang's two calls here (_TwoSegmentFree) until the miniature does",
     "speculative timelines": "SGLang's schedule here runs no draft worker (spec_prepare_for_decode needs one), "
                              "so timelines with draft_steps are skipped (4 of the library's)",
 }
@@ -81,16 +74,6 @@ class Trace:
     steps: tuple[StepSlots, ...]
     exhausted: str | None = None
     """the pool field that ran out, and at which step (both sides must run out alike)"""
-
-
-class _TwoSegmentFree(MiniatureStack):
-    """The miniature, freeing a finished row in SGLang's two calls ("finished rows with pages")."""
-
-    def free(self, full_slots: torch.Tensor) -> None:
-        mapped = (self.pool.full_to_swa_index_mapping[full_slots.long()] > 0).tolist()
-        evicted = mapped.index(True) if True in mapped else len(mapped)
-        self.allocator.free(full_slots[:evicted])
-        self.allocator.free(full_slots[evicted:])
 
 
 def comparable_spec(spec: RunSpec, *, page_size: int | None = None, interval: int | None = None) -> RunSpec:
@@ -135,7 +118,7 @@ def trace(spec: RunSpec, *, installed: bool, page_size: int | None = None, inter
         sched: Any = SGLangScheduler(spec.timeline, stack=stack, vocab_size=spec.model.vocab_size,
                                      eviction=eviction_policy(spec.eviction, window=window, page_size=page))
     else:
-        stack = _TwoSegmentFree.build(stack_spec)
+        stack = MiniatureStack.build(stack_spec)
         sched = Scheduler(spec.timeline, stack=stack, vocab_size=spec.model.vocab_size,
                           eviction=eviction_policy(spec.eviction, window=window, page_size=page))
     steps: list[StepSlots] = []
