@@ -116,7 +116,8 @@ def trace(spec: RunSpec, *, installed: bool, page_size: int | None = None, inter
 
         stack = SGLangStack.build(stack_spec)
         sched: Any = SGLangScheduler(spec.timeline, stack=stack, vocab_size=spec.model.vocab_size,
-                                     eviction=eviction_policy(spec.eviction, window=window, page_size=page))
+                                     eviction=eviction_policy(spec.eviction, window=window, page_size=page),
+                                     trace_prefix_cache=True)
     else:
         stack = MiniatureStack.build(stack_spec)
         sched = Scheduler(spec.timeline, stack=stack, vocab_size=spec.model.vocab_size,

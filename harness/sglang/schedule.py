@@ -92,8 +92,12 @@ class SGLangScheduler:
     ``ScheduleBatch``; drive it as ``serving.scheduler.Scheduler``."""
 
     def __init__(self, timeline: TimelineSpec, *, stack: SGLangStack, eviction: EvictionPolicy,
-                 vocab_size: int, faults: Collection[str] = ()) -> None:
-        if (why := schedule_unsupported(timeline, eviction=eviction, faults=faults)) is not None:
+                 vocab_size: int, faults: Collection[str] = (), trace_prefix_cache: bool = False) -> None:
+        """``trace_prefix_cache``: with prefix sharing, run SGLang's radix cache (enabled ``UnifiedRadixCache``
+        with full and SWA components) for a slot trace (``differential.py``); runs do not take it yet (the
+        pool invariants do not read the real tree's holdings)."""
+        if (why := schedule_unsupported(timeline, eviction=eviction, faults=faults,
+                                        prefix_cache_ok=trace_prefix_cache)) is not None:
             raise ValueError(f"SGLang's schedule cannot run this timeline: {why}")
         from sglang.srt.configs.model_config import ModelConfig  # noqa: PLC0415 - SGLang loads lazily
         from sglang.srt.managers import schedule_batch  # noqa: PLC0415
@@ -121,8 +125,9 @@ class SGLangScheduler:
             tiny_model_spec(tuple(stack.spec.layer_is_swa), eviction.window, vocab_size))
         self.model_config = ModelConfig.from_server_args(server_args)
         self.rows = stack.req_to_token_pool.real
+        self.sharing = eviction.prefix_sharing
         self.tree_cache = UnifiedRadixCache(CacheInitParams(
-            disable=True, req_to_token_pool=self.rows, token_to_kv_pool_allocator=stack.allocator,
+            disable=not self.sharing, req_to_token_pool=self.rows, token_to_kv_pool_allocator=stack.allocator,
             page_size=stack.page_size, sliding_window_size=eviction.window - 1,
             tree_components=(ComponentType.FULL, ComponentType.SWA)))
         self.model_runner = SimpleNamespace(
@@ -287,6 +292,8 @@ class SGLangScheduler:
             req.init_next_round_input(self.tree_cache)
             n = min(len(req.full_untruncated_fill_ids) - req.prefix_len, budget)
             req.extend_end = req.prefix_len + n
+            if self.sharing:  # PrefillAdder._commit_prefill_admission locks the matched prefix
+                req.lock = self.tree_cache.lock(req.last_node)
             budget -= n
             self.book.waiting.remove(r)
             chosen.append(r)
@@ -334,7 +341,9 @@ class SGLangScheduler:
             raise PoolExhausted(self._short_field(), message) from exc
         evicted = []
         for r in self._held:
-            was, now = before.get(id(r), 0), r.req.kv.get_evicted_seqlen(self._swa)
+            # below cache_protected_len the slots are the radix cache's (a matched prefix), not the request's
+            was = max(before.get(id(r), 0), r.req.kv.cache_protected_len)
+            now = r.req.kv.get_evicted_seqlen(self._swa)
             evicted.extend(TokenKey(r.spec.rid, p) for p in range(was, now))
         self._evicted_at_build = tuple(evicted)
         self._in_batch = chosen
@@ -379,12 +388,12 @@ class SGLangScheduler:
         return ScheduledStep(index=self.book.step, batch=harness_batch, forwards=(owners,))
 
 
-def schedule_unsupported(timeline: TimelineSpec, *, eviction: EvictionPolicy,
-                         faults: Collection[str] = ()) -> str | None:
+def schedule_unsupported(timeline: TimelineSpec, *, eviction: EvictionPolicy, faults: Collection[str] = (),
+                         prefix_cache_ok: bool = False) -> str | None:
     """Why SGLang's own schedule does not run ``timeline`` here, or None."""
     if timeline.draft_steps:
         return "speculative decoding: spec_prepare_for_decode needs a draft worker"
-    if eviction.prefix_sharing:
+    if eviction.prefix_sharing and not prefix_cache_ok:
         return "prefix sharing: the real SWA radix cache is not adapted yet (SGLang's chunk cache runs)"
     if acting := sorted(set(faults) & faults_acting_on(Component.SCHEDULER)):
         return f"faults on the harness's scheduler ({', '.join(acting)}) act on its own code"
