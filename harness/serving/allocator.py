@@ -90,6 +90,16 @@ class SWATokenToKVPoolAllocator:
             self.pool.full_to_swa_index_mapping[full_t] = torch.tensor(swa, dtype=torch.int64, device=device)
         return full_t
 
+    def free_group_begin(self) -> None:
+        """Hold every free until ``free_group_end``, as SGLang's allocator does around a batch build's frees."""
+        self._full.hold()
+        self._swa.hold()
+
+    def free_group_end(self) -> None:
+        """The held frees go back, each pool's in one give-back in the order they were made."""
+        self._swa.release_held()
+        self._full.release_held()
+
     def free_swa(self, full_slots: torch.Tensor) -> None:
         """Evict tokens that left the window of a live request: free their SWA slots, keep the full ones."""
         if full_slots.numel() == 0:
@@ -103,14 +113,24 @@ class SWATokenToKVPoolAllocator:
             self.pool.poison_slots([], _slots_of(pages, self.page_size))
 
     def free(self, full_slots: torch.Tensor) -> None:
-        """Free finished or aborted tokens in both pools."""
+        """Free finished or aborted tokens in both pools, as SGLang frees a request's row
+        (``free_kv_row_segments``): first the leading run its eviction already freed (full side only), then the
+        rest (SWA, then full), each a give-back of its own, so with pages given back to the head of the free
+        list the row's still-live pages are reused first. A page the two runs share goes back with the first."""
         if full_slots.numel() == 0:
             return
-        self.free_swa(full_slots)
-        pages = _release(full_slots.long().tolist(), self._full_held, self.page_size)
-        self._full.give_back(pages)
+        full_slots = full_slots.long()
+        mapped = (self.pool.full_to_swa_index_mapping[full_slots] > 0).tolist()
+        evicted = mapped.index(True) if True in mapped else len(mapped)
+        first = _release(full_slots[:evicted].tolist(), self._full_held, self.page_size)
+        self._full.give_back(first)
+        self.free_swa(full_slots[evicted:])
+        shared = set(first)
+        rest = _release([s for s in full_slots[evicted:].tolist() if s // self.page_size not in shared],
+                        self._full_held, self.page_size)
+        self._full.give_back(rest)
         if self.poison_freed:
-            self.pool.poison_slots(_slots_of(pages, self.page_size), [])
+            self.pool.poison_slots(_slots_of(first + rest, self.page_size), [])
 
 
 def _pages(tokens: int, page_size: int) -> int:

@@ -112,6 +112,7 @@ class BatchBuilder:
             self.book.admit(req)
             if self.cache is not None:
                 self.driver.admit_shared(req)
+        self.driver.evict_batch([req for req, _ in chosen])
         ids, positions, rows, prefix_lens, extend_lens, locs, owners = [], [], [], [], [], [], []
         for req, n in chosen:
             start = req.seq_len
@@ -144,6 +145,7 @@ class BatchBuilder:
 
     def _build_decode(self) -> ScheduledStep:
         reqs = list(self.book.running)
+        self.driver.evict_batch(reqs)
         steps = self._decode_steps(reqs)
         # step-major allocation: all of draft step 0's slots, then step 1's ...
         ids = torch.zeros((steps, len(reqs)), dtype=torch.int64)

@@ -84,6 +84,9 @@ class EvictionPolicy(ABC):
     """the policy frees what left the window after every step (``tight``); False: it may batch its frees, up to
     the scenario's eviction ``interval`` tokens at a time (``sglang``). The ``retained`` invariant holds every
     policy to the bound this declares (``retention_bound``), whoever wrote it"""
+    evicts_at_batch_build: ClassVar[bool] = False
+    """the policy frees when a batch is built, for the requests in that batch only, as SGLang's
+    ``ScheduleBatch.maybe_evict_swa`` does (``sglang``); False: after every step, for every running request"""
 
     @property
     def declared_interval(self) -> int:
@@ -141,20 +144,26 @@ class SGLangEviction(EvictionPolicy):
     cache the window rounded up to whole pages (at least one page) so a cached branch keeps a matchable
     window, counted back from the key's length (PR 34870). The frontier is floored to a page, frees wait
     until it has moved ``interval`` tokens past what was freed, nothing is freed before a request's first
-    decode batch, and during chunked prefill only without prefix sharing.
+    decode batch, and during chunked prefill only without prefix sharing (there at an interval of 1: the
+    interval gates decode batches). It frees when a batch is built, for the requests in that batch only
+    (``evicts_at_batch_build``): a request that sits out another's extend batch keeps its slots until it is
+    batched again.
     """
 
     name = "sglang"
+    evicts_at_batch_build = True
 
     def frontier(self, req: RequestWindow) -> int:
         if req.prefilling and self.prefix_sharing:
             return req.swa_evicted
+        # SGLANG_SWA_EVICTION_INTERVAL gates decode batches only: an extend batch frees at an interval of 1
+        interval = 1 if req.prefilling else self.spec.interval
         if not req.prefilling and req.decoded == 0:
             return req.swa_evicted  # the batch about to run is the request's first decode batch
         sliding = self.window - 1
         retain = retained_with_sharing(self.window, self.page_size) if self.prefix_sharing else sliding
         moved = (req.insert_len if self.prefix_sharing else req.seq_len) - retain
-        if moved < req.swa_evicted + self.spec.interval:
+        if moved < req.swa_evicted + interval:
             return req.swa_evicted
         return max(req.swa_evicted, moved // self.page_size * self.page_size)
 

@@ -44,6 +44,7 @@ class EvictionDriver:
         self.cache = cache
         self.faults = faults
         self.draft_steps = draft_steps
+        self._evicted_at_build: list[TokenKey] = []
         self.bigram = cache is not None and draft_steps > 0
         """EAGLE keys its radix cache by pairs of adjacent tokens (the draft model's KV at a position depends on the
         next token too): a request's key holds one entry fewer than its tokens"""
@@ -51,7 +52,8 @@ class EvictionDriver:
     def finish_running(self) -> StepEnd:
         """Free finished requests and evict what the eviction policy frees (the clock not yet advanced)."""
         finished: list[str] = []
-        evicted: list[TokenKey] = []
+        evicted, self._evicted_at_build = self._evicted_at_build, []
+        at_build = self.eviction.evicts_at_batch_build
         for req in list(self.book.running):
             if req.seq_len >= req.total_len and not req.prefilling:
                 if self.cache is not None and not req.released:
@@ -60,8 +62,9 @@ class EvictionDriver:
                     self.book.free(req)
                 finished.append(req.spec.rid)
             elif not req.released:
-                req.due = max(req.due, self._due(req))
-                evicted.extend(self._evict(req, self._frontier(req)))
+                if not at_build:
+                    req.due = max(req.due, self._due(req))
+                    evicted.extend(self._evict(req, self._frontier(req)))
                 if self.cache is not None and req.prefilling:
                     evicted.extend(self._cache_unfinished(req))
                 if "release_before_last_batch" in self.faults and self._last_batch_next(req):
@@ -70,6 +73,19 @@ class EvictionDriver:
                     self.stack.free(self.book.slots(req.slots[req.cached_len :]))
                     req.released = True
         return StepEnd(finished=tuple(finished), evicted=tuple(evicted))
+
+    def evict_batch(self, reqs: list[Req]) -> None:
+        """Under a policy that frees at batch build (``EvictionPolicy.evicts_at_batch_build``), free the
+        out-of-window SWA slots of the running requests in the batch being built, before it allocates, as one
+        group of frees; reported with the step's ``StepEnd``."""
+        if not self.eviction.evicts_at_batch_build:
+            return
+        with self.stack.free_group():
+            for req in reqs:
+                if req.row < 0 or req.released:
+                    continue  # admitted by this batch: nothing held yet
+                req.due = max(req.due, self._due(req))
+                self._evicted_at_build.extend(self._evict(req, self._frontier(req)))
 
     def _evict(self, req: Req, evict_to: int) -> list[TokenKey]:
         """Free the request's SWA slots of positions up to ``evict_to``."""

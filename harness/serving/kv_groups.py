@@ -177,7 +177,13 @@ def hybrid_swa_groups(*, layer_is_swa: Sequence[bool], layer_windows: Sequence[i
     common = {"page_size": page_size, "kv_dtype": kv_dtype, "num_kv_heads": num_kv_heads, "head_dim": head_dim}
     return KVGroups((
         KVGroup(name="full", layer_ids=tuple(i for i, swa in enumerate(layer_is_swa) if not swa), window=None,
-                size=full_size, **common),
+                size=_whole_pages(full_size, page_size), **common),
         KVGroup(name="swa", layer_ids=tuple(i for i, swa in enumerate(layer_is_swa) if swa),
-                window=max(windows, default=0), size=swa_size, label="SWA", **common),
+                window=max(windows, default=0), size=_whole_pages(swa_size, page_size), label="SWA", **common),
     ))
+
+
+def _whole_pages(size: int, page_size: int) -> int:
+    """The slots of a pool's whole pages: a trailing part of a page is never handed out (SGLang's allocator has
+    ``size // page_size`` pages), so it is no slot of the group."""
+    return size // page_size * page_size

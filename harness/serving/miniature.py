@@ -3,7 +3,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 
 import torch
 
@@ -64,6 +65,14 @@ class MiniatureStack(HybridSWAStack):
 
     def free_swa(self, full_slots: torch.Tensor) -> None:
         self.allocator.free_swa(full_slots)
+
+    @contextlib.contextmanager
+    def free_group(self) -> Iterator[None]:
+        self.allocator.free_group_begin()
+        try:
+            yield
+        finally:
+            self.allocator.free_group_end()
 
     def translate(self, full_slots: torch.Tensor) -> torch.Tensor:
         return self.pool.translate_loc_from_full_to_swa(full_slots)

@@ -294,6 +294,7 @@ class FreeList:
         self._capacity = (size - 1) * unit
         self._what = what
         self._field = field
+        self._held: list[int] | None = None
 
     def __len__(self) -> int:
         return len(self._free)
@@ -310,10 +311,23 @@ class FreeList:
         taken, self._free = self._free[:n], self._free[n:]
         return taken
 
+    def hold(self) -> None:
+        """Until ``release_held``, ids given back wait, in the order given (a group of frees)."""
+        self._held = []
+
+    def release_held(self) -> None:
+        """The held ids go back in one give-back, in the order they were given."""
+        held, self._held = self._held, None
+        if held:
+            self.give_back(held)
+
     def give_back(self, ids: list[int]) -> None:
         for i in ids:
             if i <= 0:
                 raise ValueError(f"{self._what}: cannot free reserved slot {i * self._unit}")
+        if self._held is not None:
+            self._held.extend(ids)
+            return
         if self._order == "lowest":
             for i in ids:
                 bisect.insort(self._free, i)

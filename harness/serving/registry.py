@@ -31,14 +31,35 @@ EVICTION_POLICIES: Registry[str] = Registry({
 })
 
 
-def register_stack(name: str, path: str, *, optional_install: str | None = None) -> None:
+STACK_SCHEDULERS: Registry[str] = Registry()
+"""stacks that bring their own scheduler, by name -> ``package.module:function``: the function takes the run's
+stack and ``(timeline, eviction=, vocab_size=, faults=)`` and returns an object driven as
+``scheduler.Scheduler``, or None where the harness's scheduler is to drive the stack"""
+
+
+def register_stack(name: str, path: str, *, optional_install: str | None = None,
+                   scheduler: str | None = None) -> None:
     """Register a serving stack by name: ``path`` is its ``package.module:Class``; ``optional_install`` names
-    what its module imports that a default install lacks (the dry run then stands the miniature in)."""
+    what its module imports that a default install lacks (the dry run then stands the miniature in);
+    ``scheduler`` names the stack's own scheduler factory (``STACK_SCHEDULERS``)."""
     if name in STACKS and STACKS[name] != path:
         raise ValueError(f"serving stack {name!r} is registered already, as {STACKS[name]}")
     STACKS[name] = path
     if optional_install is not None:
         OPTIONAL_STACKS[name] = optional_install
+    if scheduler is not None:
+        STACK_SCHEDULERS[name] = scheduler
+
+
+def own_scheduler(name: str, stack: ServingStack, timeline: object, *, eviction: object, vocab_size: int,
+                  faults: frozenset[str]) -> object | None:
+    """The scheduler the stack registered as ``name`` brings for this run, or None (the harness's drives it)."""
+    path = STACK_SCHEDULERS.get(name)
+    if path is None:
+        return None
+    factory = load_named(path, {}, kind="stack scheduler", check=lambda obj: None if callable(obj) else
+                         "is not callable")
+    return factory(stack, timeline, eviction=eviction, vocab_size=vocab_size, faults=faults)  # type: ignore[operator]
 
 
 def register_eviction_policy(name: str, path: str) -> None:

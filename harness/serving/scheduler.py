@@ -91,6 +91,11 @@ class Scheduler:
     def step_index(self) -> int:
         return self.book.step
 
+    @property
+    def evicts_at_batch_build(self) -> bool:
+        """Its eviction frees when a batch is built (``EvictionPolicy.evicts_at_batch_build``), not after a step."""
+        return self.eviction.evicts_at_batch_build
+
     def next_step(self) -> ScheduledStep | None:
         """The next batch to run, or None once every request has finished or been aborted."""
         book = self.book

@@ -18,8 +18,9 @@ SWA layer writes (``asks_swa_design``); any other stack says where each layer wr
 
 from __future__ import annotations
 
+import contextlib
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
@@ -146,6 +147,13 @@ class ServingStack(ABC):
     @abstractmethod
     def free_swa(self, full_slots: torch.Tensor) -> None:
         """Evict: free the windowed groups' slots of tokens that left the window, keep the others."""
+
+    @contextlib.contextmanager
+    def free_group(self) -> Iterator[None]:
+        """Frees made inside go back to the free lists together, when it ends, in the order they were made (as
+        SGLang's ``free_group_begin`` / ``free_group_end`` around a batch build's evictions); a stack without
+        groups frees each at once."""
+        yield
 
     @abstractmethod
     def group_slots(self, slots: torch.Tensor) -> torch.Tensor:

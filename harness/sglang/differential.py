@@ -1,31 +1,37 @@
-"""The differential test of the miniature: one timeline through the miniature's allocator, eviction and
-translation and through the installed SGLang's, with the same knobs, compared step by step.
+"""The differential test of the miniature: one timeline through the miniature's scheduler, allocator, eviction
+and translation and through SGLang's own path (``schedule.SGLangScheduler``: real ``Req`` objects and
+``ScheduleBatch``es, their ``maybe_evict_swa`` and allocation, ``release_kv_cache``, over the installed
+allocator), with the same knobs, compared step by step.
 
-Per step both sides record the batch's full slots (``out_cache_loc``), their SWA slots (translated), the whole
-``full_to_swa_index_mapping``, what was finished and evicted after the step, and both pools' free slots.
-Everything must be identical, except the differences listed in ``DIFFERENCES`` (the one place they are
-named, each with its reason), which the comparison leaves out or converts.
+Per step both sides record, once the step's batch is built: its full slots (``out_cache_loc``), their SWA
+slots (translated), its input ids, the whole ``full_to_swa_index_mapping``, what was evicted building it and
+what finished the step before, and both pools' free slots; a last record holds the state after the last
+frees. Everything must be identical, except the differences listed in ``DIFFERENCES`` (the one place they are
+named, each with its reason and the configuration that shows it), which the comparison leaves out, converts
+or skips.
 
-The knobs: the page size and the timeline are the scenario's; the eviction interval is the scenario's under
-its ``sglang`` policy and 1 otherwise; the miniature runs its model of SGLang's policy (``sglang``) against
-the installed function (``eviction.InstalledSGLangEviction``), in SGLang's free order for the page size.
+The knobs: the timeline is the scenario's; the page size and the eviction interval are the scenario's (the
+interval under its ``sglang`` policy, 1 otherwise) unless the caller sets them (the test runs every timeline at
+pages of 1, 4 and 16 and intervals of 1 and 128); the miniature runs its model of SGLang's policy
+(``sglang``), in SGLang's free order for the page size.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from ..runspec import RunSpec
 from ..serving.eviction import EvictionSpec
 from ..serving.miniature import MiniatureStack
+from ..serving.eviction_driver import StepEnd
 from ..serving.pool import PoolExhausted
 from ..serving.registry import eviction_policy
 from ..serving.scheduler import Scheduler
 from ..serving.stack import HybridSWAStack, StackSpec
-from .eviction import InstalledSGLangEviction
 from .stack import SGLangStack, free_order, unsupported
 
 DIFFERENCES: dict[str, str] = {
@@ -37,22 +43,13 @@ DIFFERENCES: dict[str, str] = {
     "free order": "the miniature's default reuses the lowest free slot first, so a freed slot is reused at once "
                   "(stale writes show sooner); SGLang reuses first in, first out at page 1 and last freed first "
                   "with pages. Compared in SGLang's order (pool.free_order = 'fifo' / 'lifo')",
-    "eviction policy": "the harness's default policy (tight) frees every step, to the window; SGLang frees only "
-                       "past an interval and not in a request's first decode batch. Compared with the "
-                       "miniature's model of SGLang's policy ('sglang'), at the scenario's interval (or 1)",
-    "finished rows with pages": "SGLang frees a finished request's row as two segments "
-                                "(free_kv_row_segments): first the run its eviction already freed, full side "
-                                "only, then the rest, and each call puts its pages at the head of the free list, "
-                                "so with pages the finished request's pages still in the window are reused "
-                                "first. The miniature frees the row in one call, in position order, so its "
-                                "first page is reused first. Not on purpose: the miniature side frees in "
-                                "SGLang's two calls here (_TwoSegmentFree) until the miniature does",
-    "interval in chunked prefill": "SGLang's maybe_evict_swa frees an extend batch's requests (without prefix "
-                                   "sharing) at an interval of 1: SGLANG_SWA_EVICTION_INTERVAL gates decode "
-                                   "batches only. The miniature's sglang policy waits for the interval in "
-                                   "chunked prefill too, so it frees later there. Not on purpose; no library "
-                                   "timeline chunks a prompt past the window under an interval above 1, so the "
-                                   "traces agree, and the frontier test names the case",
+    "eviction policy": "the harness's default policy (tight) frees every running request after every step, to "
+                       "the window; SGLang frees when a batch is built, for the requests in that batch only, "
+                       "past an interval (decode batches) and not in a request's first decode batch. Compared "
+                       "with the miniature's model of SGLang's policy ('sglang'), which frees as SGLang does "
+                       "(EvictionPolicy.evicts_at_batch_build, in one group of frees per batch build)",
+    "speculative timelines": "SGLang's schedule here runs no draft worker (spec_prepare_for_decode needs one), "
+                             "so timelines with draft_steps are skipped (4 of the library's)",
 }
 
 
@@ -64,6 +61,7 @@ class StepSlots:
     kind: str
     full: tuple[int, ...]
     swa: tuple[int, ...]
+    input_ids: tuple[int, ...]
     mapping: tuple[int, ...]
     finished: tuple[str, ...]
     evicted: tuple[tuple[str, int], ...]
@@ -78,56 +76,78 @@ class Trace:
     """the pool field that ran out, and at which step (both sides must run out alike)"""
 
 
-class _TwoSegmentFree(MiniatureStack):
-    """The miniature, freeing a finished row in SGLang's two calls ("finished rows with pages")."""
-
-    def free(self, full_slots: torch.Tensor) -> None:
-        mapped = (self.pool.full_to_swa_index_mapping[full_slots.long()] > 0).tolist()
-        evicted = mapped.index(True) if True in mapped else len(mapped)
-        self.allocator.free(full_slots[:evicted])
-        self.allocator.free(full_slots[evicted:])
-
-
-def comparable_spec(spec: RunSpec) -> RunSpec:
+def comparable_spec(spec: RunSpec, *, page_size: int | None = None, interval: int | None = None) -> RunSpec:
     """``spec`` with the knobs both sides share: SGLang's free order at its page size, and its policy with the
-    scenario's interval under the ``sglang`` policy (1 otherwise)."""
-    interval = spec.eviction.interval if spec.eviction.policy == "sglang" else 1
+    scenario's interval under the ``sglang`` policy (1 otherwise); ``page_size`` and ``interval`` override the
+    scenario's (the test runs every timeline at several)."""
+    page = spec.pool.page_size if page_size is None else page_size
+    if interval is None:
+        interval = spec.eviction.interval if spec.eviction.policy == "sglang" else 1
     return dataclasses.replace(
-        spec, pool=dataclasses.replace(spec.pool, free_order=free_order(spec.pool.page_size)),
+        spec, pool=dataclasses.replace(spec.pool, page_size=page, free_order=free_order(page)),
         eviction=EvictionSpec(policy="sglang", interval=interval, prefix_cache=spec.eviction.prefix_cache),
     )
 
 
-def not_expressible(spec: RunSpec) -> str | None:
+def not_expressible(spec: RunSpec, *, page_size: int | None = None, interval: int | None = None) -> str | None:
     """Why SGLang cannot run ``spec``'s timeline through the adapter, or None."""
-    spec = comparable_spec(spec)
+    spec = comparable_spec(spec, page_size=page_size, interval=interval)
+    if spec.timeline.draft_steps:
+        return "speculative timelines: SGLang's schedule here runs no draft worker (spec_prepare_for_decode)"
+    if problems := spec.pool.problems():
+        return f"the miniature refuses this pool at page_size {spec.pool.page_size}: {problems[0]}"
     return unsupported(_stack_spec(spec), prefix_cache=spec.eviction.prefix_cache)
 
 
-def trace(spec: RunSpec, *, installed: bool) -> Trace:
-    """The timeline of ``spec`` (made comparable) through the miniature or the installed SGLang."""
-    spec = comparable_spec(spec)
+def trace(spec: RunSpec, *, installed: bool, page_size: int | None = None, interval: int | None = None) -> Trace:
+    """The timeline of ``spec`` (made comparable) through the miniature's scheduler, allocator and eviction, or
+    through SGLang's ``ScheduleBatch`` path over its allocator (``schedule.SGLangScheduler``).
+
+    Each step is recorded once its batch is built (SGLang evicts and allocates there): the batch's slots, the
+    mapping and the free lists then, and what left the pools since the previous batch was built (the
+    miniature frees after each step, SGLang at the next batch build). A last record holds the state after the
+    last step's frees."""
+    spec = comparable_spec(spec, page_size=page_size, interval=interval)
     stack_spec = _stack_spec(spec)
-    stack: HybridSWAStack = SGLangStack.build(stack_spec) if installed else _TwoSegmentFree.build(stack_spec)
     window, page = spec.model.window, spec.pool.page_size
-    policy = (InstalledSGLangEviction(spec.eviction, window=window, page_size=page) if installed
-              else eviction_policy(spec.eviction, window=window, page_size=page))
-    sched = Scheduler(spec.timeline, stack=stack, eviction=policy, vocab_size=spec.model.vocab_size)
+    stack: HybridSWAStack
+    if installed:
+        from .schedule import SGLangScheduler  # noqa: PLC0415 - publishes SGLang's server args
+
+        stack = SGLangStack.build(stack_spec)
+        sched: Any = SGLangScheduler(spec.timeline, stack=stack, vocab_size=spec.model.vocab_size,
+                                     eviction=eviction_policy(spec.eviction, window=window, page_size=page),
+                                     trace_prefix_cache=True)
+    else:
+        stack = MiniatureStack.build(stack_spec)
+        sched = Scheduler(spec.timeline, stack=stack, vocab_size=spec.model.vocab_size,
+                          eviction=eviction_policy(spec.eviction, window=window, page_size=page))
     steps: list[StepSlots] = []
     mapping = stack.pool.full_to_swa_index_mapping
+    left = StepEnd()
+
+    def state() -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+        free = stack.free_slots()
+        return tuple(mapping.tolist()), tuple(sorted(free["full"])), tuple(sorted(free["swa"]))
+
+    def record(index: int, kind: str, full: tuple[int, ...], swa: tuple[int, ...], ids: tuple[int, ...],
+               seen: tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]], gone: StepEnd) -> None:
+        steps.append(StepSlots(
+            index=index, kind=kind, full=full, swa=swa, input_ids=ids, mapping=seen[0], finished=gone.finished,
+            evicted=tuple(sorted((k.rid, k.pos) for k in gone.evicted)), free_full=seen[1], free_swa=seen[2],
+        ))
+
     try:
         while (step := sched.next_step()) is not None:
             full = step.batch.out_cache_loc
-            swa = stack.translate(full)
+            swa, seen = tuple(stack.translate(full).tolist()), state()
             end = sched.finish_step()
-            free = stack.free_slots()
-            free_full, free_swa = free["full"], free["swa"]
-            steps.append(StepSlots(
-                index=step.index, kind=step.kind, full=tuple(full.tolist()), swa=tuple(swa.tolist()),
-                mapping=tuple(mapping.tolist()), finished=end.finished,
-                evicted=tuple((k.rid, k.pos) for k in end.evicted),
-                free_full=tuple(sorted(free_full)), free_swa=tuple(sorted(free_swa)),
-            ))
+            # both free out-of-window slots when a batch is built: the step's own; finished ones the step before
+            gone = StepEnd(finished=left.finished, evicted=end.evicted)
+            record(step.index, step.kind, tuple(full.tolist()), swa,
+                   tuple(step.batch.input_ids.tolist()), seen, gone)
+            left = end
+        record(-1, "end", (), (), (), state(), StepEnd(finished=left.finished))
     except PoolExhausted as exc:
         return Trace(steps=tuple(steps), exhausted=f"{exc.field} at step {sched.step_index}")
     return Trace(steps=tuple(steps))

@@ -29,6 +29,7 @@ class InstalledSGLangEviction(EvictionPolicy):
     """Frontiers from the installed SGLang's ``free_swa_out_of_window_slots``."""
 
     name = "sglang_installed"
+    evicts_at_batch_build = True  # as maybe_evict_swa: building a batch, for the requests in it
 
     def __init__(self, spec: EvictionSpec = EvictionSpec(), *, window: int, page_size: int = 1,
                  prefix_sharing: bool = False) -> None:

@@ -61,3 +61,27 @@ def reuse_previous_plan() -> Iterator[None]:
         yield
     finally:
         translator_cls.plan = original
+
+
+@contextmanager
+def skip_evict_mid_prefill() -> Iterator[None]:
+    """The installed ``ScheduleBatch.maybe_evict_swa`` skips extend batches: a request in chunked prefill never
+    frees the SWA slots its earlier chunks left behind the window, and a long prompt holds every SWA slot it
+    was given until its first decode (SGLang PR 33805: a path that never ran SWA eviction). Decode batches
+    evict as installed. Reached only under SGLang's own schedule (``schedule.py``), which builds real
+    ``ScheduleBatch``es."""
+    load()
+    from sglang.srt.managers.schedule_batch import ScheduleBatch  # noqa: PLC0415 - after the stand-ins
+
+    original = ScheduleBatch.maybe_evict_swa
+
+    def maybe_evict_swa(self):  # noqa: ANN001, ANN202
+        if self.forward_mode.is_extend():
+            return None
+        return original(self)
+
+    ScheduleBatch.maybe_evict_swa = maybe_evict_swa
+    try:
+        yield
+    finally:
+        ScheduleBatch.maybe_evict_swa = original

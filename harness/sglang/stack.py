@@ -16,7 +16,8 @@ expressible against 0.5.23 through this stack and ``unsupported()`` says why.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 
 import torch
 
@@ -212,6 +213,14 @@ class SGLangStack(HybridSWAStack):
         swa = self._swa_pages(full_slots)
         self.allocator.free_swa_segment(full_slots, start_pos=int(full_slots[0]) % self.page_size)
         self._poison(full_pages=[], swa_pages=swa)
+
+    @contextlib.contextmanager
+    def free_group(self) -> Iterator[None]:
+        self.allocator.free_group_begin()
+        try:
+            yield
+        finally:
+            self.allocator.free_group_end()
 
     def translate(self, full_slots: torch.Tensor) -> torch.Tensor:
         return self.kv_pool.translate_loc_from_full_to_swa(full_slots.to(torch.int64)).to(torch.int32)

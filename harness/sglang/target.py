@@ -31,11 +31,17 @@ FAULTS: tuple[Fault, ...] = (
           summary="the installed KVIndexTranslator hands each iteration's KVLocPlan the previous plan's "
                   "sliding-window ids: a memo keyed by sub-pool outlives its iteration",
           reference="SGLang PR 35245 and PR 37307 (KVLocPlan's per-iteration memo)"),
+    Fault(name="sglang_skip_evict_mid_prefill", acts_on=Component.TARGET, modes=("eager",),
+          patch="harness.sglang.faults:skip_evict_mid_prefill",
+          summary="the installed ScheduleBatch.maybe_evict_swa skips extend batches: a request in chunked prefill "
+                  "keeps every SWA slot behind its window until its first decode",
+          reference="SGLang PR 33805 (a path that never ran SWA eviction)"),
 )
 """patches on the installed SGLang 0.5.23's own code"""
 
 
 def register() -> None:
     """What the entry point calls: the SGLang stack and this target's faults, into the harness's registries."""
-    register_stack(STACK, "harness.sglang.stack:SGLangStack", optional_install="SGLang 0.5.23 (make sglang-venv)")
+    register_stack(STACK, "harness.sglang.stack:SGLangStack", optional_install="SGLang 0.5.23 (make sglang-venv)",
+                   scheduler="harness.sglang.schedule:own_scheduler")
     register_faults(*FAULTS)

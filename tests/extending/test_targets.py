@@ -58,7 +58,8 @@ def test_the_installed_harness_registers_the_sglang_target_by_entry_point():
     assert names.get("sglang") == "harness.sglang.target:register"
     assert registry.STACKS["sglang"] == "harness.sglang.stack:SGLangStack" and "sglang" in registry.OPTIONAL_STACKS
     assert {n for n, f in faults.FAULTS.items() if f.acts_on is Component.TARGET} == {
-        "sglang_evict_one_page_too_far", "sglang_skip_metadata_refresh", "sglang_reuse_plan"}
+        "sglang_evict_one_page_too_far", "sglang_skip_metadata_refresh", "sglang_reuse_plan",
+        "sglang_skip_evict_mid_prefill"}
 
 
 def test_a_second_target_registers_a_stack_and_a_fault_a_scenario_runs_by_name(fresh_registries, tmp_path):

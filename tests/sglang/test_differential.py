@@ -20,16 +20,42 @@ def _run_spec(path: Path):
                              with_faults=False)
 
 
+# SGLang's SWA_EVICTION_INTERVAL default (128) and the interval that frees every token; no pages, pages of 4 and of 16
+CONFIGS = [(page, interval) for interval in (1, 128) for page in (1, 4, 16)]
+
+
 # the name with hyphens: `pytest -k swa_prefill` selects the scenario family's items, not this test too
+@pytest.mark.parametrize("page_size, interval", CONFIGS, ids=lambda v: str(v))
 @pytest.mark.parametrize("path", LIBRARY, ids=lambda p: p.stem.replace("_", "-"))
-def test_the_miniatures_slots_mapping_and_frees_are_sglangs_step_by_step(path):
+def test_the_miniatures_schedule_slots_mapping_and_frees_are_sglangs_step_by_step(path, page_size, interval):
     spec = _run_spec(path)
-    reason = differential.not_expressible(spec)
+    knobs = {"page_size": page_size, "interval": interval}
+    reason = differential.not_expressible(spec, **knobs)
     if reason is not None:
         pytest.skip(f"not expressible against SGLang 0.5.23: {reason}")
-    miniature, sglang = differential.trace(spec, installed=False), differential.trace(spec, installed=True)
-    assert miniature.steps, "nothing ran"
+    miniature, sglang = differential.trace(spec, installed=False, **knobs), differential.trace(spec, installed=True, **knobs)
+    # a pool too small at this page size runs out at once: then both sides must run out alike
+    assert miniature.steps or miniature.exhausted, "nothing ran"
     assert differential.first_difference(miniature, sglang) is None
+
+
+def test_a_request_that_sits_out_an_extend_batch_keeps_its_slots_in_sglang_and_the_miniature():
+    """The issue's minimal timeline: a (prompt 8, 6 outputs) decodes; b (prompt 4, 2 outputs) arrives at step
+    3 and prefills alone; window 4. SGLang frees nothing of a while building b's batch."""
+    import dataclasses as dc
+
+    from harness.serving.timeline import RequestSpec, TimelineSpec
+
+    base = _run_spec(next(p for p in LIBRARY if p.stem == "swa_evict_sglang_policy_fifo_reuse"))
+    spec = dc.replace(base, timeline=TimelineSpec(requests=(
+        RequestSpec(rid="a", prompt_len=8, output_len=6), RequestSpec(rid="b", arrive=3, prompt_len=4, output_len=2))),
+        model=dc.replace(base.model, window=4))
+    sglang = differential.trace(spec, installed=True, page_size=1, interval=1)
+    by_index = {s.index: s for s in sglang.steps}
+    assert by_index[3].kind == "extend" and by_index[3].evicted == ()
+    assert [pos for rid, pos in by_index[4].evicted if rid == "a"] == [6]
+    assert differential.first_difference(differential.trace(spec, installed=False, page_size=1, interval=1),
+                                         sglang) is None
 
 
 def test_the_comparison_sees_the_miniatures_own_free_order():
@@ -38,7 +64,7 @@ def test_the_comparison_sees_the_miniatures_own_free_order():
     lowest_first = dataclasses.replace(spec, pool=dataclasses.replace(spec.pool, free_order="lowest"))
     original = differential.comparable_spec
     try:
-        differential.comparable_spec = lambda s: dataclasses.replace(original(s), pool=lowest_first.pool)
+        differential.comparable_spec = lambda s, **kw: dataclasses.replace(original(s, **kw), pool=lowest_first.pool)
         miniature = differential.trace(spec, installed=False)
     finally:
         differential.comparable_spec = original
@@ -56,13 +82,12 @@ def test_the_miniatures_sglang_policy_puts_the_frontier_where_the_installed_func
             for decoded in (0, 1, 3):
                 req = RequestWindow(seq_len=seq_len, swa_evicted=evicted, prefilling=False, decoded=decoded)
                 assert mine.frontier(req) == theirs.frontier(req), req
-            if interval == 1:  # in chunked prefill they agree only there ("interval in chunked prefill")
-                req = RequestWindow(seq_len=seq_len, swa_evicted=evicted, prefilling=True, decoded=0)
-                assert mine.frontier(req) == theirs.frontier(req), req
+            req = RequestWindow(seq_len=seq_len, swa_evicted=evicted, prefilling=True, decoded=0)
+            assert mine.frontier(req) == theirs.frontier(req), req
 
 
-def test_in_chunked_prefill_sglang_frees_at_an_interval_of_one_where_the_miniature_waits_for_its_interval():
+def test_in_chunked_prefill_both_free_at_an_interval_of_one():
     spec = EvictionSpec(policy="sglang", interval=4)
     req = RequestWindow(seq_len=10, swa_evicted=4, prefilling=True, decoded=0)
     assert InstalledSGLangEviction(spec, window=5).frontier(req) == 6
-    assert eviction_policy(spec, window=5).frontier(req) == 4
+    assert eviction_policy(spec, window=5).frontier(req) == 6

@@ -18,9 +18,6 @@ ROOT = Path(__file__).resolve().parents[2]
 DIFFERENCES = {
     "request rows": "the runners' req_pool_indices hold each side's own request rows, which differ by design "
                     "(differential.DIFFERENCES['request rows']); compared on the padded rows only (row 0 on both)",
-    "finished rows with pages": "not the runners': the two stacks free a finished row with pages in a different "
-                                "order (differential.DIFFERENCES), so later batches' slots differ; the harness "
-                                "side frees in SGLang's two calls here, as the stacks' differential test does",
     "swa id dtype": "the harness's static out_cache_loc_swa is int32, SGLang's TRT-LLM cuda_graph_swa_out_cache_loc "
                     "int64; compared as values",
 }
@@ -53,7 +50,6 @@ def _harness_fills(spec, monkeypatch) -> list[Fill]:
             fills.append(Fill(raw_bs=batch.batch_size, bucket=None))
         return original_eager(self, batch, num_tokens, fallback=fallback)
 
-    monkeypatch.setattr(MiniatureStack, "free", differential._TwoSegmentFree.free)
     monkeypatch.setattr(DecodeGraphRunner, "_fill", fill)
     monkeypatch.setattr(DecodeGraphRunner, "_run_eagerly", eager)
     result = execute(spec)

@@ -71,3 +71,29 @@ def test_free_order_decides_which_freed_slot_is_reused_first(order, reused):
 
 def test_an_interval_out_of_bounds_is_a_problem():
     assert EvictionSpec(interval=0).problems() == ["interval: expected an integer from 1 to 1048576, got 0"]
+
+
+def test_sglang_frees_chunked_prefill_at_an_interval_of_one_where_decode_waits_for_it():
+    # SGLANG_SWA_EVICTION_INTERVAL gates decode batches only (ScheduleBatch.maybe_evict_swa)
+    policy = SGLangEviction(EvictionSpec(policy="sglang", interval=8), window=4)
+    assert policy.frontier(_req(10, 4, prefilling=True, decoded=0)) == 7
+    assert policy.frontier(_req(10, 4, decoded=3)) == 4
+
+
+def test_sglang_frees_at_batch_build_and_tight_after_every_step():
+    assert SGLangEviction.evicts_at_batch_build and not TightEviction.evicts_at_batch_build
+
+
+@pytest.mark.parametrize("order, reused", [("lowest", [2, 3, 5]), ("fifo", [2, 5, 3]), ("lifo", [2, 5, 3])])
+def test_a_group_of_frees_goes_back_in_one_give_back_in_call_order(order, reused):
+    # SGLang's free_group_end frees the group's concatenation at once: with pages (lifo) the group heads the
+    # free list in call order, where three separate frees would reverse it
+    free = FreeList(6, "pool", "size", order=order)
+    assert free.take(5) == [1, 2, 3, 4, 5]
+    free.hold()
+    free.give_back([2])
+    free.give_back([5])
+    free.give_back([3])
+    assert len(free) == 0  # held until the group ends
+    free.release_held()
+    assert free.take(3) == reused

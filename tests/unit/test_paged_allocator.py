@@ -3,6 +3,7 @@ never handed out, and a page given back only when its last slot is freed."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from harness.serving.eviction import RequestWindow, TightEviction
@@ -72,3 +73,32 @@ def test_freed_pages_are_reused_in_the_pools_free_order():
         stack.alloc_extend(prefix_lens=[0], extend_lens=[4], last_locs=[0])  # takes one page
         nxt = stack.alloc_extend(prefix_lens=[0], extend_lens=[1], last_locs=[0])
         assert int(nxt[0]) == expected, order
+
+
+def test_a_pool_that_is_not_a_multiple_of_the_page_hands_out_its_whole_pages_only():
+    # SGLang takes any pool size; its allocator has size // page_size pages (the trailing part is no slot)
+    from harness.serving.allocator import SWATokenToKVPoolAllocator
+    from harness.serving.pool import HybridSWAKVPool, PoolExhausted, PoolSpec
+
+    spec = PoolSpec(full_size=37, swa_size=35, page_size=16)
+    assert spec.problems() == []
+    allocator = SWATokenToKVPoolAllocator(HybridSWAKVPool(spec=spec, layer_is_swa=(False, True), num_kv_heads=1,
+                                                          head_dim=1))
+    assert allocator.alloc(16).tolist() == list(range(16, 32))
+    with pytest.raises(PoolExhausted):
+        allocator.alloc(1)
+
+
+def test_a_finished_row_is_freed_in_sglangs_two_segments_so_its_live_pages_are_reused_first():
+    # free_kv_row_segments: the evicted run (full side only), then the rest; with pages each goes to the head
+    from harness.serving.allocator import SWATokenToKVPoolAllocator
+    from harness.serving.pool import HybridSWAKVPool
+
+    spec = PoolSpec(full_size=32, swa_size=32, page_size=4, free_order="lifo")
+    allocator = SWATokenToKVPoolAllocator(HybridSWAKVPool(spec=spec, layer_is_swa=(False, True), num_kv_heads=1,
+                                                          head_dim=1))
+    row = allocator.alloc(8)  # full pages 1 and 2
+    assert row.tolist() == list(range(4, 12))
+    allocator.free_swa(row[:4])  # page 1 left the window
+    allocator.free(row)
+    assert allocator.alloc(4).tolist() == list(range(8, 12))  # the live page 2 heads the list, then page 1

@@ -21,7 +21,7 @@ from ...runspec import RunSpec
 from ...serving.designs import resolve_design
 from ...serving.model import SyntheticModel
 from ...serving.pool import ReqToTokenPool
-from ...serving.registry import build_stack, eviction_policy, stack_class
+from ...serving.registry import build_stack, eviction_policy, own_scheduler, stack_class
 from ...serving.scheduler import Scheduler
 from ...serving.stack import ServingStack, stack_spec
 
@@ -60,13 +60,11 @@ def assemble(spec: RunSpec) -> RunParts:
     model = SyntheticModel(spec.model, device)
     stack = build_stack(stack_class(spec.serving),
                         stack_spec(spec.model, spec.pool, kv_scales=tuple(model.kv_scales()), device=str(device)))
-    scheduler = Scheduler(
-        spec.timeline,
-        stack=stack,
-        eviction=eviction_policy(spec.eviction, window=spec.model.window, page_size=spec.pool.page_size),
-        vocab_size=spec.model.vocab_size,
-        faults=spec.faults,
-    )
+    eviction = eviction_policy(spec.eviction, window=spec.model.window, page_size=spec.pool.page_size)
+    # a stack may bring its own scheduler (SGLang's ScheduleBatch path); else the harness's drives it
+    scheduler = own_scheduler(spec.serving, stack, spec.timeline, eviction=eviction, vocab_size=spec.model.vocab_size,
+                              faults=frozenset(spec.faults)) or Scheduler(
+        spec.timeline, stack=stack, eviction=eviction, vocab_size=spec.model.vocab_size, faults=spec.faults)
     backend = backend_class(spec.backend)(
         model_spec=spec.model,
         stack=stack,

@@ -53,6 +53,13 @@ def _execute(spec: RunSpec) -> RunResult:
         parts = assemble(spec)
         while (step := parts.scheduler.next_step()) is not None:
             step_index = step.index
+            # a scheduler that frees when it builds a batch (SGLang's) has freed before the forward reads: the
+            # pools are checked there too
+            if parts.scheduler.evicts_at_batch_build and (
+                    violations := parts.stack.invariant_violations(parts.scheduler.live_tokens())):
+                return RunResult(spec=spec, snapshots=tuple(snapshots), observations=parts.runner.observations(),
+                                 steps=tuple(steps), breach=InvariantBreach(step=step.index,
+                                                                            violations=tuple(violations)))
             running = (step, len(parts.runner.forward_log()))
             parts.stack.begin_step(step.index)
             hidden = parts.run_batch(step.batch)
