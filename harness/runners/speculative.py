@@ -1,6 +1,7 @@
-"""The speculative worker: runs a draft batch as its ``draft_steps`` decode-shaped forwards, each through the
-runner it owns (the run's dispatcher), as SGLang's EAGLE worker owns its draft graph runner. It lives beside
-the runners so that a draft runner can take the whole multi-step loop as one graph.
+"""The speculative worker: runs a draft batch through the runner it owns (the run's dispatcher), as SGLang's
+EAGLE worker owns its draft graph runner. When a draft graph takes the whole multi-step loop
+(``draft_graph.py``) the batch is one forward; otherwise the worker steps the loop itself, each draft step a
+decode-shaped forward (SGLang's ``draft_forward``, run when its graph runner cannot take the batch).
 
 Each draft step points the batch at new write locations (``out_cache_loc`` reassigned from the batch's
 ``draft_out_cache_loc``). The precomputed ``out_cache_loc_swa`` belongs to the old locations, so the
@@ -31,11 +32,21 @@ class SpeculativeWorker:
         """Hidden states of every forward the batch takes: one, or one per speculative draft step."""
         if batch.forward_mode is not ForwardMode.DRAFT:
             return [self.runner.forward(batch)]
+        if self._graph_takes_whole(batch):
+            # the draft graph's hidden states, step-major: one [batch_size, hidden] block per draft step
+            return list(self.runner.forward(batch).split(batch.batch_size))
         outs = []
         for step in range(batch.draft_steps):
             self._enter_draft_step(batch, step)
             outs.append(self.runner.forward(batch))
         return outs
+
+    def _graph_takes_whole(self, batch: ForwardBatch) -> bool:
+        dispatch = getattr(self.runner, "dispatch", None)  # a dispatcher; a bare runner steps every draft
+        if dispatch is None or batch.draft_step is not None:
+            return False
+        key = dispatch(batch).key
+        return key is not None and key.forward_mode is ForwardMode.DRAFT
 
     def _enter_draft_step(self, batch: ForwardBatch, step: int) -> None:
         assert batch.draft_out_cache_loc is not None and batch.draft_input_ids is not None
@@ -44,6 +55,7 @@ class SpeculativeWorker:
             batch.positions = batch.positions + 1
             batch.seq_lens = batch.seq_lens + 1
             batch.extend_prefix_lens = batch.extend_prefix_lens + 1
+        batch.draft_step = step
         batch.input_ids = batch.draft_input_ids[step]
         if "stale_swa_after_reassign" in self.faults:
             batch.out_cache_loc = batch.draft_out_cache_loc[step]  # the old out_cache_loc_swa stays

@@ -58,6 +58,9 @@ class ForwardBatch:
     """the iteration's location plan (SGLang 0.5.23), shared by every forward of the iteration"""
     kv_loc_cols: tuple[int, int] = (0, 0)
     """this forward's columns [start, stop) of the plan's ids"""
+    draft_step: int | None = None
+    """DRAFT only: the draft step this forward runs once the speculative worker stepped into the loop; None
+    while the batch stands for the whole multi-step draft (what a draft graph runner takes as one graph)"""
 
     @property
     def num_tokens(self) -> int:
