@@ -23,7 +23,7 @@ bucket holds, or of fewer steps than the graphs were captured for (a request dra
 stepped by the speculative worker instead.
 
 Faults that act here (the speculative worker's): ``stale_swa_after_reassign`` (each step keeps draft step
-0's SWA locations).
+0's SWA locations), ``draft_metadata_captured_once`` (every step reads step 0's attention metadata).
 """
 
 from __future__ import annotations
@@ -140,6 +140,7 @@ class DraftGraphRunner(GraphRunner):
         for step, backend in enumerate(self.backends):
             backend.init_forward_metadata_capture_cuda_graph(self._attention_batch(step, bs, bs))
         model, pool, backends = self.model, self.pool, self.backends
+        once = "draft_metadata_captured_once" in self.faults
         produced: list[torch.Tensor] = []
 
         def draft_forward() -> torch.Tensor:
@@ -154,7 +155,8 @@ class DraftGraphRunner(GraphRunner):
                 # each step is a model-runner forward: the memo and pool.swa_loc as the decode runner leaves them
                 pool.invalidate_translate_cache()
                 pool.set_swa_loc(batch.out_cache_loc_swa)
-                backend = backends[step]
+                # SGLang's multi-step draft backend gives each step its own; the fault keeps step 0's throughout
+                backend = backends[0 if once else step]
                 outs.append(model.forward(batch.input_ids, batch.positions,
                                           lambda layer_id, q, k, v, b=batch, be=backend: be.forward(q, k, v, layer_id, b)))
             out = torch.stack(outs)

@@ -91,6 +91,18 @@ FAULTS: Registry[Fault] = Registry({
               modes=("eager", "full", "piecewise"),
               summary="a draft step reassigns out_cache_loc but keeps the old out_cache_loc_swa",
               reference="SGLang speculative worker; PR 24138"),
+        Fault(name="draft_metadata_captured_once", acts_on=Component.SPECULATIVE_WORKER, modes=("full",),
+              needs_drafts=True,
+              summary="the draft graph is captured with one attention metadata for all its steps: every draft step "
+                      "after the first attends with the first step's lengths and page table (its own key and the "
+                      "earlier drafts' unseen) and, where the backend keeps them, writes at its SWA locations",
+              reference="SGLang's multi-step draft backend (one backend and metadata per draft step, "
+                        "attn_backends[i]); issue 30's per-step metadata going stale inside one draft graph"),
+        Fault(name="skip_evict_on_spec_decode", acts_on=Component.SCHEDULER, modes=("eager", "full", "piecewise"),
+              needs_drafts=True,
+              summary="requests that decode speculatively are never SWA-evicted: every draft batch keeps the SWA "
+                      "slots its tokens left the window with, until the SWA pool runs dry",
+              reference="SGLang PR 33805 (a speculative decode path never ran SWA eviction); PR 34924"),
         Fault(name="skip_memo_invalidate_at_capture", acts_on=Component.DECODE_GRAPH_RUNNER, modes=("full",),
               summary="the decode runner captures without invalidating the memoized translation: the memo a "
                       "warm-up run left (same static buffer, same data_ptr and numel) is frozen into the graph",
