@@ -22,8 +22,8 @@ step's backend metadata outside the graph and replays once; the graph writes eve
 bucket holds, or of fewer steps than the graphs were captured for (a request drafting up to its end), is
 stepped by the speculative worker instead.
 
-Faults that act here (the speculative worker's): ``stale_swa_after_reassign`` (each step keeps draft step
-0's SWA locations), ``draft_metadata_captured_once`` (every step reads step 0's attention metadata).
+Faults that act here (the speculative worker's): ``stale_swa_after_reassign`` (each step keeps the whole
+draft's SWA locations, ``speculative.py`` says what follows), ``draft_metadata_captured_once`` (every step reads step 0's attention metadata).
 """
 
 from __future__ import annotations
@@ -123,7 +123,9 @@ class DraftGraphRunner(GraphRunner):
             extend_seq_lens=torch.ones(bs, dtype=torch.int64, device=self.pool.device),
             extend_seq_lens_cpu=(1,) * bs,
             out_cache_loc=locs[step],
-            out_cache_loc_swa=swa[step],
+            # the fault: draft_forward rebinds out_cache_loc only, and the whole draft's SWA locations stay
+            out_cache_loc_swa=(self.out_cache_loc_swa[: self.steps * TOPK * bs]
+                               if "stale_swa_after_reassign" in self.faults else swa[step]),
             req_to_token_pool=self.req_to_token_pool,
             token_to_kv_pool=self.pool,
             kv_loc_plan=KVLocPlan.over_static(full_ids=locs.reshape(-1), swa_ids=self.plan_swa_ids[: self.steps * bs]),
@@ -205,11 +207,7 @@ class DraftGraphRunner(GraphRunner):
         by_step = batch.draft_out_cache_loc  # [steps, bs]
         flat = by_step.t().reshape(-1)  # request-major, as the worker allocated them
         fill_static(self.out_cache_loc, flat, bucket * steps, 0)
-        if "stale_swa_after_reassign" in self.faults and batch.out_cache_loc_swa is not None:
-            # every step keeps the SWA locations the batch was built with: draft step 0's
-            swa = batch.out_cache_loc_swa.repeat_interleave(steps)
-        else:
-            swa = self.pool.translate_loc_from_full_to_swa(flat)
+        swa = self.pool.translate_loc_from_full_to_swa(flat)
         fill_static(self.out_cache_loc_swa, swa, bucket * steps, 0)
         fill_static(self.positions, batch.positions, bucket, 0)
         fill_static(self.req_pool_indices, batch.req_pool_indices, bucket, 0)

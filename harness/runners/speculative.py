@@ -3,10 +3,13 @@ EAGLE worker owns its draft graph runner. When a draft graph takes the whole mul
 (``draft_graph.py``) the batch is one forward; otherwise the worker steps the loop itself, each draft step a
 decode-shaped forward (SGLang's ``draft_forward``, run when its graph runner cannot take the batch).
 
-Each draft step points the batch at new write locations (``out_cache_loc`` reassigned from the batch's
-``draft_out_cache_loc``). The precomputed ``out_cache_loc_swa`` belongs to the old locations, so the
-worker drops it and consumers translate instead (SGLang PR 24138); SGLang's speculative worker once kept
-it, which the ``stale_swa_after_reassign`` fault re-creates.
+Each draft step points the batch at new write locations (``out_cache_loc`` reassigned to its row of the
+batch's ``draft_out_cache_loc``, as ``draft_forward`` does). The precomputed ``out_cache_loc_swa`` belongs to
+the whole draft (every step's slots, request-major), so the worker drops it and consumers translate instead
+(SGLang PR 24138). ``draft_forward`` itself rebinds ``out_cache_loc`` only: the ``stale_swa_after_reassign``
+fault keeps the whole draft's SWA locations on every step, a length mismatch (``batch_size * draft_steps``
+locations for ``batch_size`` rows) that fails the write, except for a batch of one request, where the one row
+is broadcast over every step's slots and the later steps overwrite the earlier ones silently.
 """
 
 from __future__ import annotations
@@ -58,7 +61,7 @@ class SpeculativeWorker:
         batch.draft_step = step
         batch.input_ids = batch.draft_input_ids[step]
         if "stale_swa_after_reassign" in self.faults:
-            batch.out_cache_loc = batch.draft_out_cache_loc[step]  # the old out_cache_loc_swa stays
+            batch.out_cache_loc = batch.draft_out_cache_loc[step]  # the whole draft's out_cache_loc_swa stays
         else:
             batch.reassign_out_cache_loc(batch.draft_out_cache_loc[step])
         batch.enter_plan_columns(step * batch.batch_size)  # the plan's draft rows are step-major

@@ -45,7 +45,9 @@ class ForwardBatch:
     out_cache_loc: torch.Tensor
     """[num_tokens] int64, full-pool slot each new token writes"""
     out_cache_loc_swa: torch.Tensor | None
-    """[num_tokens] int32, SWA slot each new token writes; precomputed at batch creation"""
+    """[num_tokens] int32, SWA slot each new token writes; precomputed at batch creation. A DRAFT batch's
+    holds every draft step's SWA slots ([batch_size * draft_steps], request-major, as SGLang translates the
+    draft's whole allocation) until the speculative worker enters a step"""
     req_to_token_pool: ReqToTokenPool
     token_to_kv_pool: HybridSWAKVPool
     extend_seq_lens_cpu: tuple[int, ...] = ()

@@ -179,6 +179,10 @@ class BatchBuilder:
             draft_input_ids=ids.to(self.book.device) if draft else None,
             kv_loc_plan=self.translator.own_plan(self.book.step, step_rows.reshape(-1)),
         )
+        if draft and self._translate is not None:
+            # SGLang builds the draft's ForwardBatch over the whole allocation, so its out_cache_loc_swa holds
+            # every step's SWA slots (request-major, as allocated) until a draft step replaces it
+            batch.out_cache_loc_swa = self._translate(flat)
         return ScheduledStep(index=self.book.step, batch=batch, forwards=forwards)
 
     def _decode_steps(self, reqs: list[Req]) -> int:

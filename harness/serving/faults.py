@@ -89,8 +89,11 @@ FAULTS: Registry[Fault] = Registry({
               reference="vLLM PR 51756"),
         Fault(name="stale_swa_after_reassign", acts_on=Component.SPECULATIVE_WORKER,
               modes=("eager", "full", "piecewise"),
-              summary="a draft step reassigns out_cache_loc but keeps the old out_cache_loc_swa",
-              reference="SGLang speculative worker; PR 24138"),
+              summary="a draft step rebinds out_cache_loc to its row but keeps the draft batch's out_cache_loc_swa, "
+                      "which holds every step's SWA slots: a length mismatch that fails the write, or for one "
+                      "request a row broadcast over every step's slots",
+              reference="SGLang's EAGLE draft_forward (out_cache_loc rebound per step); the staleness PR 24138's "
+                        "review rejected"),
         Fault(name="draft_metadata_captured_once", acts_on=Component.SPECULATIVE_WORKER, modes=("full",),
               needs_drafts=True,
               summary="the draft graph is captured with one attention metadata for all its steps: every draft step "
