@@ -100,7 +100,8 @@ FAULTS: Registry[Fault] = Registry({
                       "after the first attends with the first step's lengths and page table (its own key and the "
                       "earlier drafts' unseen) and, where the backend keeps them, writes at its SWA locations",
               reference="SGLang's multi-step draft backend (one backend and metadata per draft step, "
-                        "attn_backends[i]); issue 30's per-step metadata going stale inside one draft graph"),
+                        "attn_backends[i]); the family of TensorRT-LLM PR 18769 (state captured once, never refreshed on "
+                        "replay)"),
         Fault(name="skip_evict_on_spec_decode", acts_on=Component.SCHEDULER, modes=("eager", "full", "piecewise"),
               needs_drafts=True,
               summary="requests that decode speculatively are never SWA-evicted: every draft batch keeps the SWA "
