@@ -23,7 +23,8 @@ bucket holds, or of fewer steps than the graphs were captured for (a request dra
 stepped by the speculative worker instead.
 
 Faults that act here (the speculative worker's): ``stale_swa_after_reassign`` (each step keeps the whole
-draft's SWA locations, ``speculative.py`` says what follows), ``draft_metadata_captured_once`` (every step reads step 0's attention metadata).
+draft's SWA locations, ``speculative.py`` says what follows), ``draft_metadata_captured_once`` (every step reads step 0's attention metadata),
+``skip_memo_invalidate_in_draft_graph`` (the memo invalidated once for the whole loop, not before each step).
 """
 
 from __future__ import annotations
@@ -143,6 +144,7 @@ class DraftGraphRunner(GraphRunner):
             backend.init_forward_metadata_capture_cuda_graph(self._attention_batch(step, bs, bs))
         model, pool, backends = self.model, self.pool, self.backends
         once = "draft_metadata_captured_once" in self.faults
+        invalidate = "skip_memo_invalidate_in_draft_graph" not in self.faults
         produced: list[torch.Tensor] = []
 
         def draft_forward() -> torch.Tensor:
@@ -155,7 +157,8 @@ class DraftGraphRunner(GraphRunner):
                 if step > 0:
                     batch.positions.add_(1)  # in place, as draft_forward advances them
                 # each step is a model-runner forward: the memo and pool.swa_loc as the decode runner leaves them
-                pool.invalidate_translate_cache()
+                if invalidate or step == 0:
+                    pool.invalidate_translate_cache()
                 pool.set_swa_loc(batch.out_cache_loc_swa)
                 # SGLang's multi-step draft backend gives each step its own; the fault keeps step 0's throughout
                 backend = backends[0 if once else step]

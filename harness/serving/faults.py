@@ -102,6 +102,12 @@ FAULTS: Registry[Fault] = Registry({
               reference="SGLang's multi-step draft backend (one backend and metadata per draft step, "
                         "attn_backends[i]); the family of TensorRT-LLM PR 18769 (state captured once, never refreshed on "
                         "replay)"),
+        Fault(name="skip_memo_invalidate_in_draft_graph", acts_on=Component.SPECULATIVE_WORKER, modes=("full",),
+              needs_drafts=True,
+              summary="the draft graph invalidates the memoized translation once for the whole loop, not before "
+                      "each step's forward: the step rows of one out_cache_loc share a storage and a length, so the "
+                      "memo keyed on them serves step 0's SWA translation to every later step, and the graph captures it",
+              reference="SGLang PR 26152 (the memo invalidation moved to where graph paths run it); PR 26184"),
         Fault(name="skip_evict_on_spec_decode", acts_on=Component.SCHEDULER, modes=("eager", "full", "piecewise"),
               needs_drafts=True,
               summary="requests that decode speculatively are never SWA-evicted: every draft batch keeps the SWA "
