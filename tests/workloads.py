@@ -81,3 +81,18 @@ def heterogeneous_prefill(window: int) -> TimelineSpec:
         chunk_size=window + 2,
         seed=22,
     )
+
+
+def heterogeneous_drafts(window: int, draft_steps: int = 2) -> TimelineSpec:
+    """Speculative drafts of three requests that finish at different steps: draft batches of 3, 2 and 1 (padded
+    buckets), one request drafting past the window, and a last draft shorter than the others (a request one
+    token from its end drafts one step)."""
+    return TimelineSpec(
+        requests=(
+            RequestSpec(rid="a", prompt_len=window + 3, output_len=4 * draft_steps + 1),
+            RequestSpec(rid="b", prompt_len=2, output_len=2 * draft_steps),
+            RequestSpec(rid="c", prompt_len=window - 1, output_len=3 * draft_steps),
+        ),
+        draft_steps=draft_steps,
+        seed=23,
+    )

@@ -398,11 +398,18 @@ class AttentionBackend(ABC):
             raise ValueError(f"backend {self.name} supports page sizes {sorted(self.page_sizes)}, "
                              f"not the pool's {pool.page_size}")
         self.stack, self.pool = stack, pool
+        self._made_with = dict(model_spec=model_spec, stack=stack, design=design, kv_write=kv_write, faults=faults)
         self.faults = frozenset(faults) & self.known_faults
         self.builder = self.builder_cls(model_spec=model_spec, stack=stack, faults=self.faults)
         self.impl = self.impl_cls(model_spec=model_spec, stack=stack, design=design, kv_write=KVWrite(kv_write),
                                   faults=self.faults)
         self.forward_metadata: BackendMetadata | None = None
+
+    def for_draft_step(self) -> AttentionBackend:
+        """A backend like this one (same stack, design, write path and faults) with its own metadata and graph
+        state: SGLang's multi-step draft backend holds one backend per draft step, so each step of a draft
+        graph reads metadata of its own length."""
+        return type(self)(**self._made_with)
 
     def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:
         """Metadata for one eager forward (or a piecewise replay's attention island) of ``forward_batch``."""

@@ -15,8 +15,10 @@ declares no ``covers`` takes every forward itself, as a runner did before there 
 A full graph (``GraphCover.captures_attention``) is picked only for shapes the backend's ``GraphSupport``
 covers (``covers_shape``): a two-token decode graph needs ``UNIFORM_BATCH``.
 
-A draft batch's forwards are decode-shaped (one token per request per draft step): the speculative worker
-(``speculative.py``) steps the draft loop and dispatches each step as a decode forward.
+A draft batch is first described whole (``DRAFT``, its steps as the tokens each request adds): a draft graph
+runner (``draft_graph.py``) takes the whole multi-step loop as one graph, as SGLang's EAGLE draft graph runner
+does. When none takes it, the speculative worker (``speculative.py``) steps the loop and dispatches each step
+as a decode forward.
 """
 
 from __future__ import annotations
@@ -46,14 +48,19 @@ class BatchDescriptor:
     """One forward as the dispatcher keys it."""
 
     forward_mode: ForwardMode
-    """``EXTEND`` or ``DECODE`` (a draft step is a decode forward)"""
+    """``EXTEND``, ``DECODE`` (a draft step is a decode forward) or ``DRAFT`` (a whole multi-step draft, before
+    the speculative worker steps into it)"""
     tokens_per_request: int | None
-    """tokens every request adds when they all add the same number; None for a mixed extend batch"""
+    """tokens every request adds when they all add the same number (a whole draft: its steps); None for a mixed
+    extend batch"""
     num_reqs: int
     num_tokens: int
 
     @classmethod
     def of(cls, batch: ForwardBatch) -> BatchDescriptor:
+        if batch.forward_mode is ForwardMode.DRAFT and batch.draft_step is None:
+            return cls(forward_mode=ForwardMode.DRAFT, tokens_per_request=batch.draft_steps,
+                       num_reqs=batch.batch_size, num_tokens=batch.batch_size * batch.draft_steps)
         mode = ForwardMode.EXTEND if batch.forward_mode is ForwardMode.EXTEND else ForwardMode.DECODE
         lengths = set(batch.extend_seq_lens_cpu)
         if not lengths and batch.batch_size and batch.num_tokens % batch.batch_size == 0:
@@ -93,6 +100,11 @@ class GraphCover:
     captures_attention: bool = True
     """the graphs capture attention whole (full graphs), so the backend's ``GraphSupport`` must cover the
     shape; False where attention stays an eager island between the captured pieces (piecewise graphs)"""
+
+    @property
+    def attention_tokens(self) -> int | None:
+        """Tokens per request of each attention call its graphs capture: one per draft step in a draft graph."""
+        return 1 if self.forward_mode is ForwardMode.DRAFT else self.tokens_per_request
 
     def takes(self, batch: BatchDescriptor) -> bool:
         """Whether the forward is of the kind these graphs are for, whatever its size."""
@@ -150,7 +162,9 @@ class GraphDispatcher:
         names = (spec.runner,) if spec.runner is not None else GRAPH_RUNNERS[Mode(spec.mode)]
         runners = [runner_class(name).for_run(ctx, spec, eager=eager) for name in names]
         takes_all = [r for r in runners if covers_of(r) is None]
-        return cls(eager=eager, runners=[r for r in runners if covers_of(r) is not None],
+        # a runner that covers nothing in this run (the draft graph runner of a run that does not speculate)
+        # has no graphs to hand forwards to
+        return cls(eager=eager, runners=[r for r in runners if covers_of(r)],
                    takes_all=takes_all[0] if takes_all else None, graph_support=ctx.backend.graph_support)
 
     def __init__(self, *, eager: Runner, runners: Sequence[Runner] = (), takes_all: Runner | None = None,
@@ -162,7 +176,7 @@ class GraphDispatcher:
         # a full graph of a shape the backend cannot capture whole (two tokens per request over a decode-only
         # backend) is never picked: vLLM's dispatcher asks the backend's AttentionCGSupport the same
         self._covers = tuple((runner, cover) for runner in self.runners for cover in covers_of(runner) or ()
-                             if not cover.captures_attention or graph_support.covers_shape(cover.tokens_per_request))
+                             if not cover.captures_attention or graph_support.covers_shape(cover.attention_tokens))
         self._log: list[ForwardRecord] = []
         self._fallbacks = 0
 

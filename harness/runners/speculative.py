@@ -1,11 +1,15 @@
-"""The speculative worker: runs a draft batch as its ``draft_steps`` decode-shaped forwards, each through the
-runner it owns (the run's dispatcher), as SGLang's EAGLE worker owns its draft graph runner. It lives beside
-the runners so that a draft runner can take the whole multi-step loop as one graph.
+"""The speculative worker: runs a draft batch through the runner it owns (the run's dispatcher), as SGLang's
+EAGLE worker owns its draft graph runner. When a draft graph takes the whole multi-step loop
+(``draft_graph.py``) the batch is one forward; otherwise the worker steps the loop itself, each draft step a
+decode-shaped forward (SGLang's ``draft_forward``, run when its graph runner cannot take the batch).
 
-Each draft step points the batch at new write locations (``out_cache_loc`` reassigned from the batch's
-``draft_out_cache_loc``). The precomputed ``out_cache_loc_swa`` belongs to the old locations, so the
-worker drops it and consumers translate instead (SGLang PR 24138); SGLang's speculative worker once kept
-it, which the ``stale_swa_after_reassign`` fault re-creates.
+Each draft step points the batch at new write locations (``out_cache_loc`` reassigned to its row of the
+batch's ``draft_out_cache_loc``, as ``draft_forward`` does). The precomputed ``out_cache_loc_swa`` belongs to
+the whole draft (every step's slots, request-major), so the worker drops it and consumers translate instead
+(SGLang PR 24138). ``draft_forward`` itself rebinds ``out_cache_loc`` only: the ``stale_swa_after_reassign``
+fault keeps the whole draft's SWA locations on every step, a length mismatch (``batch_size * draft_steps``
+locations for ``batch_size`` rows) that fails the write, except for a batch of one request, where the one row
+is broadcast over every step's slots and the later steps overwrite the earlier ones silently.
 """
 
 from __future__ import annotations
@@ -31,11 +35,21 @@ class SpeculativeWorker:
         """Hidden states of every forward the batch takes: one, or one per speculative draft step."""
         if batch.forward_mode is not ForwardMode.DRAFT:
             return [self.runner.forward(batch)]
+        if self._graph_takes_whole(batch):
+            # the draft graph's hidden states, step-major: one [batch_size, hidden] block per draft step
+            return list(self.runner.forward(batch).split(batch.batch_size))
         outs = []
         for step in range(batch.draft_steps):
             self._enter_draft_step(batch, step)
             outs.append(self.runner.forward(batch))
         return outs
+
+    def _graph_takes_whole(self, batch: ForwardBatch) -> bool:
+        dispatch = getattr(self.runner, "dispatch", None)  # a dispatcher; a bare runner steps every draft
+        if dispatch is None or batch.draft_step is not None:
+            return False
+        key = dispatch(batch).key
+        return key is not None and key.forward_mode is ForwardMode.DRAFT
 
     def _enter_draft_step(self, batch: ForwardBatch, step: int) -> None:
         assert batch.draft_out_cache_loc is not None and batch.draft_input_ids is not None
@@ -44,9 +58,10 @@ class SpeculativeWorker:
             batch.positions = batch.positions + 1
             batch.seq_lens = batch.seq_lens + 1
             batch.extend_prefix_lens = batch.extend_prefix_lens + 1
+        batch.draft_step = step
         batch.input_ids = batch.draft_input_ids[step]
         if "stale_swa_after_reassign" in self.faults:
-            batch.out_cache_loc = batch.draft_out_cache_loc[step]  # the old out_cache_loc_swa stays
+            batch.out_cache_loc = batch.draft_out_cache_loc[step]  # the whole draft's out_cache_loc_swa stays
         else:
             batch.reassign_out_cache_loc(batch.draft_out_cache_loc[step])
         batch.enter_plan_columns(step * batch.batch_size)  # the plan's draft rows are step-major

@@ -45,7 +45,9 @@ class ForwardBatch:
     out_cache_loc: torch.Tensor
     """[num_tokens] int64, full-pool slot each new token writes"""
     out_cache_loc_swa: torch.Tensor | None
-    """[num_tokens] int32, SWA slot each new token writes; precomputed at batch creation"""
+    """[num_tokens] int32, SWA slot each new token writes; precomputed at batch creation. A DRAFT batch's
+    holds every draft step's SWA slots ([batch_size * draft_steps], request-major, as SGLang translates the
+    draft's whole allocation) until the speculative worker enters a step"""
     req_to_token_pool: ReqToTokenPool
     token_to_kv_pool: HybridSWAKVPool
     extend_seq_lens_cpu: tuple[int, ...] = ()
@@ -58,6 +60,9 @@ class ForwardBatch:
     """the iteration's location plan (SGLang 0.5.23), shared by every forward of the iteration"""
     kv_loc_cols: tuple[int, int] = (0, 0)
     """this forward's columns [start, stop) of the plan's ids"""
+    draft_step: int | None = None
+    """DRAFT only: the draft step this forward runs once the speculative worker stepped into the loop; None
+    while the batch stands for the whole multi-step draft (what a draft graph runner takes as one graph)"""
 
     @property
     def num_tokens(self) -> int:

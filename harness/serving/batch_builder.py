@@ -3,7 +3,8 @@
 A step runs an extend batch while any request still has prompt tokens to prefill (chunked by
 ``chunk_size``), the ones mid-prefill first, then waiting ones after their matched prefix while the chunk
 budget lasts; otherwise one decode batch of every running request (or a speculative draft batch of
-``draft_steps`` forwards, its slots allocated step-major). Slots, rows and the batch's SWA locations come
+``draft_steps`` forwards, its slots allocated at once per request and read step-major, as SGLang's EAGLE
+worker lays them out). Slots, rows and the batch's SWA locations come
 from the run's serving stack (``ServingStack.translate``), never a pool directly.
 """
 
@@ -147,27 +148,24 @@ class BatchBuilder:
         reqs = list(self.book.running)
         self.driver.evict_batch(reqs)
         steps = self._decode_steps(reqs)
-        # step-major allocation: all of draft step 0's slots, then step 1's ...
+        draft = self.timeline.draft_steps > 0
+        # SGLang's EAGLE worker allocates every draft step's slots at once (bs * topk * steps, topk 1 here),
+        # each request's run of them contiguous in req_to_token (``assign_draft_cache_locs``); the draft loop
+        # then reads them step-major, one row per step: [steps, bs] = flat.view(bs, steps).T
+        flat = self._alloc(prefix_lens=[r.seq_len for r in reqs], extend_lens=[steps] * len(reqs),
+                           last_locs=[r.last_loc for r in reqs])
+        by_request = flat.view(len(reqs), steps)
         ids = torch.zeros((steps, len(reqs)), dtype=torch.int64)
-        forwards: list[tuple[TokenKey, ...]] = []
-        loc_rows = []
-        for i in range(steps):
-            locs = self._alloc(prefix_lens=[r.seq_len + i for r in reqs], extend_lens=[1] * len(reqs),
-                               last_locs=[r.last_loc for r in reqs])
-            loc_rows.append(locs)
-            owners = []
-            for b, req in enumerate(reqs):
-                pos = req.seq_len + i
-                self.stack.write_req_to_token(req.row, pos, locs[b : b + 1])
-                req.slots.append(int(locs[b]))
-                ids[i, b] = req.tokens[pos]
-                owners.append(TokenKey(req.spec.rid, pos))
-            forwards.append(tuple(owners))
+        for b, req in enumerate(reqs):
+            self.stack.write_req_to_token(req.row, req.seq_len, by_request[b])
+            req.slots.extend(by_request[b].tolist())
+            ids[:, b] = req.tokens[req.seq_len : req.seq_len + steps]
+        forwards = tuple(tuple(TokenKey(r.spec.rid, r.seq_len + i) for r in reqs) for i in range(steps))
+        step_rows = by_request.t().contiguous()
         prefix_lens = [r.seq_len for r in reqs]
         for req in reqs:
             req.seq_len += steps
             req.decoded += 1
-        draft = self.timeline.draft_steps > 0
         batch = make_forward_batch(
             forward_mode=ForwardMode.DRAFT if draft else ForwardMode.DECODE,
             input_ids=ids[0].to(self.book.device),
@@ -175,15 +173,19 @@ class BatchBuilder:
             req_pool_indices=torch.tensor([r.row for r in reqs], dtype=torch.int64, device=self.book.device),
             prefix_lens=prefix_lens,
             extend_lens=[1] * len(reqs),
-            out_cache_loc=loc_rows[0],
+            out_cache_loc=step_rows[0],
             req_to_token_pool=self.stack.req_to_token_pool,
             pool=self.stack.pool,
             translate=self._translate,
-            draft_out_cache_loc=torch.stack(loc_rows) if draft else None,
+            draft_out_cache_loc=step_rows if draft else None,
             draft_input_ids=ids.to(self.book.device) if draft else None,
-            kv_loc_plan=self.translator.own_plan(self.book.step, torch.cat(loc_rows)),
+            kv_loc_plan=self.translator.own_plan(self.book.step, step_rows.reshape(-1)),
         )
-        return ScheduledStep(index=self.book.step, batch=batch, forwards=tuple(forwards))
+        if draft and self._translate is not None:
+            # SGLang builds the draft's ForwardBatch over the whole allocation, so its out_cache_loc_swa holds
+            # every step's SWA slots (request-major, as allocated) until a draft step replaces it
+            batch.out_cache_loc_swa = self._translate(flat)
+        return ScheduledStep(index=self.book.step, batch=batch, forwards=forwards)
 
     def _decode_steps(self, reqs: list[Req]) -> int:
         """Forwards of the next decode step: one, or the draft length (no request drafting past its end)."""

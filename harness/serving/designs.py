@@ -58,7 +58,7 @@ def forward_batch(
 def memoized(
     forward_batch: ForwardBatch, pool: HybridSWAKVPool, metadata: BackendMetadata, layer_id: int
 ) -> torch.Tensor:
-    """The pool caches the translation by (data_ptr, numel), invalidated once per forward (PR 25824)."""
+    """The pool caches the translation by (storage pointer, numel), invalidated once per forward (PR 25824)."""
     return pool.translate_memoized(forward_batch.out_cache_loc)
 
 
@@ -129,7 +129,7 @@ DESIGN_RECORDS: tuple[Design, ...] = (
            rule="the batch's precomputed out_cache_loc_swa, translating only without it (the reference)",
            reference="SGLang PR 24138 as merged"),
     Design(name="memoized", fn=memoized, sound=True,
-           rule="the pool caches the translation by (data_ptr, numel), invalidated once per forward",
+           rule="the pool caches the translation by (storage pointer, numel), invalidated once per forward",
            reference="SGLang PR 25824"),
     Design(name="metadata", fn=metadata, sound=True,
            rule="the backend's per-forward copy; graphs refill a persistent buffer, padded tail zeroed",

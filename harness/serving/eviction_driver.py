@@ -116,6 +116,8 @@ class EvictionDriver:
             window = dataclasses.replace(window, key_len=None)
         if "skip_evict_mid_prefill" in self.faults and req.prefilling:
             return req.swa_evicted
+        if "skip_evict_on_spec_decode" in self.faults and self.draft_steps > 0 and not req.prefilling:
+            return req.swa_evicted  # SGLang PR 33805: the speculative decode path never called the eviction
         page = self.stack.page_size
         if "evict_one_past_window" in self.faults:
             # the frontier's formula one page ahead, as if a page more had been cached

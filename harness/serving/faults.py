@@ -89,8 +89,30 @@ FAULTS: Registry[Fault] = Registry({
               reference="vLLM PR 51756"),
         Fault(name="stale_swa_after_reassign", acts_on=Component.SPECULATIVE_WORKER,
               modes=("eager", "full", "piecewise"),
-              summary="a draft step reassigns out_cache_loc but keeps the old out_cache_loc_swa",
-              reference="SGLang speculative worker; PR 24138"),
+              summary="a draft step rebinds out_cache_loc to its row but keeps the draft batch's out_cache_loc_swa, "
+                      "which holds every step's SWA slots: a length mismatch that fails the write, or for one "
+                      "request a row broadcast over every step's slots",
+              reference="SGLang's EAGLE draft_forward (out_cache_loc rebound per step); the staleness PR 24138's "
+                        "review rejected"),
+        Fault(name="draft_metadata_captured_once", acts_on=Component.SPECULATIVE_WORKER, modes=("full",),
+              needs_drafts=True,
+              summary="the draft graph is captured with one attention metadata for all its steps: every draft step "
+                      "after the first attends with the first step's lengths and page table (its own key and the "
+                      "earlier drafts' unseen) and, where the backend keeps them, writes at its SWA locations",
+              reference="SGLang's multi-step draft backend (one backend and metadata per draft step, "
+                        "attn_backends[i]); the family of TensorRT-LLM PR 18769 (state captured once, never refreshed on "
+                        "replay)"),
+        Fault(name="skip_memo_invalidate_in_draft_graph", acts_on=Component.SPECULATIVE_WORKER, modes=("full",),
+              needs_drafts=True,
+              summary="the draft graph invalidates the memoized translation once for the whole loop, not before "
+                      "each step's forward: the step rows of one out_cache_loc share a storage and a length, so the "
+                      "memo keyed on them serves step 0's SWA translation to every later step, and the graph captures it",
+              reference="SGLang PR 26152 (the memo invalidation moved to where graph paths run it); PR 26184"),
+        Fault(name="skip_evict_on_spec_decode", acts_on=Component.SCHEDULER, modes=("eager", "full", "piecewise"),
+              needs_drafts=True,
+              summary="requests that decode speculatively are never SWA-evicted: every draft batch keeps the SWA "
+                      "slots its tokens left the window with, until the SWA pool runs dry",
+              reference="SGLang PR 33805 (a speculative decode path never ran SWA eviction); PR 34924"),
         Fault(name="skip_memo_invalidate_at_capture", acts_on=Component.DECODE_GRAPH_RUNNER, modes=("full",),
               summary="the decode runner captures without invalidating the memoized translation: the memo a "
                       "warm-up run left (same static buffer, same data_ptr and numel) is frozen into the graph",

@@ -167,8 +167,12 @@ class HybridSWAKVPool:
         return self.full_to_swa_index_mapping[locs.long()].to(torch.int32)
 
     def translate_memoized(self, locs: torch.Tensor) -> torch.Tensor:
-        """Translation cached on (data_ptr, numel), as SGLang PR 25824 did; valid until invalidated."""
-        key = (locs.data_ptr(), locs.numel())
+        """Translation cached on (storage pointer, numel), as SGLang PR 25824 did; valid until invalidated.
+
+        The key is the storage's address, not the view's: the row views of one tensor (a draft's step rows of
+        ``out_cache_loc``) share it, so only the per-forward invalidation keeps one step from being served the
+        translation of another."""
+        key = (locs.untyped_storage().data_ptr(), locs.numel())
         if key != self._memo_key or self._memo_value is None:
             self._memo_key = key
             self._memo_value = self.translate_loc_from_full_to_swa(locs)

@@ -34,9 +34,9 @@ def nan_before_replay(runner) -> None:
 
 
 def graph_runner(session):
-    """The run's graph runner (the one its dispatcher holds in a full or piecewise run); None in an eager run."""
+    """The run's own graph runner (the first its dispatcher holds in a full or piecewise run: the decode or the
+    piecewise one, before the draft graph runner of a run that speculates); None in an eager run."""
     runners = session.runner.runners
-    assert len(runners) <= 1, runners
     return runners[0] if runners else None
 
 
@@ -44,8 +44,9 @@ def drive(spec: RunSpec, *, poison_outputs: bool = False):
     """Run a spec step by step; returns (hidden states per step, pool snapshots per step, the graph runner, or
     the dispatcher of an eager run)."""
     session = assemble(spec)
-    if poison_outputs and (runner := graph_runner(session)) is not None:
-        nan_before_replay(runner)
+    if poison_outputs:
+        for runner in session.runner.runners:
+            nan_before_replay(runner)
     hidden, pools = [], []
     while (step := session.scheduler.next_step()) is not None:
         hidden.append(torch.cat(session.run_batch(step.batch)))

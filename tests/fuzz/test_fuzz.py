@@ -147,7 +147,9 @@ KNOWN_BAD = [
 @pytest.mark.parametrize("target", KNOWN_BAD, ids=[t.label for t in KNOWN_BAD])
 def test_a_known_bad_configuration_is_found_shrunk_and_written_as_a_scenario_that_reproduces(target, tmp_path):
     # bounded by counts, not seconds: the same search and the same shrunk case however loaded the machine is
-    report = fuzz(target, budget_s=600, max_examples=25, shrink_s=600, shrink_examples=120, seed=0, database=None,
+    # (200 shrink examples: with whole drafts replayed by the draft graph, the padded-tail search first meets a
+    # draft case that needs about 160 to shrink past to the one-token case)
+    report = fuzz(target, budget_s=600, max_examples=25, shrink_s=600, shrink_examples=200, seed=0, database=None,
                   multiple=False)
     assert len(report.findings) == 1, f"{target.label}: {report.tried} examples: " + \
         "\n".join(f.describe() for f in report.findings)

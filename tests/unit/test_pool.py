@@ -116,9 +116,20 @@ def test_memoized_translation_is_served_until_invalidated():
     locs = alloc.alloc(2)
     first = pool.translate_memoized(locs).clone()
     alloc.free_swa(locs)
-    assert torch.equal(pool.translate_memoized(locs), first)  # stale: same data_ptr and numel
+    assert torch.equal(pool.translate_memoized(locs), first)  # stale: same storage and numel
     pool.invalidate_translate_cache()
     assert pool.translate_memoized(locs).tolist() == [0, 0]
+
+
+def test_memoized_translation_keys_row_views_of_one_tensor_alike():
+    # SGLang PR 25824 keys on the storage pointer: a draft's step rows share it, and their length
+    pool, alloc = make_pool()
+    rows = alloc.alloc(4).view(2, 2)
+    step0 = pool.translate_memoized(rows[0]).tolist()
+    assert pool.translate_memoized(rows[1]).tolist() == step0  # served step 0's translation
+    pool.invalidate_translate_cache()
+    assert pool.translate_memoized(rows[1]).tolist() == pool.translate_loc_from_full_to_swa(rows[1]).tolist() != step0
+    assert pool.translate_memoized(rows.reshape(-1)).numel() == 4  # another length: another key
 
 
 def test_poison_is_not_a_computed_nan():

@@ -1,0 +1,225 @@
+"""The draft graph runner, shaped like SGLang's EAGLE draft CUDA-graph runner: the whole multi-step draft loop
+captured as one graph per batch-size bucket.
+
+SGLang's EAGLE worker allocates every draft step's slots at once, ``bs * topk * steps`` of them, each
+request's run contiguous (``assign_draft_cache_locs``). Inside the graph ``draft_forward`` reshapes them to
+one row per step and, at each step, points ``out_cache_loc`` at that step's row view, advances
+``positions`` in place and runs the step's forward with the step's own attention backend (its multi-step
+draft backend holds one per step, each with its own metadata). Static buffers of the bucket-2 graph of a
+3-step draft (top-k 1; requests r0 r1, padding row p)::
+
+    out_cache_loc (flat, as allocated)   [ r0s0 r0s1 r0s2 | r1s0 r1s1 r1s2 | 0 0 0 ]
+    in the graph: view(bs, 1, steps).permute(2, 0, 1).reshape(steps, bs * topk), a copy
+        step 0's out_cache_loc            [ r0s0 r1s0 0 ]    <- a row view of that copy
+        step 1's out_cache_loc            [ r0s1 r1s1 0 ]
+        step 2's out_cache_loc            [ r0s2 r1s2 0 ]
+    out_cache_loc_swa                    the flat SWA translation, read through the same permute
+    positions                            [ p0 p1 0 ], += 1 in place before steps 1 and 2
+    seq_lens[step]                       [ n0+step n1+step pad ]  one row per step's backend metadata
+
+Before each replay the runner fills the buffers from the batch (padding at the dummy slot), refreshes every
+step's backend metadata outside the graph and replays once; the graph writes every step's K/V. A batch no
+bucket holds, or of fewer steps than the graphs were captured for (a request drafting up to its end), is
+stepped by the speculative worker instead.
+
+Faults that act here (the speculative worker's): ``stale_swa_after_reassign`` (each step keeps the whole
+draft's SWA locations, ``speculative.py`` says what follows), ``draft_metadata_captured_once`` (every step reads step 0's attention metadata),
+``skip_memo_invalidate_in_draft_graph`` (the memo invalidated once for the whole loop, not before each step).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+import torch
+
+from ..backends.base import AttentionBackend, AttentionBatch, SpecInfo, attention_batch
+from ..graphs.engine import GraphEngine, module_roots
+from ..graphs.registry import get_engine
+from ..runspec import CapturePolicy, RunSpec
+from ..serving.batch import ForwardBatch, ForwardMode
+from ..serving.faults import Component
+from ..serving.loc_plan import KVLocPlan
+from .base import GraphRunner, Runner, RunnerContext, fill_static
+from .dispatch import GraphCover
+
+TOPK = 1
+"""draft tokens per request per step; a tree of drafts (top-k > 1) is not modelled yet"""
+
+
+class DraftGraphRunner(GraphRunner):
+    component = Component.SPECULATIVE_WORKER
+
+    @classmethod
+    def for_run(cls, ctx: RunnerContext, spec: RunSpec, *, eager: Runner) -> DraftGraphRunner:
+        return cls(ctx, eager=eager, engine=get_engine(spec.engine), buckets=spec.graphs.decode_buckets,
+                   steps=spec.timeline.draft_steps, capture=spec.graphs.capture, faults=spec.faults)
+
+    def __init__(
+        self,
+        ctx: RunnerContext,
+        *,
+        eager: Runner,
+        engine: GraphEngine,
+        buckets: tuple[int, ...],
+        steps: int,
+        capture: CapturePolicy = CapturePolicy.STARTUP,
+        faults: Collection[str] = (),
+    ) -> None:
+        super().__init__(ctx, eager=eager, engine=engine, buckets=buckets, faults=faults)
+        self.steps = steps
+        # a run that does not speculate declares nothing and builds nothing
+        self.covers = (GraphCover(forward_mode=ForwardMode.DRAFT, tokens_per_request=steps, buckets=self.buckets),
+                       ) if steps > 0 else ()
+        if steps <= 0:
+            self.backends: list[AttentionBackend] = []
+            return
+        max_bs, dev = self.buckets[-1], self.pool.device
+        rows = max_bs * TOPK
+        self.out_cache_loc = torch.zeros(rows * steps, dtype=torch.int64, device=dev)
+        """every step's slots, request-major as allocated"""
+        self.out_cache_loc_swa = torch.zeros(rows * steps, dtype=torch.int32, device=dev)
+        self.input_ids = torch.zeros((steps, rows), dtype=torch.int64, device=dev)
+        """the teacher-forced draft token of each step (SGLang's come from the previous step's top-k)"""
+        self.positions = torch.zeros(rows, dtype=torch.int64, device=dev)
+        self.req_pool_indices = torch.zeros(max_bs, dtype=torch.int64, device=dev)
+        self.seq_lens = torch.ones((steps, max_bs), dtype=torch.int64, device=dev)
+        self.step_out_cache_loc = torch.zeros((steps, rows), dtype=torch.int64, device=dev)
+        """each step's slots again, for the metadata builders outside the graph"""
+        self.plan_swa_ids = torch.zeros(rows * steps, dtype=torch.int32, device=dev)
+        """the location plan's SWA ids, step-major with a stride of the bucket"""
+        # SGLang's multi-step draft backend: one backend, and so one metadata, per step
+        self.backends = [self.backend.for_draft_step() for _ in range(steps)]
+        for backend in self.backends:
+            backend.init_cuda_graph_state(max_bs)
+        if CapturePolicy(capture) is CapturePolicy.STARTUP:
+            for bs in reversed(self.buckets):
+                self._capture(bs)
+
+    def static_buffers(self) -> list[torch.Tensor]:
+        return [self.out_cache_loc, self.out_cache_loc_swa, self.input_ids, self.positions, self.req_pool_indices,
+                self.seq_lens, self.step_out_cache_loc, self.plan_swa_ids]
+
+    def _attention_batch(self, step: int, bucket: int, num_real: int) -> AttentionBatch:
+        return attention_batch(
+            forward_mode=ForwardMode.DRAFT,
+            num_real=num_real,
+            req_pool_indices=self.req_pool_indices[:bucket],
+            seq_lens=self.seq_lens[step, :bucket],
+            out_cache_loc=self.step_out_cache_loc[step, :bucket],
+            page_size=self.pool.page_size,
+            spec_info=SpecInfo(draft_steps=self.steps),
+        )
+
+    def _step_batch(self, step: int, bs: int, locs: torch.Tensor, swa: torch.Tensor) -> ForwardBatch:
+        """Draft step ``step``'s forward inside the graph: its rows of the step-major copies."""
+        return ForwardBatch(
+            forward_mode=ForwardMode.DRAFT,
+            batch_size=bs,
+            input_ids=self.input_ids[step, :bs],
+            positions=self.positions[:bs],
+            req_pool_indices=self.req_pool_indices[:bs],
+            seq_lens=self.seq_lens[step, :bs],
+            extend_prefix_lens=self.seq_lens[step, :bs] - 1,
+            extend_seq_lens=torch.ones(bs, dtype=torch.int64, device=self.pool.device),
+            extend_seq_lens_cpu=(1,) * bs,
+            out_cache_loc=locs[step],
+            # the fault: draft_forward rebinds out_cache_loc only, and the whole draft's SWA locations stay
+            out_cache_loc_swa=(self.out_cache_loc_swa[: self.steps * TOPK * bs]
+                               if "stale_swa_after_reassign" in self.faults else swa[step]),
+            req_to_token_pool=self.req_to_token_pool,
+            token_to_kv_pool=self.pool,
+            kv_loc_plan=KVLocPlan.over_static(full_ids=locs.reshape(-1), swa_ids=self.plan_swa_ids[: self.steps * bs]),
+            kv_loc_cols=(step * bs, (step + 1) * bs),
+            draft_step=step,
+        )
+
+    def _capture(self, bs: int) -> None:
+        steps = self.steps
+        for buffer in (self.out_cache_loc, self.out_cache_loc_swa, self.input_ids, self.positions,
+                       self.req_pool_indices, self.step_out_cache_loc, self.plan_swa_ids):
+            buffer.zero_()
+        self.seq_lens.fill_(self.backend.pad_seq_len)
+        for step, backend in enumerate(self.backends):
+            backend.init_forward_metadata_capture_cuda_graph(self._attention_batch(step, bs, bs))
+        model, pool, backends = self.model, self.pool, self.backends
+        once = "draft_metadata_captured_once" in self.faults
+        invalidate = "skip_memo_invalidate_in_draft_graph" not in self.faults
+        produced: list[torch.Tensor] = []
+
+        def draft_forward() -> torch.Tensor:
+            # SGLang's draft_forward: the flat allocation read as one row per step (a copy: permuted)
+            locs = self.out_cache_loc[: bs * TOPK * steps].view(bs, TOPK, steps).permute(2, 0, 1).reshape(steps, -1)
+            swa = self.out_cache_loc_swa[: bs * TOPK * steps].view(bs, TOPK, steps).permute(2, 0, 1).reshape(steps, -1)
+            outs = []
+            for step in range(steps):
+                batch = self._step_batch(step, bs, locs, swa)
+                if step > 0:
+                    batch.positions.add_(1)  # in place, as draft_forward advances them
+                # each step is a model-runner forward: the memo and pool.swa_loc as the decode runner leaves them
+                if invalidate or step == 0:
+                    pool.invalidate_translate_cache()
+                pool.set_swa_loc(batch.out_cache_loc_swa)
+                # SGLang's multi-step draft backend gives each step its own; the fault keeps step 0's throughout
+                backend = backends[0 if once else step]
+                outs.append(model.forward(batch.input_ids, batch.positions,
+                                          lambda layer_id, q, k, v, b=batch, be=backend: be.forward(q, k, v, layer_id, b)))
+            out = torch.stack(outs)
+            produced.append(out)
+            return out
+
+        graph = self.engine.capture(
+            draft_forward,
+            label=self.covers[0].key(bs).name,
+            roots={"pool": self.pool, "backend": self.backends[0], "runner": self, "model": self.model,
+                   **module_roots(self.backend.impl.design, self.backend.impl, self.backend, self)},
+            static_inputs=[
+                *self.static_buffers(),
+                *self.model.parameters(),
+                *self.model.buffers(),
+                *self.pool.buffers(),
+                *(t for backend in self.backends for t in backend.graph_static_tensors()),
+                self.req_to_token_pool.req_to_token,
+            ],
+        )
+        self._keep(bs, graph, produced[-1])
+
+    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        """Hidden states of every draft step, step-major ([steps * batch_size, hidden])."""
+        if batch.forward_mode is not ForwardMode.DRAFT or batch.draft_steps != self.steps:
+            raise ValueError(f"the draft graph runner takes whole {self.steps}-step drafts, got a batch of mode "
+                             f"{batch.forward_mode.value} with {batch.draft_steps} draft steps")
+        bs = batch.batch_size
+        bucket = self.bucket_for(bs)
+        if bucket is None:
+            raise ValueError(f"no draft graph holds a batch of {bs} (buckets {self.buckets})")
+        captured = bucket not in self.graphs
+        if captured:
+            self._capture(bucket)
+        self._fill(batch, bucket)
+        self.pool.invalidate_translate_cache()
+        for step, backend in enumerate(self.backends):
+            backend.init_forward_metadata_replay_cuda_graph(self._attention_batch(step, bucket, bs))
+        self.log.replayed(self.graphs[bucket], self.graphs[bucket].replay(), bucket=bucket, rows=bs,
+                          captured=captured)
+        return self.outputs[bucket][:, :bs].reshape(self.steps * bs, -1).clone()
+
+    def _fill(self, batch: ForwardBatch, bucket: int) -> None:
+        assert batch.draft_out_cache_loc is not None and batch.draft_input_ids is not None
+        steps, bs = self.steps, batch.batch_size
+        by_step = batch.draft_out_cache_loc  # [steps, bs]
+        flat = by_step.t().reshape(-1)  # request-major, as the worker allocated them
+        fill_static(self.out_cache_loc, flat, bucket * steps, 0)
+        swa = self.pool.translate_loc_from_full_to_swa(flat)
+        fill_static(self.out_cache_loc_swa, swa, bucket * steps, 0)
+        fill_static(self.positions, batch.positions, bucket, 0)
+        fill_static(self.req_pool_indices, batch.req_pool_indices, bucket, 0)
+        plan = batch.kv_loc_plan.write_ids("swa") if batch.kv_loc_plan is not None else None
+        for step in range(steps):
+            fill_static(self.input_ids[step], batch.draft_input_ids[step], bucket, 0)
+            fill_static(self.seq_lens[step], batch.seq_lens + step, bucket, self.backend.pad_seq_len)
+            fill_static(self.step_out_cache_loc[step], by_step[step], bucket, 0)
+            if plan is not None:
+                # padded lanes at the sink, as SGLang's graph path fills its plan buffer (PR 37550)
+                fill_static(self.plan_swa_ids[step * bucket : (step + 1) * bucket], plan[step * bs : (step + 1) * bs],
+                            bucket, 0)
