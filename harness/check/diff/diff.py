@@ -1,10 +1,16 @@
 """Slot-by-slot comparison of a subject run's KV snapshots with the reference run's, and its records.
 
 The scheduler depends on the timeline alone, so both runs normally see the same schedule and the same
-slot assignments, and step s of one lines up with step s of the other. Where they do not (a fault or a
-design that changes what the scheduler does: a pool run dry, another eviction), the steps are compared
-as far as the schedules agree, and the step where they part is one mismatch of its own (classification
-``schedule``: which live token they disagree on, and how), the last. Comparison is over live slots only:
+slot assignments, and step s of one lines up with step s of the other, slot for slot. The schedule is not
+part of the answer, though: a stack or policy may hand out other slots (another free order) and be right.
+Where both runs hold the same live tokens but in other slots, each live token's K/V is compared where its
+own run keeps it, keyed by (request, position) and KV group (the reference's rows are moved to the
+subject's slots for them, ``_Moved``), and the other schedule is a note (``DiffResult.schedule_note``), not
+a mismatch; whether each run's slots are owned once and read inside the window is each run's own invariant
+checks' (``serving/invariants.py``). Where the live tokens themselves differ (a fault or a design that
+changes what the scheduler does: a pool run dry, another eviction), the steps are compared as far as the
+schedules agree, and the step where they part is one mismatch of its own (classification ``schedule``:
+which live token they disagree on, and how), the last. Comparison is over live slots only:
 every token of a running request in a full-attention group (SGLang's full pool), and in a windowed group (its
 SWA pool) the tokens its next query reads;
 live tokens that share a slot through the prefix cache are one owner of it. The dummy slot 0 is never
@@ -30,6 +36,7 @@ built only for the first ``limit``.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -37,7 +44,7 @@ import torch
 
 from . import hashjoin as hj
 from .rules import RULES, BadRows, Finding, Reported, Rule, classify
-from .snapshot import IN_WINDOW, SHARED, SLOTS, Cursor, KVSnapshot
+from .snapshot import IN_WINDOW, POS, SHARED, SLOTS, Cursor, KVSnapshot, WorkingPool
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -86,6 +93,10 @@ class DiffResult:
     counts: tuple[MismatchCount, ...] = ()
     """every mismatch, ``limit`` or not, per (step, pool, layer): in step order, then by layer, hidden
     states last (the order in which ``mismatches`` first reaches each)"""
+    schedule_note: str | None = None
+    """where the two runs first kept the same live tokens in other slots (another free order, another stack's
+    allocator), in words; None when every step compared had one schedule. Not a mismatch: each token's K/V
+    was compared where its own run keeps it"""
 
 
 _WHAT = ("k", "v", "kv")
@@ -309,18 +320,29 @@ def diff_runs(
                 rules=RULES if rules is None else rules)
     dummy_writes = 0
     steps = 0
+    note: str | None = None
+    moved: _Moved | None = None
     if subject and reference:
         # the previous step's pools lag one snapshot behind the subject's own
         sub_now, sub_before, ref_now = Cursor(subject[0]), Cursor(subject[0]), Cursor(reference[0])
     for i, (sub, ref) in enumerate(zip(subject, reference)):
+        order = None
         if not sub.same_schedule(ref):
-            d.part(_parting(sub, ref))
-            break
+            order = _same_tokens(sub, ref)
+            if order is None:
+                d.part(_parting(sub, ref))
+                break
+            if note is None:
+                note = f"step {sub.step}: {_parting(sub, ref).detail.removeprefix(_PART)}"
         if i:
             sub_before.apply(subject[i - 1])
         sub_now.apply(sub)
         ref_now.apply(ref)
         prev = sub_before if i else None
+        theirs_now: Cursor | _Moved = ref_now
+        if order is not None:
+            moved = moved if moved is not None else _Moved(ref_now)
+            theirs_now = moved.fill(ref_now, sub, ref, order)
         table = sub.live_table
         everyone = torch.arange(table.shape[0])
         in_window = table[:, IN_WINDOW].bool()
@@ -332,12 +354,12 @@ def diff_runs(
             slots = table[:, SLOTS + g_index]
             owners = (_one_owner(everyone[rows], slots[rows], sub.live_written[rows], shared[rows]) if rows is not None
                       else _one_owner(everyone, slots, sub.live_written, shared))
-            mine, theirs = sub_now.pools[g_index], ref_now.pools[g_index]
+            mine, theirs = sub_now.pools[g_index], theirs_now.pools[g_index]
             before = prev.pools[g_index] if prev else None
             pools[g.name] = d.compare_pool(g.name, (mine.k, mine.v), (theirs.k, theirs.v),
                                            (before.k, before.v) if before else None, mine.log, sub.step, *owners)
         dummy_writes += _dummy_changes(sub_now, prev, d.scratch)
-        d.end_step(sub.step, sub_now, ref_now, pools, _hidden_mismatches(d, sub, ref))
+        d.end_step(sub.step, sub_now, theirs_now, pools, _hidden_mismatches(d, sub, ref))
         steps += 1
     return DiffResult(
         mismatches=tuple(d.found),
@@ -347,7 +369,60 @@ def diff_runs(
         dummy_writes=dummy_writes,
         steps_compared=steps if d.parted else min(len(subject), len(reference)),
         counts=tuple(d.cells),
+        schedule_note=note,
     )
+
+
+def _same_tokens(sub: KVSnapshot, ref: KVSnapshot) -> torch.Tensor | None:
+    """Where the two runs hold the same live tokens at the same step, each as inside or outside the window
+    and as the prefix cache's or not, and write the same tokens' K/V, only perhaps in other slots: [live] the
+    index in ``ref.live`` of each of ``sub.live``. None where they hold other tokens (the schedules part)."""
+    if (sub.step != ref.step or sub.groups.names != ref.groups.names or len(sub.live) != len(ref.live)
+            or Counter(sub.hidden_owners) != Counter(ref.hidden_owners)):
+        return None
+    if sub.live_rids == ref.live_rids and torch.equal(sub.live_table[:, :SLOTS], ref.live_table[:, :SLOTS]):
+        order = torch.arange(len(sub.live))
+    else:
+        theirs = {(t.rid, t.pos): i for i, t in enumerate(ref.live)}
+        at = [theirs.get((t.rid, t.pos)) for t in sub.live]
+        if None in at or len(set(at)) != len(at):
+            return None
+        order = torch.tensor(at, dtype=torch.int64)
+        if not torch.equal(sub.live_table[:, POS:SLOTS], ref.live_table[order, POS:SLOTS]):
+            return None
+    return order
+
+
+class _Moved:
+    """The reference's pools at a step with each live token's rows moved to the slot the subject keeps it in
+    (every group; a windowed one for the tokens inside the window): the reference as the subject's schedule
+    would have laid it out, so the rules compare slot for slot. One working copy, made at the first step the
+    schedules differ in slots and refilled at each such step."""
+
+    def __init__(self, ref: Cursor) -> None:
+        self.groups = ref.groups
+        self.pools = tuple(WorkingPool(p.k.clone(), p.v.clone(), p.log.clone()) for p in ref.pools)
+        self.live: tuple = ()
+
+    def pool(self, name: str) -> WorkingPool:
+        return self.pools[self.groups.index(name)]
+
+    def fill(self, ref: Cursor, sub: KVSnapshot, theirs: KVSnapshot, order: torch.Tensor) -> _Moved:
+        mine = sub.live_table
+        in_window = mine[:, IN_WINDOW].bool()
+        for g_index, (g, into, src) in enumerate(zip(sub.groups, self.pools, ref.pools)):
+            into.k.copy_(src.k)
+            into.v.copy_(src.v)
+            into.log.copy_(src.log)
+            rows = in_window if g.has_window else torch.ones_like(in_window)
+            to = mine[rows, SLOTS + g_index]
+            at = hj.take(theirs.live_table[:, SLOTS + g_index], order[rows])
+            if into.k.shape[0] and to.numel():
+                into.k[:, to] = src.k[:, at]
+                into.v[:, to] = src.v[:, at]
+                into.log[:, to] = src.log[:, at]
+        self.live = tuple(theirs.live[j] for j in order.tolist())
+        return self
 
 
 def _one_owner(
@@ -371,12 +446,15 @@ def _one_owner(
     return tokens[keep], slots[keep], written[keep]
 
 
+_PART = "the schedules part: "
+
+
 def _parting(sub: KVSnapshot, ref: KVSnapshot) -> KVMismatch:
     """Where the two runs' schedules part at a step: the first live token they disagree on, and how. A token
     is named by its slot in the stack's first group (SGLang's full pool)."""
     def record(pool: str, slot: int | None, rid: str, pos: int, detail: str) -> KVMismatch:
         return KVMismatch(step=sub.step, pool=pool, layer=None, slot=slot, rid=rid, pos=pos, what="schedule",
-                          classification=SCHEDULE, detail=f"the schedules part: {detail}")
+                          classification=SCHEDULE, detail=f"{_PART}{detail}")
 
     groups = sub.groups
     first_group = groups.groups[0]
@@ -422,10 +500,15 @@ def _parting(sub: KVSnapshot, ref: KVSnapshot) -> KVMismatch:
 def _hidden_mismatches(d: _Differ, sub: KVSnapshot, ref: KVSnapshot) -> list[KVMismatch]:
     if sub.hidden.shape != ref.hidden.shape or not sub.hidden.numel():
         return []
+    theirs = ref.hidden
+    if sub.hidden_owners != ref.hidden_owners and Counter(sub.hidden_owners) == Counter(ref.hidden_owners):
+        # the same tokens in another order (another schedule): each compared with its own hidden state
+        row_of = {key: i for i, key in enumerate(ref.hidden_owners)}
+        theirs = ref.hidden[torch.tensor([row_of[key] for key in sub.hidden_owners], dtype=torch.int64)]
     out = []
-    for row in d.differs(sub.hidden[:, None, :], ref.hidden[:, None, :]).nonzero().flatten().tolist():
+    for row in d.differs(sub.hidden[:, None, :], theirs[:, None, :]).nonzero().flatten().tolist():
         key = sub.hidden_owners[row]
-        got, want = sub.hidden[row].float(), ref.hidden[row].float()
+        got, want = sub.hidden[row].float(), theirs[row].float()
         nan = bool(torch.isnan(got).any())
         out.append(
             KVMismatch(
