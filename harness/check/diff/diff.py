@@ -36,6 +36,7 @@ built only for the first ``limit``.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -43,6 +44,7 @@ from dataclasses import dataclass
 import torch
 
 from . import hashjoin as hj
+from .deltas import DeltaCursor, DeltaPool, DeltaRows
 from .rules import RULES, BadRows, Finding, Reported, Rule, classify
 from .snapshot import IN_WINDOW, POS, SHARED, SLOTS, Cursor, KVSnapshot, WorkingPool
 
@@ -180,38 +182,74 @@ class _Differ:
         bad[at[close]] = False
         return bad
 
+    def differs_rows(self, a: torch.Tensor | DeltaRows, a_rows: torch.Tensor | None, b: torch.Tensor | DeltaRows,
+                     b_rows: torch.Tensor | None, *, n: int, dtype: torch.dtype, row_shape: torch.Size) -> torch.Tensor:
+        """[n] bool: row ``a_rows[i]`` of the word table ``a`` differs from row ``b_rows[i]`` of ``b`` (no index:
+        row i, read in place), bytes or beyond tolerance; gathered rows a chunk at a time."""
+        out = torch.empty(n, dtype=torch.bool)
+        chunk = max(1, (4 << 20) // max(1, a.shape[1] * a.element_size()))
+        for i in range(0, n, chunk):
+            m = min(chunk, n - i)
+            x, y = (t[i : i + m] if index is None else
+                    hj._select(t, index[i : i + m], self.scratch.get(name, (m, t.shape[1]), t.dtype))
+                    for t, index, name in ((a, a_rows, "delta_a"), (b, b_rows, "delta_b")))
+            bad = hj.rows_differ(x, y, scratch=self.scratch)
+            if not self.bytes_only(dtype) and bool(bad.any()):
+                at = bad.nonzero().flatten()
+                typed = [hj.take(t, at).view(torch.uint8).view(dtype).view(-1, *row_shape).float() for t in (x, y)]
+                close = torch.isclose(*typed, atol=self.atol, rtol=self.rtol, equal_nan=True).flatten(1).all(1)
+                bad[at[close]] = False
+            out[i : i + m] = bad
+        return out
+
     def compare_pool(
         self,
         pool: str,
-        sub: tuple[torch.Tensor, torch.Tensor],
-        ref: tuple[torch.Tensor, torch.Tensor],
-        prev: tuple[torch.Tensor, torch.Tensor] | None,
+        sub: tuple[torch.Tensor, torch.Tensor] | tuple[DeltaRows, DeltaRows],
+        ref: tuple[torch.Tensor, torch.Tensor] | tuple[DeltaRows, DeltaRows],
+        prev: tuple[torch.Tensor, torch.Tensor] | tuple[DeltaRows, DeltaRows] | None,
         log: torch.Tensor,
         step: int,
         tokens: torch.Tensor,
         slots: torch.Tensor,
         written: torch.Tensor,
+        memo: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> _Bad | None:
         """Classify every bad live row of one pool; ``tokens`` are live indices, ``slots`` their slots here.
 
         The pool's layers are handled as one tensor of layers x slots rows (row ``layer * slots + slot``),
-        so that every step below runs once per pool, however many layers the model has."""
-        if slots.numel() == 0 or sub[0].shape[0] == 0:
+        so that every step below runs once per pool, however many layers the model has. A large pool comes
+        as ``DeltaRows`` (read from the snapshots' deltas), with ``memo``: whether each of its rows differs
+        from the reference's, kept up to date by the diff, or None to compare the live rows here."""
+        virtual = isinstance(sub[0], DeltaRows)
+        if slots.numel() == 0 or (sub[0].layers * sub[0].size if virtual else sub[0].shape[0]) == 0:
             self.last_lines[pool] = None
             return None
-        layers, size = sub[0].shape[:2]
         n = slots.numel()
-        sub, ref = _stacked(sub), _stacked(ref)
-        prev = _stacked(prev) if prev is not None else None
+        if virtual:
+            layers, size = sub[0].layers, sub[0].size
+            dtype, row_shape = sub[0].typed, sub[0].row_shape
+        else:
+            layers, size = sub[0].shape[:2]
+            sub, ref = _stacked(sub), _stacked(ref)
+            prev = _stacked(prev) if prev is not None else None
+            dtype, row_shape = sub[0].dtype, sub[0].shape[1:]
         rows = (torch.arange(layers)[:, None] * size + slots).flatten()
         total = layers * size
-        bad_k = self.differs(sub[0], ref[0], rows)
-        bad_v = self.differs(sub[1], ref[1], rows)
+        if virtual and memo is not None:
+            bad_k, bad_v = hj.take(memo[0], rows), hj.take(memo[1], rows)
+        elif virtual:
+            bad_k, bad_v = (self.differs_rows(a, rows, b, rows, n=rows.numel(), dtype=dtype, row_shape=row_shape)
+                            for a, b in zip(sub, ref))
+        else:
+            bad_k = self.differs(sub[0], ref[0], rows)
+            bad_v = self.differs(sub[1], ref[1], rows)
         bad = bad_k | bad_v
         if not bool(bad.any()):
             self.last_lines[pool] = None
             return None
-        mine = (hj.words(sub[0]), hj.words(sub[1]))
+        words = (lambda t: t) if virtual else hj.words
+        mine = (words(sub[0]), words(sub[1]))
         # Line hashes of every row cost about a tenth of the comparison, so they are taken only when
         # something differs; the subject's are kept for the previous-step rules of the next step.
         table = hj.Rows(mine, None, size) if hj.streams(rows, total) else None
@@ -224,9 +262,9 @@ class _Differ:
             before = None
         found = BadRows(
             live=bad.nonzero().flatten(), live_rows=rows, n=n, slots=size, tokens=tokens, written=written,
-            sub=mine, ref=(hj.words(ref[0]), hj.words(ref[1])),
-            prev=(hj.words(prev[0]), hj.words(prev[1])) if prev is not None else None, table=table, before=before,
-            last_write=log.flatten(), step=step, dtype=sub[0].dtype, row_shape=sub[0].shape[1:], bytes_only=self.bytes_only(sub[0].dtype),
+            sub=mine, ref=(words(ref[0]), words(ref[1])),
+            prev=(words(prev[0]), words(prev[1])) if prev is not None else None, table=table, before=before,
+            last_write=log.flatten(), step=step, dtype=dtype, row_shape=row_shape, bytes_only=self.bytes_only(dtype),
             scratch=self.scratch,
         )
         code, arg = classify(found, self.rules)
@@ -322,9 +360,16 @@ def diff_runs(
     steps = 0
     note: str | None = None
     moved: _Moved | None = None
+    large = bool(subject and reference) and _large(subject[0])
+    memos: list[tuple[torch.Tensor, torch.Tensor]] = []
     if subject and reference:
-        # the previous step's pools lag one snapshot behind the subject's own
-        sub_now, sub_before, ref_now = Cursor(subject[0]), Cursor(subject[0]), Cursor(reference[0])
+        # the previous step's pools lag one snapshot behind the subject's own; large pools are read from the
+        # deltas where they lie (``deltas.py``), small ones rebuilt whole (a handful of ops a step)
+        start = DeltaCursor if large else Cursor
+        sub_now, sub_before, ref_now = start(subject[0]), start(subject[0]), start(reference[0])
+        # whether each row of a large pool differs from the reference's: blank pools agree everywhere
+        memos = [(torch.zeros(p.size * p.k.shape[0], dtype=torch.bool), torch.zeros(p.size * p.k.shape[0],
+                  dtype=torch.bool)) for p in subject[0].pools] if large else []
     for i, (sub, ref) in enumerate(zip(subject, reference)):
         order = None
         if not sub.same_schedule(ref):
@@ -339,8 +384,13 @@ def diff_runs(
         sub_now.apply(sub)
         ref_now.apply(ref)
         prev = sub_before if i else None
-        theirs_now: Cursor | _Moved = ref_now
-        if order is not None:
+        if large:
+            _refresh(d, memos, sub, ref, sub_now, ref_now)
+        theirs_now: Cursor | _Moved | DeltaCursor = ref_now
+        if order is not None and large:
+            to, at = _moves(sub, ref, order)
+            theirs_now = ref_now.moved(to, at, tuple(ref.live[j] for j in order.tolist()))
+        elif order is not None:
             moved = moved if moved is not None else _Moved(ref_now)
             theirs_now = moved.fill(ref_now, sub, ref, order)
         table = sub.live_table
@@ -356,8 +406,9 @@ def diff_runs(
                       else _one_owner(everyone, slots, sub.live_written, shared))
             mine, theirs = sub_now.pools[g_index], theirs_now.pools[g_index]
             before = prev.pools[g_index] if prev else None
-            pools[g.name] = d.compare_pool(g.name, (mine.k, mine.v), (theirs.k, theirs.v),
-                                           (before.k, before.v) if before else None, mine.log, sub.step, *owners)
+            memo = memos[g_index] if large and order is None else None
+            pools[g.name] = d.compare_pool(g.name, _pair(mine), _pair(theirs), _pair(before) if before else None,
+                                           mine.log, sub.step, *owners, memo=memo)
         dummy_writes += _dummy_changes(sub_now, prev, d.scratch)
         d.end_step(sub.step, sub_now, theirs_now, pools, _hidden_mismatches(d, sub, ref))
         steps += 1
@@ -371,6 +422,76 @@ def diff_runs(
         counts=tuple(d.cells),
         schedule_note=note,
     )
+
+
+_LARGE_BYTES = 32 << 20
+"""a run whose largest pool (K of all its layers) holds this much is read from its deltas (``deltas.py``):
+three working copies of it would cost three times a snapshot's memory, and rebuilding them more than the diff"""
+
+
+def _large(first: KVSnapshot) -> bool:
+    return max((p.size * p.k.shape[0] * math.prod(p.k.shape[2:]) * p.k.element_size() for p in first.pools),
+               default=0) >= _LARGE_BYTES
+
+
+def _pair(pool: WorkingPool | DeltaPool) -> tuple:
+    return (pool.wk, pool.wv) if isinstance(pool, DeltaPool) else (pool.k, pool.v)
+
+
+def _refresh(d: _Differ, memos: list[tuple[torch.Tensor, torch.Tensor]], sub: KVSnapshot, ref: KVSnapshot,
+             sub_now: DeltaCursor, ref_now: DeltaCursor) -> None:
+    """Bring each large pool's memo (which rows differ from the reference's, slot for slot) to this step: only
+    the slots either run changed are compared again. The slots both steps changed are read from the two
+    deltas where they lie (in place on a side whose delta holds no other slot, else gathered from that one
+    delta); the few only one run changed are gathered from the pools."""
+    for g_index, (mine, theirs) in enumerate(zip(sub.pools, ref.pools)):
+        s_slots, r_slots = mine.slots, theirs.slots
+        if not (s_slots.numel() or r_slots.numel()):
+            continue
+        now, their_now = sub_now.pools[g_index], ref_now.pools[g_index]
+        layers, size = now.wk.layers, now.wk.size
+        if not layers * size:
+            continue
+        typed = dict(dtype=now.wk.typed, row_shape=now.wk.row_shape)
+        if torch.equal(s_slots, r_slots):
+            both, at_s, at_r = s_slots, None, None
+        elif s_slots.numel() and r_slots.numel():
+            pos = torch.searchsorted(r_slots, s_slots).clamp_(max=r_slots.numel() - 1)
+            hit = (hj.take(r_slots, pos) == s_slots).nonzero().flatten()
+            both, at_s, at_r = hj.take(s_slots, hit), hit, hj.take(pos, hit)
+            at_s = None if both.numel() == s_slots.numel() else at_s
+            at_r = None if both.numel() == r_slots.numel() else at_r
+        else:
+            both = at_s = at_r = torch.empty(0, dtype=torch.int64)
+        layer = torch.arange(layers)[:, None]
+        rows = (layer * size + both).flatten()
+        if both.numel():
+            def in_delta(at: torch.Tensor | None, count: int) -> torch.Tensor | None:
+                return None if at is None else (layer * count + at).flatten()
+            a_rows, b_rows = in_delta(at_s, s_slots.numel()), in_delta(at_r, r_slots.numel())
+            for memo, a, b in zip(memos[g_index], (mine.k, mine.v), (theirs.k, theirs.v)):
+                memo[rows] = d.differs_rows(hj.words(a).reshape(layers * s_slots.numel(), -1), a_rows,
+                                            hj.words(b).reshape(layers * r_slots.numel(), -1), b_rows,
+                                            n=rows.numel(), **typed)
+        either = torch.cat([s_slots, r_slots])
+        only = either[~torch.isin(either, both)].unique()
+        if only.numel():
+            rest = (layer * size + only).flatten()
+            for memo, a, b in zip(memos[g_index], (now.wk, now.wv), (their_now.wk, their_now.wv)):
+                memo[rest] = d.differs_rows(a, rest, b, rest, n=rest.numel(), **typed)
+
+
+def _moves(sub: KVSnapshot, theirs: KVSnapshot, order: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Per group, the subject's slots of the live tokens (inside the window, in a windowed group) and the
+    reference's slots of the same tokens: where ``_Moved`` puts the reference's rows."""
+    mine = sub.live_table
+    in_window = mine[:, IN_WINDOW].bool()
+    to, at = [], []
+    for g_index, g in enumerate(sub.groups):
+        rows = in_window if g.has_window else torch.ones_like(in_window)
+        to.append(mine[rows, SLOTS + g_index])
+        at.append(hj.take(theirs.live_table[:, SLOTS + g_index], order[rows]))
+    return to, at
 
 
 def _same_tokens(sub: KVSnapshot, ref: KVSnapshot) -> torch.Tensor | None:
@@ -408,15 +529,10 @@ class _Moved:
         return self.pools[self.groups.index(name)]
 
     def fill(self, ref: Cursor, sub: KVSnapshot, theirs: KVSnapshot, order: torch.Tensor) -> _Moved:
-        mine = sub.live_table
-        in_window = mine[:, IN_WINDOW].bool()
-        for g_index, (g, into, src) in enumerate(zip(sub.groups, self.pools, ref.pools)):
+        for into, src, to, at in zip(self.pools, ref.pools, *_moves(sub, theirs, order)):
             into.k.copy_(src.k)
             into.v.copy_(src.v)
             into.log.copy_(src.log)
-            rows = in_window if g.has_window else torch.ones_like(in_window)
-            to = mine[rows, SLOTS + g_index]
-            at = hj.take(theirs.live_table[:, SLOTS + g_index], order[rows])
             if into.k.shape[0] and to.numel():
                 into.k[:, to] = src.k[:, at]
                 into.v[:, to] = src.v[:, at]
@@ -520,9 +636,17 @@ def _hidden_mismatches(d: _Differ, sub: KVSnapshot, ref: KVSnapshot) -> list[KVM
     return out
 
 
-def _dummy_changes(snap: Cursor, prev: Cursor | None, scratch: hj.Scratch) -> int:
+def _dummy_changes(snap: Cursor | DeltaCursor, prev: Cursor | DeltaCursor | None, scratch: hj.Scratch) -> int:
     count = 0
     for g_index, now in enumerate(snap.pools):
+        if isinstance(now, DeltaPool):
+            if not now.wk.layers * now.wk.size:
+                continue
+            rows = torch.arange(now.wk.layers) * now.wk.size
+            base = (prev.pools[g_index].wk.index_select(0, rows) if prev else
+                    torch.zeros((rows.numel(), now.wk.shape[1]), dtype=now.wk.dtype))
+            count += int(hj.rows_differ(now.wk.index_select(0, rows), base, scratch=scratch).sum())
+            continue
         if now.k.shape[0] == 0:
             continue
         before = prev.pools[g_index].k if prev else None
