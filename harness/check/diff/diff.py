@@ -17,7 +17,11 @@ live tokens that share a slot through the prefix cache are one owner of it. The 
 compared, but the steps in which a run changed it are counted.
 
 The snapshots hold what each step changed (``snapshot.py``); the diff rebuilds the pools of each step
-whole as it goes (three ``Cursor``: the subject's at this step and the previous one, the reference's).
+whole as it goes (three ``Cursor``: the subject's at this step and the previous one, the reference's), for
+small pools (a handful of ops a step). A large pool (``_LARGE_BYTES`` and up) is instead read from the
+deltas where they lie (``deltas.DeltaCursor``: a slot map, no copy, so the diff's memory stays a small
+share of a snapshot's), and a per-row memo of which rows differ from the reference's is brought up to date
+with only the slots either run changed in the step, each side read in place from its delta where it can be.
 
 A bad slot is classified by where its content came from, by the first of the rules of ``rules.py`` that
 claims it (poison, another live token's row, a stale write, a misplaced row, old bytes kept, drift).
