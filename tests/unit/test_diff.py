@@ -426,3 +426,12 @@ def test_tolerance_mode_on_bf16_flags_only_differences_beyond_tolerance():
     assert loose.mismatches[1].detail == "computed NaN"
     exact = diff_runs(sub, ref)
     assert exact.mismatched_slots == 12
+
+
+def test_large_pools_read_from_deltas_compare_another_schedule_token_by_token_too(monkeypatch):
+    import harness.check.diff.diff as diff_module
+
+    monkeypatch.setattr(diff_module, "_LARGE_BYTES", 0)  # every pool read from the deltas, as a GiB one is
+    test_the_same_tokens_in_other_slots_are_compared_token_by_token_and_the_schedule_is_a_note()
+    test_in_another_schedule_a_token_whose_kv_differs_is_named_where_its_own_run_keeps_it()
+    test_schedules_that_part_are_one_mismatch_where_they_part_after_the_steps_that_agree()

@@ -50,7 +50,7 @@ import torch
 from . import hashjoin as hj
 from .deltas import DeltaCursor, DeltaPool, DeltaRows
 from .rules import RULES, BadRows, Finding, Reported, Rule, classify
-from .snapshot import IN_WINDOW, POS, SHARED, SLOTS, Cursor, KVSnapshot, WorkingPool
+from .snapshot import IN_WINDOW, POS, SHARED, SLOTS, Cursor, KVSnapshot, PoolDelta, WorkingPool
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -154,6 +154,8 @@ class _Differ:
         self.counts = torch.zeros(len(self.rules), dtype=torch.int64)
         self.hidden_classes: dict[str, int] = {}
         self.parted = False
+        self.lines: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        """large pools: the subject's salted line hashes of every row at the previous step and at this one"""
 
     def part(self, m: KVMismatch) -> None:
         """The schedules part at ``m.step``: one mismatch, the last; nothing after it is compared."""
@@ -256,8 +258,12 @@ class _Differ:
         mine = (words(sub[0]), words(sub[1]))
         # Line hashes of every row cost about a tenth of the comparison, so they are taken only when
         # something differs; the subject's are kept for the previous-step rules of the next step.
-        table = hj.Rows(mine, None, size) if hj.streams(rows, total) else None
-        before, self.last_lines[pool] = self.last_lines.get(pool), table.hash if table is not None else None
+        if virtual and pool in self.lines:
+            # a large pool's line hashes are kept up to date with the slots each step changed (``_refresh``)
+            table, before = hj.Rows(mine, None, size, self.lines[pool][1]), self.lines[pool][0]
+        else:
+            table = hj.Rows(mine, None, size) if hj.streams(rows, total) else None
+            before, self.last_lines[pool] = self.last_lines.get(pool), table.hash if table is not None else None
         seen = self.seen.setdefault(pool, torch.zeros(size, dtype=torch.bool))
         if seen.numel() < size:
             seen = self.seen[pool] = torch.cat([seen, seen.new_zeros(size - seen.numel())])
@@ -450,11 +456,12 @@ def _refresh(d: _Differ, memos: list[tuple[torch.Tensor, torch.Tensor]], sub: KV
     delta); the few only one run changed are gathered from the pools."""
     for g_index, (mine, theirs) in enumerate(zip(sub.pools, ref.pools)):
         s_slots, r_slots = mine.slots, theirs.slots
-        if not (s_slots.numel() or r_slots.numel()):
-            continue
         now, their_now = sub_now.pools[g_index], ref_now.pools[g_index]
         layers, size = now.wk.layers, now.wk.size
         if not layers * size:
+            continue
+        _update_lines(d, sub.groups.groups[g_index].name, mine, now.wk)
+        if not (s_slots.numel() or r_slots.numel()):
             continue
         typed = dict(dtype=now.wk.typed, row_shape=now.wk.row_shape)
         if torch.equal(s_slots, r_slots):
@@ -483,6 +490,25 @@ def _refresh(d: _Differ, memos: list[tuple[torch.Tensor, torch.Tensor]], sub: KV
             rest = (layer * size + only).flatten()
             for memo, a, b in zip(memos[g_index], (now.wk, now.wv), (their_now.wk, their_now.wv)):
                 memo[rest] = d.differs_rows(a, rest, b, rest, n=rest.numel(), **typed)
+
+
+def _update_lines(d: _Differ, pool: str, delta: PoolDelta, table: DeltaRows) -> None:
+    """The subject's salted line hashes of every row of a large pool, this step's and the previous one's: the
+    rows of the slots the step changed hashed again, from the delta, the others as they were."""
+    layers, size = table.layers, table.size
+    if pool not in d.lines:
+        poison = hj.line_hash(table.poison).expand(layers * size)
+        start = hj.salted_blocks(poison.clone(), size)
+        d.lines[pool] = (start, start)
+    now = d.lines[pool][1]
+    if not delta.slots.numel():
+        d.lines[pool] = (now, now)
+        return
+    rows = (torch.arange(layers)[:, None] * size + delta.slots).flatten()
+    fresh = hj.line_hash(hj.words(delta.k).reshape(rows.numel(), -1))
+    after = now.clone()
+    after[rows] = hj.salted(fresh, rows, size)
+    d.lines[pool] = (now, after)
 
 
 def _moves(sub: KVSnapshot, theirs: KVSnapshot, order: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
