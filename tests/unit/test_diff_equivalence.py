@@ -268,3 +268,6 @@ def test_large_pools_read_from_the_deltas_give_the_same_diff(seed, monkeypatch):
     got = diff_runs(sub, ref, limit=10_000, **kw)
     assert got == whole
     assert _as_rows(got) == want and got.mismatched_slots == want_slots
+    # slots both runs' deltas hold compared in place run by run, however short the runs
+    monkeypatch.setattr(diff_module, "_RUN_SLOTS", 1)
+    assert diff_runs(sub, ref, limit=10_000, **kw) == whole

@@ -477,10 +477,14 @@ def _refresh(d: _Differ, memos: list[tuple[torch.Tensor, torch.Tensor]], sub: KV
         layer = torch.arange(layers)[:, None]
         rows = (layer * size + both).flatten()
         if both.numel():
+            runs = _runs(at_s, at_r, both.numel()) if d.bytes_only(now.wk.typed) else None
             def in_delta(at: torch.Tensor | None, count: int) -> torch.Tensor | None:
                 return None if at is None else (layer * count + at).flatten()
             a_rows, b_rows = in_delta(at_s, s_slots.numel()), in_delta(at_r, r_slots.numel())
             for memo, a, b in zip(memos[g_index], (mine.k, mine.v), (theirs.k, theirs.v)):
+                if runs is not None:
+                    memo[rows] = _differs_in_runs(hj.words(a), hj.words(b), runs, both.numel())
+                    continue
                 memo[rows] = d.differs_rows(hj.words(a).reshape(layers * s_slots.numel(), -1), a_rows,
                                             hj.words(b).reshape(layers * r_slots.numel(), -1), b_rows,
                                             n=rows.numel(), **typed)
@@ -490,6 +494,34 @@ def _refresh(d: _Differ, memos: list[tuple[torch.Tensor, torch.Tensor]], sub: KV
             rest = (layer * size + only).flatten()
             for memo, a, b in zip(memos[g_index], (now.wk, now.wv), (their_now.wk, their_now.wv)):
                 memo[rest] = d.differs_rows(a, rest, b, rest, n=rest.numel(), **typed)
+
+
+_RUN_SLOTS = 64
+"""slots both deltas hold are compared in place, run by run, where their runs average this many slots or more"""
+
+
+def _runs(at_s: torch.Tensor | None, at_r: torch.Tensor | None, n: int) -> list[tuple[int, int, int, int]] | None:
+    """(start, length, in the subject's delta, in the reference's) of the runs of slots both deltas hold at
+    consecutive places in each (``at_*``: each slot's place in that delta, None: in order), when there are few
+    enough of them to compare in place; None otherwise (gather instead)."""
+    a = torch.arange(n) if at_s is None else at_s
+    b = torch.arange(n) if at_r is None else at_r
+    breaks = ((a[1:] - a[:-1] != 1) | (b[1:] - b[:-1] != 1)).nonzero().flatten() + 1
+    if breaks.numel() + 1 > n // _RUN_SLOTS:
+        return None
+    starts = [0, *breaks.tolist()]
+    ends = [*starts[1:], n]
+    firsts_a, firsts_b = hj.take(a, torch.tensor(starts)).tolist(), hj.take(b, torch.tensor(starts)).tolist()
+    return [(st, en - st, fa, fb) for st, en, fa, fb in zip(starts, ends, firsts_a, firsts_b)]
+
+
+def _differs_in_runs(a: torch.Tensor, b: torch.Tensor, runs: list[tuple[int, int, int, int]], n: int) -> torch.Tensor:
+    """[layers * n] bool, layer by layer: the rows of the runs' slots differ bitwise between the delta words
+    ``a`` and ``b`` [layers, slots, words], each run read in place."""
+    out = torch.empty((a.shape[0], n), dtype=torch.bool)
+    for start, length, at_a, at_b in runs:
+        out[:, start : start + length] = (a[:, at_a : at_a + length] != b[:, at_b : at_b + length]).any(-1)
+    return out.flatten()
 
 
 def _update_lines(d: _Differ, pool: str, delta: PoolDelta, table: DeltaRows) -> None:
