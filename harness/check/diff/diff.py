@@ -154,8 +154,8 @@ class _Differ:
         self.counts = torch.zeros(len(self.rules), dtype=torch.int64)
         self.hidden_classes: dict[str, int] = {}
         self.parted = False
-        self.lines: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
-        """large pools: the subject's salted line hashes of every row at the previous step and at this one"""
+        self.lines: dict[str, _Lines] = {}
+        """large pools: the subject's salted line hashes of every row, brought up to date when a step needs them"""
 
     def part(self, m: KVMismatch) -> None:
         """The schedules part at ``m.step``: one mismatch, the last; nothing after it is compared."""
@@ -259,8 +259,9 @@ class _Differ:
         # Line hashes of every row cost about a tenth of the comparison, so they are taken only when
         # something differs; the subject's are kept for the previous-step rules of the next step.
         if virtual and pool in self.lines:
-            # a large pool's line hashes are kept up to date with the slots each step changed (``_refresh``)
-            table, before = hj.Rows(mine, None, size, self.lines[pool][1]), self.lines[pool][0]
+            # a large pool's line hashes follow the slots each step changed (``_Lines``)
+            before, now = self.lines[pool].at(step, sub[0])
+            table = hj.Rows(mine, None, size, now)
         else:
             table = hj.Rows(mine, None, size) if hj.streams(rows, total) else None
             before, self.last_lines[pool] = self.last_lines.get(pool), table.hash if table is not None else None
@@ -460,7 +461,7 @@ def _refresh(d: _Differ, memos: list[tuple[torch.Tensor, torch.Tensor]], sub: KV
         layers, size = now.wk.layers, now.wk.size
         if not layers * size:
             continue
-        _update_lines(d, sub.groups.groups[g_index].name, mine, now.wk)
+        d.lines.setdefault(sub.groups.groups[g_index].name, _Lines()).pending.append((sub.step, mine))
         if not (s_slots.numel() or r_slots.numel()):
             continue
         typed = dict(dtype=now.wk.typed, row_shape=now.wk.row_shape)
@@ -477,7 +478,8 @@ def _refresh(d: _Differ, memos: list[tuple[torch.Tensor, torch.Tensor]], sub: KV
         layer = torch.arange(layers)[:, None]
         rows = (layer * size + both).flatten()
         if both.numel():
-            runs = _runs(at_s, at_r, both.numel()) if d.bytes_only(now.wk.typed) else None
+            in_order = at_s is None and at_r is None  # both read in place, streamed by differs_rows
+            runs = _runs(at_s, at_r, both.numel()) if d.bytes_only(now.wk.typed) and not in_order else None
             def in_delta(at: torch.Tensor | None, count: int) -> torch.Tensor | None:
                 return None if at is None else (layer * count + at).flatten()
             a_rows, b_rows = in_delta(at_s, s_slots.numel()), in_delta(at_r, r_slots.numel())
@@ -519,28 +521,45 @@ def _differs_in_runs(a: torch.Tensor, b: torch.Tensor, runs: list[tuple[int, int
     """[layers * n] bool, layer by layer: the rows of the runs' slots differ bitwise between the delta words
     ``a`` and ``b`` [layers, slots, words], each run read in place."""
     out = torch.empty((a.shape[0], n), dtype=torch.bool)
+    piece = max(1, (4 << 20) // max(1, a.shape[0] * a.shape[2] * a.element_size()))  # a few MiB of flags at most
     for start, length, at_a, at_b in runs:
-        out[:, start : start + length] = (a[:, at_a : at_a + length] != b[:, at_b : at_b + length]).any(-1)
+        for i in range(0, length, piece):
+            m = min(piece, length - i)
+            out[:, start + i : start + i + m] = (a[:, at_a + i : at_a + i + m] != b[:, at_b + i : at_b + i + m]).any(-1)
     return out.flatten()
 
 
-def _update_lines(d: _Differ, pool: str, delta: PoolDelta, table: DeltaRows) -> None:
-    """The subject's salted line hashes of every row of a large pool, this step's and the previous one's: the
-    rows of the slots the step changed hashed again, from the delta, the others as they were."""
-    layers, size = table.layers, table.size
-    if pool not in d.lines:
-        poison = hj.line_hash(table.poison).expand(layers * size)
-        start = hj.salted_blocks(poison.clone(), size)
-        d.lines[pool] = (start, start)
-    now = d.lines[pool][1]
-    if not delta.slots.numel():
-        d.lines[pool] = (now, now)
-        return
-    rows = (torch.arange(layers)[:, None] * size + delta.slots).flatten()
-    fresh = hj.line_hash(hj.words(delta.k).reshape(rows.numel(), -1))
-    after = now.clone()
-    after[rows] = hj.salted(fresh, rows, size)
-    d.lines[pool] = (now, after)
+class _Lines:
+    """The subject's salted line hashes of every row of a large pool, kept as the deltas that change them until
+    a step with bad rows asks (a step without costs nothing here): the rows of the slots each delta changed
+    hashed again, from the delta, the others as they were."""
+
+    def __init__(self) -> None:
+        self.hash: torch.Tensor | None = None
+        self.pending: list[tuple[int, PoolDelta]] = []
+
+    def at(self, step: int, table: DeltaRows) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the hashes at the step before ``step``, the hashes at ``step``), every pending delta applied."""
+        if self.hash is None:
+            poison = hj.line_hash(table.poison).expand(table.layers * table.size)
+            self.hash = hj.salted_blocks(poison.clone(), table.size)
+        current = [(s, d) for s, d in self.pending if s == step and d.slots.numel()]
+        for s, delta in self.pending:
+            if s != step:
+                self._apply(self.hash, delta, table)
+        self.pending = []
+        before = self.hash
+        if current:
+            self.hash = before.clone()
+            self._apply(self.hash, current[0][1], table)
+        return before, self.hash
+
+    @staticmethod
+    def _apply(hashes: torch.Tensor, delta: PoolDelta, table: DeltaRows) -> None:
+        if not delta.slots.numel():
+            return
+        rows = (torch.arange(table.layers)[:, None] * table.size + delta.slots).flatten()
+        hashes[rows] = hj.salted(hj.line_hash(hj.words(delta.k).reshape(rows.numel(), -1)), rows, table.size)
 
 
 def _moves(sub: KVSnapshot, theirs: KVSnapshot, order: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
