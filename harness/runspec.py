@@ -219,10 +219,28 @@ class RunSpec:
 
     def reference(self) -> RunSpec:
         """The run every subject is compared against: eager (the built-in runner), the forward_batch design, no
-        faults."""
+        faults, and a serving stack and eviction policy named by import path replaced by the built-in of their
+        kind (``serving.registry.reference_stack``, ``reference_policy``): a plug-in is never its own reference."""
         return dataclasses.replace(
-            self, design=REFERENCE_DESIGN, mode=Mode.EAGER, engine=Engine.TAPE, faults=frozenset(), runner=None
+            self, design=REFERENCE_DESIGN, mode=Mode.EAGER, engine=Engine.TAPE, faults=frozenset(), runner=None,
+            serving=self.reference_stack(), eviction=dataclasses.replace(self.eviction, policy=self.reference_policy()),
         )
+
+    def reference_stack(self) -> str:
+        """The serving stack of the reference run (``serving.registry.reference_stack``)."""
+        from .serving.registry import STACKS, reference_stack
+
+        if self.serving in STACKS:
+            return self.serving
+        from .serving.stack import stack_spec
+
+        return reference_stack(self.serving, stack_spec(self.model, self.pool))
+
+    def reference_policy(self) -> str:
+        """The eviction policy of the reference run (``serving.registry.reference_policy``)."""
+        from .serving.registry import reference_policy
+
+        return reference_policy(self.eviction.policy)
 
     def problems(self) -> list[Problem]:
         out = serving_problems(model=self.model, pool=self.pool, timeline=self.timeline, graphs=self.graphs,

@@ -64,6 +64,7 @@ def case_view(result: CaseResult | None, *, case: Case | None = None, duration_s
         setup=setup_view(scenario), steps=tuple(_step(s) for s in verdict.steps) if verdict is not None else (),
         heat=tuple(_heat(c) for c in verdict.counts) if verdict is not None else (),
         added_design=not case.listed, judged_by=case.judged_by,
+        schedule_note=diff.schedule_note if diff else None,
     )
 
 

@@ -61,8 +61,15 @@ def summary(view: CaseView) -> str:
     if view.verdict == "diverge" and view.first is not None:
         f = view.first
         return (f"diverge: first at {where(f)}: {f.classification} ({printable(f.detail)}); "
-                f"{view.mismatches} mismatches over {view.mismatched_slots} slots")
-    return view.verdict
+                f"{view.mismatches} mismatches over {view.mismatched_slots} slots{_schedule(view)}")
+    return f"{view.verdict}{_schedule(view)}"
+
+
+def _schedule(view: CaseView) -> str:
+    if view.schedule_note is None:
+        return ""
+    return (f" (another schedule than the reference's from {printable(view.schedule_note)}; every live token "
+            f"compared where its own run keeps it)")
 
 
 def first_divergence(view: CaseView, width: int = 90) -> str:

@@ -226,6 +226,9 @@ class CaseView:
     judged_by: str | None = None
     """which reference run judged it, where a plug-in (a backend, serving stack or eviction policy named by import
     path) is involved (``Case.judged_by``); None, and not in the record, where everything is the library's own"""
+    schedule_note: str | None = None
+    """where the subject first kept the same live tokens as its reference in other slots (``DiffResult.schedule_note``):
+    compared token by token, a note and never a mismatch; None, and not in the record, where the schedules agree"""
     added_design: bool = False
     """a design the scenario does not list, added by ``--design``: its expectations are borrowed (``like:DESIGN``,
     a stated verdict or ``information``), never the scenario file's"""
@@ -265,6 +268,8 @@ class CaseView:
             del record["added_design"]
         if record["judged_by"] is None:
             del record["judged_by"]
+        if record["schedule_note"] is None:  # every library run's schedule is its reference's
+            del record["schedule_note"]
         return record
 
     @classmethod

@@ -159,3 +159,61 @@ def frontier(policy: EvictionPolicy, req: RequestWindow) -> int:
         raise expected("eviction policy", f"{owner(type(policy))}.frontier()",
                        "an int (the position below which SWA slots are freed)", at)
     return at
+
+
+# ---- the built-in a plug-in is judged against -----------------------------------------------------------
+
+REFERENCE_STACK = "miniature"
+"""the serving stack that judges one named by import path that derives from no registered stack"""
+REFERENCE_POLICY = "tight"
+"""the eviction policy that judges one named by import path that derives from no registered policy"""
+
+
+def reference_stack(name: str, spec: StackSpec) -> str:
+    """The serving stack whose eager run judges the runs of stack ``name`` over ``spec``. A registered stack is
+    its own (the library's, or a target's as SGLang itself). One named by import path is judged against the
+    built-in of its kind, so that a bug of its own cannot hide in the reference too: the registered stack it
+    derives from (nearest first), else ``REFERENCE_STACK``, the first with its KV groups (the diff compares
+    group by group); itself where none has them, or where it does not load (its runs then say why)."""
+    if name in STACKS:
+        return name
+    try:
+        cls = stack_class(name)
+        groups = stack_kv_groups(cls, spec)
+    except KeyError:  # DeclarationError included: a stack that does not load or keep its contract
+        return name
+    for candidate in dict.fromkeys((*_registered_bases(cls, STACKS), REFERENCE_STACK)):
+        if candidate in OPTIONAL_STACKS:
+            continue  # its install may be missing; a plug-in over it names it as its own reference by registering
+        try:
+            if stack_kv_groups(stack_class(candidate), spec) == groups:
+                return candidate
+        except KeyError:
+            continue
+    return name
+
+
+def reference_policy(name: str) -> str:
+    """The eviction policy whose eager run judges the runs of policy ``name``: a registered one itself; one
+    named by import path the registered policy it derives from (nearest first), else ``REFERENCE_POLICY``.
+    Which tokens a run holds does not depend on the policy (the window decides what the next query reads; the
+    ``retained`` invariant bounds what a policy may keep), so any policy is judged token by token against
+    another; a policy that does not load is its own (its runs say why)."""
+    if name in EVICTION_POLICIES:
+        return name
+    try:
+        cls = load_named(name, EVICTION_POLICIES, kind="eviction policy", check=_is_declared_policy)
+    except KeyError:
+        return name
+    return next(iter(_registered_bases(cls, EVICTION_POLICIES)), REFERENCE_POLICY)
+
+
+def _registered_bases(cls: object, table: Registry[str]) -> list[str]:
+    """The registered names among the base classes of ``cls``, nearest first (by import path: nothing loads)."""
+    paths = {path: name for name, path in table.items()}
+    out = []
+    for base in getattr(cls, "__mro__", ())[1:]:
+        name = paths.get(f"{base.__module__}:{base.__qualname__}")
+        if name is not None:
+            out.append(name)
+    return out

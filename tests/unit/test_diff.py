@@ -187,15 +187,55 @@ def test_a_shared_slot_is_written_when_any_of_its_owners_was():
 
 
 def test_schedules_that_part_are_one_mismatch_where_they_part_after_the_steps_that_agree():
+    a0, a1, b0 = tok("a", 0, 1), tok("a", 1, 2), tok("b", 0, 3)
+    ref = [snap(0, {1: 1.0}, [a0], [("a", 0)]), snap(1, {1: 1.0, 2: 2.0}, [a0, a1], [("a", 1)]),
+           snap(2, {1: 1.0, 2: 2.0}, [a0, a1], [])]
+    sub = [snap(0, {1: 1.5}, [a0], [("a", 0)]), snap(1, {1: 1.5, 3: 2.0}, [a0, b0], [("b", 0)]),
+           snap(2, {1: 1.5, 3: 2.0}, [a0, b0], [])]
+    found, d = classes(sub, ref)
+    assert found == [(0, 1, "drift"), (1, 3, "schedule")]
+    assert d.mismatches[1].detail == "the schedules part: b@0 is live in the subject (full slot 3), not in the reference"
+    assert (d.steps_compared, d.total, d.classes) == (1, 2, (("drift", 1), ("schedule", 1)))
+    assert d.schedule_note is None
+
+
+def test_the_same_tokens_in_other_slots_are_compared_token_by_token_and_the_schedule_is_a_note():
+    # another free order: a@1 is given slot 3 instead of 2, and holds the same K/V there
     a0, a1 = tok("a", 0, 1), tok("a", 1, 2)
     ref = [snap(0, {1: 1.0}, [a0], [("a", 0)]), snap(1, {1: 1.0, 2: 2.0}, [a0, a1], [("a", 1)]),
            snap(2, {1: 1.0, 2: 2.0}, [a0, a1], [])]
-    sub = [snap(0, {1: 1.5}, [a0], [("a", 0)]), snap(1, {1: 1.5, 3: 2.0}, [a0, tok("a", 1, 3)], [("a", 1)]),
-           snap(2, {1: 1.5, 3: 2.0}, [a0, tok("a", 1, 3)], [])]
+    sub = [snap(0, {1: 1.0}, [a0], [("a", 0)]), snap(1, {1: 1.0, 3: 2.0}, [a0, tok("a", 1, 3)], [("a", 1)]),
+           snap(2, {1: 1.0, 3: 2.0}, [a0, tok("a", 1, 3)], [])]
     found, d = classes(sub, ref)
-    assert found == [(0, 1, "drift"), (1, 3, "schedule")]
-    assert d.mismatches[1].detail == "the schedules part: the subject keeps a@1 in full slot 3, the reference in 2"
-    assert (d.steps_compared, d.total, d.classes) == (1, 2, (("drift", 1), ("schedule", 1)))
+    assert found == [] and d.total == 0 and d.steps_compared == 3
+    assert d.schedule_note == "step 1: the subject keeps a@1 in full slot 3, the reference in 2"
+
+
+def test_in_another_schedule_a_token_whose_kv_differs_is_named_where_its_own_run_keeps_it():
+    a0, a1 = tok("a", 0, 1), tok("a", 1, 2)
+    ref = [snap(0, {1: 1.0, 2: 2.0}, [a0, a1], [("a", 0), ("a", 1)]),
+           snap(1, {1: 1.0, 2: 2.0}, [a0, a1], [("a", 1)])]
+    moved = [a0, tok("a", 1, 4)]
+    # step 0: a@1's slot holds a@0's K/V (overwritten); step 1: its K/V sits in slot 6 (misplaced)
+    sub = [snap(0, {1: 1.0, 4: 1.0}, moved, [("a", 0), ("a", 1)]),
+           snap(1, {1: 1.0, 4: 9.0, 6: 2.0}, moved, [("a", 1)], log={1: 0, 4: 1, 6: 1})]
+    found, d = classes(sub, ref)
+    assert found == [(0, 4, "overwritten"), (1, 4, "misplaced")]
+    assert [(m.rid, m.pos) for m in d.mismatches] == [("a", 1), ("a", 1)]
+    assert d.mismatches[0].holder == "a@0" and d.mismatches[1].found_in == 6
+    assert d.schedule_note == "step 0: the subject keeps a@1 in full slot 4, the reference in 2"
+
+
+def test_in_another_schedule_the_live_tokens_may_be_listed_in_another_order_and_hidden_states_follow_them():
+    a0, b0 = tok("a", 0, 1), tok("b", 0, 2)
+    ref = snap(0, {1: 1.0, 2: 2.0}, [a0, b0], [("a", 0), ("b", 0)])
+    ref = ref.__class__(**{**{f: getattr(ref, f) for f in ref.__dataclass_fields__},
+                           "hidden": torch.tensor([[1.0] * 4, [2.0] * 4])})
+    sub = snap(0, {3: 2.0, 4: 1.0}, [tok("b", 0, 3), tok("a", 0, 4)], [("b", 0), ("a", 0)])
+    sub = sub.__class__(**{**{f: getattr(sub, f) for f in sub.__dataclass_fields__},
+                           "hidden": torch.tensor([[2.0] * 4, [1.0] * 4])})
+    found, d = classes([sub], [ref])
+    assert found == [] and d.schedule_note is not None
 
 
 def test_a_token_live_in_one_run_only_is_where_the_schedules_part():
@@ -386,3 +426,12 @@ def test_tolerance_mode_on_bf16_flags_only_differences_beyond_tolerance():
     assert loose.mismatches[1].detail == "computed NaN"
     exact = diff_runs(sub, ref)
     assert exact.mismatched_slots == 12
+
+
+def test_large_pools_read_from_deltas_compare_another_schedule_token_by_token_too(monkeypatch):
+    import harness.check.diff.diff as diff_module
+
+    monkeypatch.setattr(diff_module, "_LARGE_BYTES", 0)  # every pool read from the deltas, as a GiB one is
+    test_the_same_tokens_in_other_slots_are_compared_token_by_token_and_the_schedule_is_a_note()
+    test_in_another_schedule_a_token_whose_kv_differs_is_named_where_its_own_run_keeps_it()
+    test_schedules_that_part_are_one_mismatch_where_they_part_after_the_steps_that_agree()

@@ -250,3 +250,24 @@ def test_each_rule_stands_alone_when_another_is_left_out(left_out, seed):
     want, _ = literal_diff(sub, ref, layer_is_swa=layer_is_swa, skip=(left_out,))
     rules = [r for r in RULES if r.name != left_out]
     assert _as_rows(diff_runs(sub, ref, limit=10_000, rules=rules)) == want
+
+
+@pytest.mark.parametrize("seed", seeds(range(0, 80, 3), stride=4))
+def test_large_pools_read_from_the_deltas_give_the_same_diff(seed, monkeypatch):
+    # Large pools are read from the snapshots' deltas through a slot map, each row compared again only when
+    # a step changed its slot in either run (``deltas.py``); forced here on small pools, against the literal
+    # rules and against the working copies' diff, record for record.
+    import harness.check.diff.diff as diff_module
+
+    sub, ref, layer_is_swa, dtype = random_runs(seed)
+    tolerant = seed % 4 == 3 and dtype != torch.uint8
+    kw = dict(exact=False, atol=2e-3, rtol=0.0) if tolerant else {}
+    whole = diff_runs(sub, ref, limit=10_000, **kw)
+    monkeypatch.setattr(diff_module, "_LARGE_BYTES", 0)
+    want, want_slots = literal_diff(sub, ref, layer_is_swa=layer_is_swa, **kw)
+    got = diff_runs(sub, ref, limit=10_000, **kw)
+    assert got == whole
+    assert _as_rows(got) == want and got.mismatched_slots == want_slots
+    # slots both runs' deltas hold compared in place run by run, however short the runs
+    monkeypatch.setattr(diff_module, "_RUN_SLOTS", 1)
+    assert diff_runs(sub, ref, limit=10_000, **kw) == whole

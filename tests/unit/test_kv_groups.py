@@ -108,12 +108,26 @@ def test_the_diff_compares_each_group_at_its_own_slots_and_names_the_group():
     assert diff_runs(snapshots_of([_step(LIVE, outside)]), snapshots_of([_step(LIVE, FILL)])).total == 0
 
 
-def test_schedules_that_part_in_a_windowed_group_name_it():
+def test_another_slot_in_a_windowed_group_is_compared_where_each_run_keeps_the_token():
     moved = [LIVE[0], _tok(1, 2, 7, 5)]
+    # a@1's window-8 K/V moved with it to slot 7: the same K/V, another schedule, a note
+    same = diff_runs(snapshots_of([_step(moved, {**FILL, "w8": {7: 3.0}})]), snapshots_of([_step(LIVE, FILL)]))
+    assert same.total == 0
+    assert same.schedule_note == "step 0: the subject keeps a@1 in window-8 slot 7, the reference in window-8 slot 8"
+    # slot 7 left as poison: a@1's K/V is missing where the subject keeps it
     found = diff_runs(snapshots_of([_step(moved, FILL)]), snapshots_of([_step(LIVE, FILL)]))
+    assert {(m.pool, m.slot, m.rid, m.pos, m.classification) for m in found.mismatches} == {
+        ("w8", 7, "a", 1, "unwritten")}
+
+
+def test_schedules_that_part_in_a_windowed_group_name_it():
+    # a@0 inside the window in one run, outside it in the other: the live tokens differ, the schedules part
+    inside = [_tok(0, 1, 9, 4), LIVE[1]]
+    found = diff_runs(snapshots_of([_step(inside, FILL)]), snapshots_of([_step(LIVE, FILL)]))
     (m,) = found.mismatches
-    assert (m.pool, m.slot, m.classification) == ("w8", 7, "schedule")
-    assert m.detail == "the schedules part: the subject keeps a@1 in window-8 slot 7, the reference in window-8 slot 8"
+    assert (m.pool, m.slot, m.classification) == ("w8", 9, "schedule")
+    assert m.detail == ("the schedules part: the subject keeps a@0 in window-8 slot 9, the reference in window-8 "
+                        "slot 9 (out of the window)")
 
 
 # ---- the invariants over three groups ----------------------------------------------------------------

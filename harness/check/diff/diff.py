@@ -1,17 +1,27 @@
 """Slot-by-slot comparison of a subject run's KV snapshots with the reference run's, and its records.
 
 The scheduler depends on the timeline alone, so both runs normally see the same schedule and the same
-slot assignments, and step s of one lines up with step s of the other. Where they do not (a fault or a
-design that changes what the scheduler does: a pool run dry, another eviction), the steps are compared
-as far as the schedules agree, and the step where they part is one mismatch of its own (classification
-``schedule``: which live token they disagree on, and how), the last. Comparison is over live slots only:
+slot assignments, and step s of one lines up with step s of the other, slot for slot. The schedule is not
+part of the answer, though: a stack or policy may hand out other slots (another free order) and be right.
+Where both runs hold the same live tokens but in other slots, each live token's K/V is compared where its
+own run keeps it, keyed by (request, position) and KV group (the reference's rows are moved to the
+subject's slots for them, ``_Moved``), and the other schedule is a note (``DiffResult.schedule_note``), not
+a mismatch; whether each run's slots are owned once and read inside the window is each run's own invariant
+checks' (``serving/invariants.py``). Where the live tokens themselves differ (a fault or a design that
+changes what the scheduler does: a pool run dry, another eviction), the steps are compared as far as the
+schedules agree, and the step where they part is one mismatch of its own (classification ``schedule``:
+which live token they disagree on, and how), the last. Comparison is over live slots only:
 every token of a running request in a full-attention group (SGLang's full pool), and in a windowed group (its
 SWA pool) the tokens its next query reads;
 live tokens that share a slot through the prefix cache are one owner of it. The dummy slot 0 is never
 compared, but the steps in which a run changed it are counted.
 
 The snapshots hold what each step changed (``snapshot.py``); the diff rebuilds the pools of each step
-whole as it goes (three ``Cursor``: the subject's at this step and the previous one, the reference's).
+whole as it goes (three ``Cursor``: the subject's at this step and the previous one, the reference's), for
+small pools (a handful of ops a step). A large pool (``_LARGE_BYTES`` and up) is instead read from the
+deltas where they lie (``deltas.DeltaCursor``: a slot map, no copy, so the diff's memory stays a small
+share of a snapshot's), and a per-row memo of which rows differ from the reference's is brought up to date
+with only the slots either run changed in the step, each side read in place from its delta where it can be.
 
 A bad slot is classified by where its content came from, by the first of the rules of ``rules.py`` that
 claims it (poison, another live token's row, a stale write, a misplaced row, old bytes kept, drift).
@@ -30,14 +40,17 @@ built only for the first ``limit``.
 
 from __future__ import annotations
 
+import math
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
 from . import hashjoin as hj
+from .deltas import DeltaCursor, DeltaPool, DeltaRows
 from .rules import RULES, BadRows, Finding, Reported, Rule, classify
-from .snapshot import IN_WINDOW, SHARED, SLOTS, Cursor, KVSnapshot
+from .snapshot import IN_WINDOW, POS, SHARED, SLOTS, Cursor, KVSnapshot, PoolDelta, WorkingPool
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -86,6 +99,10 @@ class DiffResult:
     counts: tuple[MismatchCount, ...] = ()
     """every mismatch, ``limit`` or not, per (step, pool, layer): in step order, then by layer, hidden
     states last (the order in which ``mismatches`` first reaches each)"""
+    schedule_note: str | None = None
+    """where the two runs first kept the same live tokens in other slots (another free order, another stack's
+    allocator), in words; None when every step compared had one schedule. Not a mismatch: each token's K/V
+    was compared where its own run keeps it"""
 
 
 _WHAT = ("k", "v", "kv")
@@ -137,6 +154,8 @@ class _Differ:
         self.counts = torch.zeros(len(self.rules), dtype=torch.int64)
         self.hidden_classes: dict[str, int] = {}
         self.parted = False
+        self.lines: dict[str, _Lines] = {}
+        """large pools: the subject's salted line hashes of every row, brought up to date when a step needs them"""
 
     def part(self, m: KVMismatch) -> None:
         """The schedules part at ``m.step``: one mismatch, the last; nothing after it is compared."""
@@ -169,42 +188,83 @@ class _Differ:
         bad[at[close]] = False
         return bad
 
+    def differs_rows(self, a: torch.Tensor | DeltaRows, a_rows: torch.Tensor | None, b: torch.Tensor | DeltaRows,
+                     b_rows: torch.Tensor | None, *, n: int, dtype: torch.dtype, row_shape: torch.Size) -> torch.Tensor:
+        """[n] bool: row ``a_rows[i]`` of the word table ``a`` differs from row ``b_rows[i]`` of ``b`` (no index:
+        row i, read in place), bytes or beyond tolerance; gathered rows a chunk at a time."""
+        out = torch.empty(n, dtype=torch.bool)
+        chunk = max(1, (4 << 20) // max(1, a.shape[1] * a.element_size()))
+        for i in range(0, n, chunk):
+            m = min(chunk, n - i)
+            x, y = (t[i : i + m] if index is None else
+                    hj._select(t, index[i : i + m], self.scratch.get(name, (m, t.shape[1]), t.dtype))
+                    for t, index, name in ((a, a_rows, "delta_a"), (b, b_rows, "delta_b")))
+            bad = hj.rows_differ(x, y, scratch=self.scratch)
+            if not self.bytes_only(dtype) and bool(bad.any()):
+                at = bad.nonzero().flatten()
+                typed = [hj.take(t, at).view(torch.uint8).view(dtype).view(-1, *row_shape).float() for t in (x, y)]
+                close = torch.isclose(*typed, atol=self.atol, rtol=self.rtol, equal_nan=True).flatten(1).all(1)
+                bad[at[close]] = False
+            out[i : i + m] = bad
+        return out
+
     def compare_pool(
         self,
         pool: str,
-        sub: tuple[torch.Tensor, torch.Tensor],
-        ref: tuple[torch.Tensor, torch.Tensor],
-        prev: tuple[torch.Tensor, torch.Tensor] | None,
+        sub: tuple[torch.Tensor, torch.Tensor] | tuple[DeltaRows, DeltaRows],
+        ref: tuple[torch.Tensor, torch.Tensor] | tuple[DeltaRows, DeltaRows],
+        prev: tuple[torch.Tensor, torch.Tensor] | tuple[DeltaRows, DeltaRows] | None,
         log: torch.Tensor,
         step: int,
         tokens: torch.Tensor,
         slots: torch.Tensor,
         written: torch.Tensor,
+        memo: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> _Bad | None:
         """Classify every bad live row of one pool; ``tokens`` are live indices, ``slots`` their slots here.
 
         The pool's layers are handled as one tensor of layers x slots rows (row ``layer * slots + slot``),
-        so that every step below runs once per pool, however many layers the model has."""
-        if slots.numel() == 0 or sub[0].shape[0] == 0:
+        so that every step below runs once per pool, however many layers the model has. A large pool comes
+        as ``DeltaRows`` (read from the snapshots' deltas), with ``memo``: whether each of its rows differs
+        from the reference's, kept up to date by the diff, or None to compare the live rows here."""
+        virtual = isinstance(sub[0], DeltaRows)
+        if slots.numel() == 0 or (sub[0].layers * sub[0].size if virtual else sub[0].shape[0]) == 0:
             self.last_lines[pool] = None
             return None
-        layers, size = sub[0].shape[:2]
         n = slots.numel()
-        sub, ref = _stacked(sub), _stacked(ref)
-        prev = _stacked(prev) if prev is not None else None
+        if virtual:
+            layers, size = sub[0].layers, sub[0].size
+            dtype, row_shape = sub[0].typed, sub[0].row_shape
+        else:
+            layers, size = sub[0].shape[:2]
+            sub, ref = _stacked(sub), _stacked(ref)
+            prev = _stacked(prev) if prev is not None else None
+            dtype, row_shape = sub[0].dtype, sub[0].shape[1:]
         rows = (torch.arange(layers)[:, None] * size + slots).flatten()
         total = layers * size
-        bad_k = self.differs(sub[0], ref[0], rows)
-        bad_v = self.differs(sub[1], ref[1], rows)
+        if virtual and memo is not None:
+            bad_k, bad_v = hj.take(memo[0], rows), hj.take(memo[1], rows)
+        elif virtual:
+            bad_k, bad_v = (self.differs_rows(a, rows, b, rows, n=rows.numel(), dtype=dtype, row_shape=row_shape)
+                            for a, b in zip(sub, ref))
+        else:
+            bad_k = self.differs(sub[0], ref[0], rows)
+            bad_v = self.differs(sub[1], ref[1], rows)
         bad = bad_k | bad_v
         if not bool(bad.any()):
             self.last_lines[pool] = None
             return None
-        mine = (hj.words(sub[0]), hj.words(sub[1]))
+        words = (lambda t: t) if virtual else hj.words
+        mine = (words(sub[0]), words(sub[1]))
         # Line hashes of every row cost about a tenth of the comparison, so they are taken only when
         # something differs; the subject's are kept for the previous-step rules of the next step.
-        table = hj.Rows(mine, None, size) if hj.streams(rows, total) else None
-        before, self.last_lines[pool] = self.last_lines.get(pool), table.hash if table is not None else None
+        if virtual and pool in self.lines:
+            # a large pool's line hashes follow the slots each step changed (``_Lines``)
+            before, now = self.lines[pool].at(step, sub[0])
+            table = hj.Rows(mine, None, size, now)
+        else:
+            table = hj.Rows(mine, None, size) if hj.streams(rows, total) else None
+            before, self.last_lines[pool] = self.last_lines.get(pool), table.hash if table is not None else None
         seen = self.seen.setdefault(pool, torch.zeros(size, dtype=torch.bool))
         if seen.numel() < size:
             seen = self.seen[pool] = torch.cat([seen, seen.new_zeros(size - seen.numel())])
@@ -213,9 +273,9 @@ class _Differ:
             before = None
         found = BadRows(
             live=bad.nonzero().flatten(), live_rows=rows, n=n, slots=size, tokens=tokens, written=written,
-            sub=mine, ref=(hj.words(ref[0]), hj.words(ref[1])),
-            prev=(hj.words(prev[0]), hj.words(prev[1])) if prev is not None else None, table=table, before=before,
-            last_write=log.flatten(), step=step, dtype=sub[0].dtype, row_shape=sub[0].shape[1:], bytes_only=self.bytes_only(sub[0].dtype),
+            sub=mine, ref=(words(ref[0]), words(ref[1])),
+            prev=(words(prev[0]), words(prev[1])) if prev is not None else None, table=table, before=before,
+            last_write=log.flatten(), step=step, dtype=dtype, row_shape=row_shape, bytes_only=self.bytes_only(dtype),
             scratch=self.scratch,
         )
         code, arg = classify(found, self.rules)
@@ -309,18 +369,41 @@ def diff_runs(
                 rules=RULES if rules is None else rules)
     dummy_writes = 0
     steps = 0
+    note: str | None = None
+    moved: _Moved | None = None
+    large = bool(subject and reference) and _large(subject[0])
+    memos: list[tuple[torch.Tensor, torch.Tensor]] = []
     if subject and reference:
-        # the previous step's pools lag one snapshot behind the subject's own
-        sub_now, sub_before, ref_now = Cursor(subject[0]), Cursor(subject[0]), Cursor(reference[0])
+        # the previous step's pools lag one snapshot behind the subject's own; large pools are read from the
+        # deltas where they lie (``deltas.py``), small ones rebuilt whole (a handful of ops a step)
+        start = DeltaCursor if large else Cursor
+        sub_now, sub_before, ref_now = start(subject[0]), start(subject[0]), start(reference[0])
+        # whether each row of a large pool differs from the reference's: blank pools agree everywhere
+        memos = [(torch.zeros(p.size * p.k.shape[0], dtype=torch.bool), torch.zeros(p.size * p.k.shape[0],
+                  dtype=torch.bool)) for p in subject[0].pools] if large else []
     for i, (sub, ref) in enumerate(zip(subject, reference)):
+        order = None
         if not sub.same_schedule(ref):
-            d.part(_parting(sub, ref))
-            break
+            order = _same_tokens(sub, ref)
+            if order is None:
+                d.part(_parting(sub, ref))
+                break
+            if note is None:
+                note = f"step {sub.step}: {_parting(sub, ref).detail.removeprefix(_PART)}"
         if i:
             sub_before.apply(subject[i - 1])
         sub_now.apply(sub)
         ref_now.apply(ref)
         prev = sub_before if i else None
+        if large:
+            _refresh(d, memos, sub, ref, sub_now, ref_now)
+        theirs_now: Cursor | _Moved | DeltaCursor = ref_now
+        if order is not None and large:
+            to, at = _moves(sub, ref, order)
+            theirs_now = ref_now.moved(to, at, tuple(ref.live[j] for j in order.tolist()))
+        elif order is not None:
+            moved = moved if moved is not None else _Moved(ref_now)
+            theirs_now = moved.fill(ref_now, sub, ref, order)
         table = sub.live_table
         everyone = torch.arange(table.shape[0])
         in_window = table[:, IN_WINDOW].bool()
@@ -332,12 +415,13 @@ def diff_runs(
             slots = table[:, SLOTS + g_index]
             owners = (_one_owner(everyone[rows], slots[rows], sub.live_written[rows], shared[rows]) if rows is not None
                       else _one_owner(everyone, slots, sub.live_written, shared))
-            mine, theirs = sub_now.pools[g_index], ref_now.pools[g_index]
+            mine, theirs = sub_now.pools[g_index], theirs_now.pools[g_index]
             before = prev.pools[g_index] if prev else None
-            pools[g.name] = d.compare_pool(g.name, (mine.k, mine.v), (theirs.k, theirs.v),
-                                           (before.k, before.v) if before else None, mine.log, sub.step, *owners)
+            memo = memos[g_index] if large and order is None else None
+            pools[g.name] = d.compare_pool(g.name, _pair(mine), _pair(theirs), _pair(before) if before else None,
+                                           mine.log, sub.step, *owners, memo=memo)
         dummy_writes += _dummy_changes(sub_now, prev, d.scratch)
-        d.end_step(sub.step, sub_now, ref_now, pools, _hidden_mismatches(d, sub, ref))
+        d.end_step(sub.step, sub_now, theirs_now, pools, _hidden_mismatches(d, sub, ref))
         steps += 1
     return DiffResult(
         mismatches=tuple(d.found),
@@ -347,7 +431,195 @@ def diff_runs(
         dummy_writes=dummy_writes,
         steps_compared=steps if d.parted else min(len(subject), len(reference)),
         counts=tuple(d.cells),
+        schedule_note=note,
     )
+
+
+_LARGE_BYTES = 32 << 20
+"""a run whose largest pool (K of all its layers) holds this much is read from its deltas (``deltas.py``):
+three working copies of it would cost three times a snapshot's memory, and rebuilding them more than the diff"""
+
+
+def _large(first: KVSnapshot) -> bool:
+    return max((p.size * p.k.shape[0] * math.prod(p.k.shape[2:]) * p.k.element_size() for p in first.pools),
+               default=0) >= _LARGE_BYTES
+
+
+def _pair(pool: WorkingPool | DeltaPool) -> tuple:
+    return (pool.wk, pool.wv) if isinstance(pool, DeltaPool) else (pool.k, pool.v)
+
+
+def _refresh(d: _Differ, memos: list[tuple[torch.Tensor, torch.Tensor]], sub: KVSnapshot, ref: KVSnapshot,
+             sub_now: DeltaCursor, ref_now: DeltaCursor) -> None:
+    """Bring each large pool's memo (which rows differ from the reference's, slot for slot) to this step: only
+    the slots either run changed are compared again. The slots both steps changed are read from the two
+    deltas where they lie (in place on a side whose delta holds no other slot, else gathered from that one
+    delta); the few only one run changed are gathered from the pools."""
+    for g_index, (mine, theirs) in enumerate(zip(sub.pools, ref.pools)):
+        s_slots, r_slots = mine.slots, theirs.slots
+        now, their_now = sub_now.pools[g_index], ref_now.pools[g_index]
+        layers, size = now.wk.layers, now.wk.size
+        if not layers * size:
+            continue
+        d.lines.setdefault(sub.groups.groups[g_index].name, _Lines()).pending.append((sub.step, mine))
+        if not (s_slots.numel() or r_slots.numel()):
+            continue
+        typed = dict(dtype=now.wk.typed, row_shape=now.wk.row_shape)
+        if torch.equal(s_slots, r_slots):
+            both, at_s, at_r = s_slots, None, None
+        elif s_slots.numel() and r_slots.numel():
+            pos = torch.searchsorted(r_slots, s_slots).clamp_(max=r_slots.numel() - 1)
+            hit = (hj.take(r_slots, pos) == s_slots).nonzero().flatten()
+            both, at_s, at_r = hj.take(s_slots, hit), hit, hj.take(pos, hit)
+            at_s = None if both.numel() == s_slots.numel() else at_s
+            at_r = None if both.numel() == r_slots.numel() else at_r
+        else:
+            both = at_s = at_r = torch.empty(0, dtype=torch.int64)
+        layer = torch.arange(layers)[:, None]
+        rows = (layer * size + both).flatten()
+        if both.numel():
+            in_order = at_s is None and at_r is None  # both read in place, streamed by differs_rows
+            runs = _runs(at_s, at_r, both.numel()) if d.bytes_only(now.wk.typed) and not in_order else None
+            def in_delta(at: torch.Tensor | None, count: int) -> torch.Tensor | None:
+                return None if at is None else (layer * count + at).flatten()
+            a_rows, b_rows = in_delta(at_s, s_slots.numel()), in_delta(at_r, r_slots.numel())
+            for memo, a, b in zip(memos[g_index], (mine.k, mine.v), (theirs.k, theirs.v)):
+                if runs is not None:
+                    memo[rows] = _differs_in_runs(hj.words(a), hj.words(b), runs, both.numel())
+                    continue
+                memo[rows] = d.differs_rows(hj.words(a).reshape(layers * s_slots.numel(), -1), a_rows,
+                                            hj.words(b).reshape(layers * r_slots.numel(), -1), b_rows,
+                                            n=rows.numel(), **typed)
+        either = torch.cat([s_slots, r_slots])
+        only = either[~torch.isin(either, both)].unique()
+        if only.numel():
+            rest = (layer * size + only).flatten()
+            for memo, a, b in zip(memos[g_index], (now.wk, now.wv), (their_now.wk, their_now.wv)):
+                memo[rest] = d.differs_rows(a, rest, b, rest, n=rest.numel(), **typed)
+
+
+_RUN_SLOTS = 64
+"""slots both deltas hold are compared in place, run by run, where their runs average this many slots or more"""
+
+
+def _runs(at_s: torch.Tensor | None, at_r: torch.Tensor | None, n: int) -> list[tuple[int, int, int, int]] | None:
+    """(start, length, in the subject's delta, in the reference's) of the runs of slots both deltas hold at
+    consecutive places in each (``at_*``: each slot's place in that delta, None: in order), when there are few
+    enough of them to compare in place; None otherwise (gather instead)."""
+    a = torch.arange(n) if at_s is None else at_s
+    b = torch.arange(n) if at_r is None else at_r
+    breaks = ((a[1:] - a[:-1] != 1) | (b[1:] - b[:-1] != 1)).nonzero().flatten() + 1
+    if breaks.numel() + 1 > n // _RUN_SLOTS:
+        return None
+    starts = [0, *breaks.tolist()]
+    ends = [*starts[1:], n]
+    firsts_a, firsts_b = hj.take(a, torch.tensor(starts)).tolist(), hj.take(b, torch.tensor(starts)).tolist()
+    return [(st, en - st, fa, fb) for st, en, fa, fb in zip(starts, ends, firsts_a, firsts_b)]
+
+
+def _differs_in_runs(a: torch.Tensor, b: torch.Tensor, runs: list[tuple[int, int, int, int]], n: int) -> torch.Tensor:
+    """[layers * n] bool, layer by layer: the rows of the runs' slots differ bitwise between the delta words
+    ``a`` and ``b`` [layers, slots, words], each run read in place."""
+    out = torch.empty((a.shape[0], n), dtype=torch.bool)
+    piece = max(1, (4 << 20) // max(1, a.shape[0] * a.shape[2] * a.element_size()))  # a few MiB of flags at most
+    for start, length, at_a, at_b in runs:
+        for i in range(0, length, piece):
+            m = min(piece, length - i)
+            out[:, start + i : start + i + m] = (a[:, at_a + i : at_a + i + m] != b[:, at_b + i : at_b + i + m]).any(-1)
+    return out.flatten()
+
+
+class _Lines:
+    """The subject's salted line hashes of every row of a large pool, kept as the deltas that change them until
+    a step with bad rows asks (a step without costs nothing here): the rows of the slots each delta changed
+    hashed again, from the delta, the others as they were."""
+
+    def __init__(self) -> None:
+        self.hash: torch.Tensor | None = None
+        self.pending: list[tuple[int, PoolDelta]] = []
+
+    def at(self, step: int, table: DeltaRows) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the hashes at the step before ``step``, the hashes at ``step``), every pending delta applied."""
+        if self.hash is None:
+            poison = hj.line_hash(table.poison).expand(table.layers * table.size)
+            self.hash = hj.salted_blocks(poison.clone(), table.size)
+        current = [(s, d) for s, d in self.pending if s == step and d.slots.numel()]
+        for s, delta in self.pending:
+            if s != step:
+                self._apply(self.hash, delta, table)
+        self.pending = []
+        before = self.hash
+        if current:
+            self.hash = before.clone()
+            self._apply(self.hash, current[0][1], table)
+        return before, self.hash
+
+    @staticmethod
+    def _apply(hashes: torch.Tensor, delta: PoolDelta, table: DeltaRows) -> None:
+        if not delta.slots.numel():
+            return
+        rows = (torch.arange(table.layers)[:, None] * table.size + delta.slots).flatten()
+        hashes[rows] = hj.salted(hj.line_hash(hj.words(delta.k).reshape(rows.numel(), -1)), rows, table.size)
+
+
+def _moves(sub: KVSnapshot, theirs: KVSnapshot, order: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Per group, the subject's slots of the live tokens (inside the window, in a windowed group) and the
+    reference's slots of the same tokens: where ``_Moved`` puts the reference's rows."""
+    mine = sub.live_table
+    in_window = mine[:, IN_WINDOW].bool()
+    to, at = [], []
+    for g_index, g in enumerate(sub.groups):
+        rows = in_window if g.has_window else torch.ones_like(in_window)
+        to.append(mine[rows, SLOTS + g_index])
+        at.append(hj.take(theirs.live_table[:, SLOTS + g_index], order[rows]))
+    return to, at
+
+
+def _same_tokens(sub: KVSnapshot, ref: KVSnapshot) -> torch.Tensor | None:
+    """Where the two runs hold the same live tokens at the same step, each as inside or outside the window
+    and as the prefix cache's or not, and write the same tokens' K/V, only perhaps in other slots: [live] the
+    index in ``ref.live`` of each of ``sub.live``. None where they hold other tokens (the schedules part)."""
+    if (sub.step != ref.step or sub.groups.names != ref.groups.names or len(sub.live) != len(ref.live)
+            or Counter(sub.hidden_owners) != Counter(ref.hidden_owners)):
+        return None
+    if sub.live_rids == ref.live_rids and torch.equal(sub.live_table[:, :SLOTS], ref.live_table[:, :SLOTS]):
+        order = torch.arange(len(sub.live))
+    else:
+        theirs = {(t.rid, t.pos): i for i, t in enumerate(ref.live)}
+        at = [theirs.get((t.rid, t.pos)) for t in sub.live]
+        if None in at or len(set(at)) != len(at):
+            return None
+        order = torch.tensor(at, dtype=torch.int64)
+        if not torch.equal(sub.live_table[:, POS:SLOTS], ref.live_table[order, POS:SLOTS]):
+            return None
+    return order
+
+
+class _Moved:
+    """The reference's pools at a step with each live token's rows moved to the slot the subject keeps it in
+    (every group; a windowed one for the tokens inside the window): the reference as the subject's schedule
+    would have laid it out, so the rules compare slot for slot. One working copy, made at the first step the
+    schedules differ in slots and refilled at each such step."""
+
+    def __init__(self, ref: Cursor) -> None:
+        self.groups = ref.groups
+        self.pools = tuple(WorkingPool(p.k.clone(), p.v.clone(), p.log.clone()) for p in ref.pools)
+        self.live: tuple = ()
+
+    def pool(self, name: str) -> WorkingPool:
+        return self.pools[self.groups.index(name)]
+
+    def fill(self, ref: Cursor, sub: KVSnapshot, theirs: KVSnapshot, order: torch.Tensor) -> _Moved:
+        for into, src, to, at in zip(self.pools, ref.pools, *_moves(sub, theirs, order)):
+            into.k.copy_(src.k)
+            into.v.copy_(src.v)
+            into.log.copy_(src.log)
+            if into.k.shape[0] and to.numel():
+                into.k[:, to] = src.k[:, at]
+                into.v[:, to] = src.v[:, at]
+                into.log[:, to] = src.log[:, at]
+        self.live = tuple(theirs.live[j] for j in order.tolist())
+        return self
 
 
 def _one_owner(
@@ -371,12 +643,15 @@ def _one_owner(
     return tokens[keep], slots[keep], written[keep]
 
 
+_PART = "the schedules part: "
+
+
 def _parting(sub: KVSnapshot, ref: KVSnapshot) -> KVMismatch:
     """Where the two runs' schedules part at a step: the first live token they disagree on, and how. A token
     is named by its slot in the stack's first group (SGLang's full pool)."""
     def record(pool: str, slot: int | None, rid: str, pos: int, detail: str) -> KVMismatch:
         return KVMismatch(step=sub.step, pool=pool, layer=None, slot=slot, rid=rid, pos=pos, what="schedule",
-                          classification=SCHEDULE, detail=f"the schedules part: {detail}")
+                          classification=SCHEDULE, detail=f"{_PART}{detail}")
 
     groups = sub.groups
     first_group = groups.groups[0]
@@ -422,10 +697,15 @@ def _parting(sub: KVSnapshot, ref: KVSnapshot) -> KVMismatch:
 def _hidden_mismatches(d: _Differ, sub: KVSnapshot, ref: KVSnapshot) -> list[KVMismatch]:
     if sub.hidden.shape != ref.hidden.shape or not sub.hidden.numel():
         return []
+    theirs = ref.hidden
+    if sub.hidden_owners != ref.hidden_owners and Counter(sub.hidden_owners) == Counter(ref.hidden_owners):
+        # the same tokens in another order (another schedule): each compared with its own hidden state
+        row_of = {key: i for i, key in enumerate(ref.hidden_owners)}
+        theirs = ref.hidden[torch.tensor([row_of[key] for key in sub.hidden_owners], dtype=torch.int64)]
     out = []
-    for row in d.differs(sub.hidden[:, None, :], ref.hidden[:, None, :]).nonzero().flatten().tolist():
+    for row in d.differs(sub.hidden[:, None, :], theirs[:, None, :]).nonzero().flatten().tolist():
         key = sub.hidden_owners[row]
-        got, want = sub.hidden[row].float(), ref.hidden[row].float()
+        got, want = sub.hidden[row].float(), theirs[row].float()
         nan = bool(torch.isnan(got).any())
         out.append(
             KVMismatch(
@@ -437,9 +717,17 @@ def _hidden_mismatches(d: _Differ, sub: KVSnapshot, ref: KVSnapshot) -> list[KVM
     return out
 
 
-def _dummy_changes(snap: Cursor, prev: Cursor | None, scratch: hj.Scratch) -> int:
+def _dummy_changes(snap: Cursor | DeltaCursor, prev: Cursor | DeltaCursor | None, scratch: hj.Scratch) -> int:
     count = 0
     for g_index, now in enumerate(snap.pools):
+        if isinstance(now, DeltaPool):
+            if not now.wk.layers * now.wk.size:
+                continue
+            rows = torch.arange(now.wk.layers) * now.wk.size
+            base = (prev.pools[g_index].wk.index_select(0, rows) if prev else
+                    torch.zeros((rows.numel(), now.wk.shape[1]), dtype=now.wk.dtype))
+            count += int(hj.rows_differ(now.wk.index_select(0, rows), base, scratch=scratch).sum())
+            continue
         if now.k.shape[0] == 0:
             continue
         before = prev.pools[g_index].k if prev else None

@@ -146,13 +146,16 @@ def rows_differ(
     """[n] bool: row ``a_rows[i]`` of ``a`` and row ``b_rows[i]`` of ``b`` differ (word tensors [*, w]; no
     index means row i). Indexed rows are gathered a chunk at a time, never all at once."""
     n = next((r.numel() for r in (a_rows, b_rows) if r is not None), a.shape[0])
+    # a table that is not a tensor (``deltas.DeltaRows``) is always gathered, a chunk at a time
+    a_rows = torch.arange(n) if a_rows is None and not isinstance(a, torch.Tensor) else a_rows
+    b_rows = torch.arange(n) if b_rows is None and not isinstance(b, torch.Tensor) else b_rows
     out = torch.empty(n, dtype=torch.bool)
     chunk = _chunk_rows(a, gathered=a_rows is not None or b_rows is not None)
     for i in range(0, n, chunk):
         rows = min(chunk, n - i)
         x, y = (
-            t[i : i + rows] if index is None else torch.index_select(
-                t, 0, index[i : i + rows], out=scratch.get(name, (rows, t.shape[1]), t.dtype)
+            t[i : i + rows] if index is None else _select(
+                t, index[i : i + rows], scratch.get(name, (rows, t.shape[1]), t.dtype)
             )
             for t, index, name in ((a, a_rows, "a"), (b, b_rows, "b"))
         )
@@ -160,6 +163,12 @@ def rows_differ(
         torch.ne(x, y, out=flags)
         out[i : i + rows] = _any_per_row(flags)
     return out
+
+
+def _select(t: torch.Tensor, index: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    if isinstance(t, torch.Tensor):
+        return torch.index_select(t, 0, index, out=out)
+    return t.index_select(0, index, out=out)
 
 
 def parts_differ(a: Parts, a_rows: torch.Tensor, b: Parts, b_rows: torch.Tensor, *, scratch: Scratch) -> torch.Tensor:
@@ -199,6 +208,14 @@ def line_hash(w: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor
     as summing the whole line (measured), which is what lets a table be hashed whole for every lookup.
     """
     last = max(1, min(w.shape[1], _LINE_BYTES // w.element_size())) - 1
+    if not isinstance(w, torch.Tensor):
+        # ``deltas.DeltaRows``: the first lines gathered, a chunk of rows at a time (not all at once: a GiB
+        # pool's first lines are tens of MiB)
+        rows = torch.arange(w.shape[0]) if rows is None else rows
+        lines = w.narrow(1, 0, last + 1)
+        chunk = 1 << 16
+        return torch.cat([line_hash(lines.index_select(0, rows[i : i + chunk]), None)
+                          for i in range(0, rows.numel(), chunk)]) if rows.numel() else torch.empty(0, dtype=torch.int64)
     if rows is None:
         first, end = w[:, 0], w[:, last]
     else:

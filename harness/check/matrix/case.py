@@ -128,9 +128,13 @@ class Case:
             how = "the library's reference backend for this geometry: it declares no reference_backend"
         line = f"the eager {REFERENCE_DESIGN} run on {ref} ({how})"
         if scenario.serving not in STACKS or scenario.eviction.policy not in EVICTION_POLICIES:
-            line += (f", on serving stack {scenario.serving} with eviction policy {scenario.eviction.policy} (the "
-                     f"plug-in's own: a built-in one hands out other slots, which the slot-for-slot diff cannot "
-                     f"compare)")
+            reference = self.run_spec().reference()
+            parts = [_judging(what, mine, theirs, own_reason)
+                     for what, mine, theirs, own_reason in (
+                         ("serving stack", scenario.serving, reference.serving,
+                          "no built-in stack has its KV groups, or it does not load"),
+                         ("eviction policy", scenario.eviction.policy, reference.eviction.policy, "it does not load"))]
+            line += ", on " + " with ".join(parts)
         return line + ", certified against the dense oracle"
 
     def run_spec(self) -> RunSpec:
@@ -150,6 +154,15 @@ class CaseResult:
     @property
     def ok(self) -> bool:
         return holds(self.case.expected, self.verdict.outcome)
+
+
+def _judging(what: str, mine: str, theirs: str, own_reason: str) -> str:
+    """How the reference run's stack or policy relates to the subject's, in words."""
+    if theirs != mine:
+        return f"{what} {theirs} (the built-in {what} of the kind of {mine})"
+    if mine in STACKS or mine in EVICTION_POLICIES:
+        return f"{what} {mine}"
+    return f"{what} {mine} (its own: {own_reason})"
 
 
 def reference_geometry(scenario: ScenarioSpec, device: str) -> dict[str, object]:

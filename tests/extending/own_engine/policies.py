@@ -13,3 +13,16 @@ class StopsFreeingOnceDecoding(TightEviction):
 
     def frontier(self, req: RequestWindow) -> int:
         return req.swa_evicted if req.decoded > 0 else super().frontier(req)
+
+
+class FreesInBatches(TightEviction):
+    """A correct policy of one's own: frees what left the window only once the frontier has moved the
+    scenario's interval past what it freed (as SGLang batches its frees), declaring so. It keeps SWA pages
+    longer than ``tight``, so pages are reused in another order: another schedule, the same K/V."""
+
+    name = "frees_in_batches"
+    frees_every_step = False
+
+    def frontier(self, req: RequestWindow) -> int:
+        due = super().frontier(req)
+        return due if due >= req.swa_evicted + self.spec.interval else req.swa_evicted
