@@ -4,7 +4,6 @@ writes; both pools diffed slot by slot against an eager run of the same SGLang c
 flagged where they act."""
 
 import contextlib
-import os
 from pathlib import Path
 
 import pytest
@@ -17,10 +16,6 @@ LIBRARY = sorted((ROOT / "scenarios").glob("*.toml"))
 DECODE_LIBRARY = [p for p in LIBRARY if '"decode"' in p.read_text()]
 """the library's decode scenarios (tagged so); all of them the SGLang target can express replay to the eager
 pools through the TRT-LLM backend (measured: docs/sglang-graphs.md)"""
-SWEEP = ("swa_decode_past_window_reuse", "swa_mixed_decode_prefill_decode", "swa_paged_decode_pages_of_4",
-         "swa_paged_sglang_pages_of_16")
-"""the ones make test-sglang runs (its cost): pages of 1, 4 and 16, SWA slots reused past the window, decode
-around a prefill (and swa_decode_padded_buckets above); HARNESS_SGLANG_FULL_SWEEP=1 runs every one"""
 
 TRTLLM = "trtllm_mha"
 
@@ -167,8 +162,7 @@ def test_the_prefill_runner_is_refused_over_the_torch_native_subclass(graph_runn
         graph_runner.run_timeline(spec, engine=get_engine("tape"), prefill_tokens=PREFILL_TOKENS)
 
 
-@pytest.mark.parametrize("path", [p for p in DECODE_LIBRARY if p.stem in SWEEP or os.environ.get(
-    "HARNESS_SGLANG_FULL_SWEEP") == "1"], ids=lambda p: p.stem.replace("_", "-"))
+@pytest.mark.parametrize("path", DECODE_LIBRARY, ids=lambda p: p.stem.replace("_", "-"))
 def test_every_library_decode_timeline_replays_through_trtllm_to_the_eager_pools(path, graph_runner, trtllm_runs,
                                                                                  clean_spec):
     spec = clean_spec(path)
