@@ -12,7 +12,7 @@ PYTEST_WORKERS ?= auto
 # (in __pycache__/, ignored by git) where the environment turned that off
 TEST_ENV := env -u PYTHONDONTWRITEBYTECODE
 
-.PHONY: venv test test-slow test-all test-gpu gpu-plan gpu-durations sglang-venv test-sglang report report-quick screenshots chromium bench fuzz clean
+.PHONY: venv test test-slow test-all test-gpu gpu-plan gpu-durations sglang-venv test-sglang fuzz-venv fuzz-campaign report report-quick screenshots chromium bench fuzz clean
 
 venv: $(STAMP)
 
@@ -147,8 +147,40 @@ else
 		if $(FUZZ_RUN) $$args; then echo "fuzz: $$t gave no failure in $(FUZZ_BUDGET)s"; exit 1; fi; done
 endif
 
+# A long campaign (docs/fuzzing.md, "Long campaigns: HypoFuzz"): HypoFuzz fuzzes harness/fuzz/campaign.py, the same
+# property as make fuzz, on HARNESS_FUZZ_TARGET (design:mode[:fault...]) with CAMPAIGN_PROCS worker processes for
+# CAMPAIGN_SECONDS, then stops; whatever it found is in the example database (.cache/fuzz/), which the search then
+# replays first for CAMPAIGN_REPLAY_BUDGET seconds, shrinking it further and writing it under scenarios/regressions/
+# (FUZZ_OUT=DIR elsewhere). It succeeds whether or not a failure was found (the written file is the finding), and
+# fails when HypoFuzz itself broke or the target is not one (harness/fuzz/campaign_run.py says how it tells).
+# HypoFuzz lives in its own virtual environment: its release needs an older Hypothesis (constraints/fuzz.txt).
+FUZZ_VENV ?= .venv-fuzz
+FUZZ_PY := $(FUZZ_VENV)/bin/python
+FUZZ_STAMP := $(FUZZ_VENV)/.installed
+HARNESS_FUZZ_TARGET ?= forward_batch:full
+CAMPAIGN_SECONDS ?= 120
+CAMPAIGN_PROCS ?= 1
+CAMPAIGN_REPLAY_BUDGET ?= 30
+
+fuzz-venv: $(FUZZ_STAMP)
+
+$(FUZZ_STAMP): pyproject.toml $(CONSTRAINTS) constraints/fuzz.txt
+	test -x $(FUZZ_PY) || $(PYTHON) -m venv $(FUZZ_VENV)
+	$(FUZZ_PY) -m pip install --quiet --upgrade pip
+	$(FUZZ_PY) -m pip install --quiet $(if $(CONSTRAINTS),-c $(CONSTRAINTS)) -c constraints/fuzz.txt -e '.[campaign]'
+	touch $(FUZZ_STAMP)
+
+fuzz-campaign: $(FUZZ_STAMP) $(STAMP)
+	HARNESS_FUZZ_TARGET=$(HARNESS_FUZZ_TARGET) $(FUZZ_PY) -m harness.fuzz.campaign_run \
+		--seconds $(CAMPAIGN_SECONDS) --procs $(CAMPAIGN_PROCS)
+	@t=$(HARNESS_FUZZ_TARGET); $(FUZZ_ARGS); for f in $$(echo $$t | cut -s -d: -f4- | tr : ' '); do \
+		args="$$args --fault $$f"; done; \
+		echo "$(PY) -m harness fuzz --budget $(CAMPAIGN_REPLAY_BUDGET) --seed $(FUZZ_SEED) $$args"; \
+		$(PY) -m harness fuzz --budget $(CAMPAIGN_REPLAY_BUDGET) --seed $(FUZZ_SEED)$(if $(FUZZ_OUT), --out $(FUZZ_OUT)) $$args; \
+		[ $$? -le 1 ]
+
 bench: $(STAMP)
 	$(PY) -m harness.bench
 
 clean:
-	rm -rf $(VENV) $(SGLANG_VENV) .bench
+	rm -rf $(VENV) $(SGLANG_VENV) $(FUZZ_VENV) .bench

@@ -56,6 +56,9 @@ class FuzzReport:
     """why the search ended: its budget, Hypothesis's own end, or the shrink limit"""
 
 
+CAMPAIGN_NODEID = "harness/fuzz/campaign.py::test_property"
+"""the campaign's test as pytest names it from the project's root, which HypoFuzz mixes into its database key"""
+
 SLOW_AND_FILTERED = ("too_slow", "filter_too_much", "data_too_large", "large_base_example")
 """the health checks a property over whole runs fails by its nature: each example is a run of tenths of a second,
 and the dry run refuses some drawn timelines (HypoFuzz refuses a test that suppresses any other)"""
@@ -192,7 +195,8 @@ def property_test(target: FuzzTarget, check: Callable[[RunSpec], None], *, datab
                   **options) -> Callable[[], None]:
     """The Hypothesis test of ``target``'s property: ``check`` on every generated run. The search and a HypoFuzz
     campaign (``campaign.py``) build theirs here, so both have the same database key (Hypothesis derives it
-    from this function's source) and what one finds in a target's folder the other replays."""
+    from this function's source and ``CAMPAIGN_NODEID``) and what one finds in a target's folder the other
+    replays."""
     from hypothesis import HealthCheck, given, settings
     from hypothesis import seed as hypothesis_seed
 
@@ -201,6 +205,10 @@ def property_test(target: FuzzTarget, check: Callable[[RunSpec], None], *, datab
     def fuzz_property(spec: RunSpec) -> None:
         check(spec)
 
+    # HypoFuzz adds the pytest node id of the test it fuzzes to the key (it sets this attribute, which Hypothesis's
+    # own pytest plugin sets only for a parametrized test); every property carries the campaign's, so the search,
+    # a campaign under plain pytest and one under HypoFuzz all read and write the same key
+    fuzz_property._hypothesis_internal_add_digest = CAMPAIGN_NODEID.encode()  # type: ignore[attr-defined]
     test = given(run_specs(target))(fuzz_property)
     if seed is not None:
         test = hypothesis_seed(seed)(test)
@@ -220,4 +228,4 @@ def _folder(target: FuzzTarget) -> str:
     return re.sub(r"[^\w.-]+", "_", "-".join(parts))
 
 
-__all__ = ["DATABASE_DEFAULT", "FuzzReport", "Progress", "PropertyFailed", "database_folder", "fuzz", "property_test"]
+__all__ = ["CAMPAIGN_NODEID", "DATABASE_DEFAULT", "FuzzReport", "Progress", "PropertyFailed", "database_folder", "fuzz", "property_test"]
