@@ -220,7 +220,8 @@ def _frame_file(file: str) -> str:
 
 def _mismatch(m: KVMismatch) -> MismatchView:
     return MismatchView(step=m.step, pool=m.pool, layer=m.layer, slot=m.slot, owner=f"{m.rid}@{m.pos}", what=m.what,
-                        classification=m.classification, detail=m.detail, holder=m.holder, found_in=m.found_in)
+                        classification=m.classification, detail=m.detail, holder=m.holder, found_in=m.found_in,
+                        written_at=m.written_at)
 
 
 def _graph(obs: GraphObservations | None) -> GraphView | None:

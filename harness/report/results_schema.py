@@ -121,6 +121,7 @@ _RULES: dict[tuple[str, str], Callable[[Any], str | None]] = {
     ("MismatchView", "layer"): _COUNT,
     ("MismatchView", "slot"): _between(0, POOL_SIZE_LIMIT - 1),
     ("MismatchView", "found_in"): _between(0, POOL_SIZE_LIMIT - 1),
+    ("MismatchView", "written_at"): _STEP,
     ("ErrorView", "step"): _STEP,
     ("FrameView", "line"): _COUNT,
     ("FindingView", "kind"): _choice("unregistered", "stale", "moved"),

@@ -20,7 +20,7 @@ from .pages import (
     status,
     unexpected_first,
 )
-from .cause import Cause, first_divergence_cause
+from .cause import Cause, first_divergence_cause, write_cause
 from .slots import groups_of, pool_label, pools_of, slot_map
 from .text import FRAMES_TITLE, STOPPED_TITLE, finding_line, frame_lines
 from .views import CaseView, FindingView, GraphView, StepView
@@ -90,6 +90,8 @@ class RunSection:
     """the findings shown beside the first divergence, each linking to its row of the input audit"""
     cause_label: str
     """which graphs' audit ``cause`` comes from: ``the graph step 1 replayed (decode/bs4)``"""
+    written: str | None
+    """which forward last wrote the first divergent slot, by the write log (``cause.write_cause``)"""
     graph: GraphView | None
     graph_stats: tuple[tuple[str, str], ...]
     failed_in: str | None
@@ -299,6 +301,7 @@ def _section(view: CaseView, row: RunRow) -> RunSection:
                          observed=f"the K/V of {m.holder}" if m.holder else m.detail,
                          classification=m.classification, what=m.what) for m in view.details),
         bad_note=note, findings=rows, cause=tuple(r for r in rows if r.explains), cause_label=cause_label,
+        written=write_cause(view),
         graph=view.graph, graph_stats=tuple(graph_stats), failed_in=failed_capture(view),
         open=row.status == "unexpected",
     )

@@ -12,7 +12,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import TextIO
 
-from .cause import first_divergence_cause
+from .cause import first_divergence_cause, write_cause
 from .views import CaseView, ErrorView, FindingView, GraphView, MismatchView, Tally, fault_split
 
 
@@ -140,6 +140,8 @@ def failure_block(view: CaseView) -> str:
         lines.append(f"  cause: the input audit of the graph{'s' if len(cause.graphs) > 1 else ''} "
                      f"step {cause.step} replayed ({', '.join(map(printable, cause.graphs))}) found:")
         lines.extend(f"    {finding_line(f)}" for f in cause.findings)
+    if (written := write_cause(view)) is not None:
+        lines.append(f"  written: {printable(written)}")
     if view.error is not None and view.error.frames:
         lines.append(f"  {STOPPED_TITLE if view.error.type == 'Timeout' else FRAMES_TITLE}:")
         lines.extend(f"    {line}" for line in frame_lines(view.error))

@@ -3,7 +3,7 @@
 The terminal failure block, the run table, the verdict matrix, the JSON records and CSV (and the HTML
 pages) are renderers of these. A ``CaseView`` round-trips through its JSON record, which is how results
 cross from pytest-xdist workers to the controller without loss. Fields added after version 1 of the
-record (``setup``, ``steps``, ``heat``, a mismatch's ``holder`` and ``found_in``, an error's ``frames``, a
+record (``setup``, ``steps``, ``heat``, a mismatch's ``holder``, ``found_in`` and ``written_at``, an error's ``frames``, a
 forward's ``graph``, the setup's ``groups``) have defaults, so a results file written before them still reads; ``clean_rerun``,
 which such a file only shows in the run's name, is derived from that name at reading, in
 ``CaseView.from_record`` only.
@@ -40,6 +40,9 @@ class MismatchView:
     """``rid@pos`` whose K/V an ``overwritten`` slot holds, when the diff could name it"""
     found_in: int | None = None
     """for ``misplaced``: the slot of the same layer that holds the expected row"""
+    written_at: int | None = None
+    """the step that last wrote the slot in the subject's run (its pool's write log); None: nothing wrote it
+    since it was poisoned, a hidden state, or a record written before the field"""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

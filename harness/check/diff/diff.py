@@ -50,6 +50,7 @@ import torch
 from . import hashjoin as hj
 from .deltas import DeltaCursor, DeltaPool, DeltaRows
 from .rules import RULES, BadRows, Finding, Reported, Rule, classify
+from ...serving.pool import NEVER_WRITTEN
 from .snapshot import IN_WINDOW, POS, SHARED, SLOTS, Cursor, KVSnapshot, PoolDelta, WorkingPool
 
 
@@ -70,6 +71,9 @@ class KVMismatch:
     """``rid@pos`` of the live token whose K/V an overwritten slot holds, when one does"""
     found_in: int | None = None
     """the slot where a misplaced row's expected K/V was found"""
+    written_at: int | None = None
+    """the step that last wrote the slot in the subject's run, by its pool's write log (None: nothing wrote it
+    since it was poisoned, or a hidden state): which forward left what the slot holds"""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -130,6 +134,8 @@ class _Bad:
     code: torch.Tensor
     """index of the claiming rule"""
     arg: torch.Tensor
+    logged: torch.Tensor
+    """the subject's write-log entry of each row (``NEVER_WRITTEN``: unwritten since poisoned)"""
     """what the rule's claim gave the row, else -1"""
 
 
@@ -284,7 +290,8 @@ class _Differ:
         position = at % n
         index = torch.div(at, n, rounding_mode="floor")
         layer = hj.take(torch.tensor(self.layer_ids[pool], dtype=torch.int64), index)
-        return _Bad(index, layer, hj.take(slots, position), hj.take(tokens, position), what, code, arg)
+        return _Bad(index, layer, hj.take(slots, position), hj.take(tokens, position), what, code, arg,
+                    found.logged(torch.arange(at.numel())))
 
     def end_step(self, step: int, snap: Cursor, ref: Cursor, pools: dict[str, _Bad], hidden: list[KVMismatch]) -> None:
         """Count the step's mismatches and keep the first ones, lowest layer first (later layers read what
@@ -308,21 +315,23 @@ class _Differ:
             self.found.extend(hidden[: max(room, 0)])
             return
         names = list(bad)
-        fields = ("index", "layer", "slot", "token", "what", "code", "arg")
-        index, layer, slot, token, what, code, arg = (torch.cat([getattr(bad[p], f) for p in names]) for f in fields)
+        fields = ("index", "layer", "slot", "token", "what", "code", "arg", "logged")
+        index, layer, slot, token, what, code, arg, logged = (torch.cat([getattr(bad[p], f).long() for p in names])
+                                                              for f in fields)
         pool_of = torch.cat([torch.full_like(bad[p].code, i) for i, p in enumerate(names)])
         # Order as a stable sort by (layer, slot) of rows listed pool by pool, layer by layer, token by token.
         key = (layer * (int(slot.max()) + 1) + slot) * (code.numel() + 1) + torch.arange(code.numel())
         first = torch.topk(key, min(room, key.numel()), largest=False).indices if room < key.numel() else torch.arange(key.numel())
         first = first[torch.argsort(key[first])]
-        picked = list(zip(*(col[first].tolist() for col in (pool_of, index, layer, slot, token, what, code, arg))))
-        for (p, _, l, sl, t, w, c, _), said in zip(picked, self._describe(picked, names, snap, ref)):
+        picked = list(zip(*(col[first].tolist() for col in (pool_of, index, layer, slot, token, what, code, arg,
+                                                             logged))))
+        for (p, _, l, sl, t, w, c, _, at_step), said in zip(picked, self._describe(picked, names, snap, ref)):
             tok = snap.live[t]
             self.found.append(
                 KVMismatch(
                     step=step, pool=names[p], layer=l, slot=sl, rid=tok.rid, pos=tok.pos, what=_WHAT[w],
                     classification=self.rules[c].classification, detail=said.detail, holder=said.holder,
-                    found_in=said.found_in,
+                    found_in=said.found_in, written_at=None if at_step == NEVER_WRITTEN else at_step,
                 )
             )
         self.found.extend(hidden[: self.limit - len(self.found)])
