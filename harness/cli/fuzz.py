@@ -20,10 +20,17 @@ def add_fuzz_command(sub: argparse._SubParsersAction) -> argparse.ArgumentParser
 
     p = sub.add_parser("fuzz", help="search random timelines of one design and mode for a run that does not match the "
                        "reference; write each failure, shrunk, as a scenario under scenarios/regressions/")
-    p.add_argument("--design", required=True, type=_design, help="the design under test")
-    p.add_argument("--mode", required=True, type=name_type("mode", Mode), metavar="{" + ",".join(Mode) + "}",
-                   help="the runner mode under test")
-    p.add_argument("--backend", type=_backend, default="torch_native", help="the attention backend (default: "
+    from ..fuzz.properties import FUZZ_PROPERTIES, LIBRARY
+
+    p.add_argument("--target", type=name_type("fuzz target", (LIBRARY, *FUZZ_PROPERTIES)), default=LIBRARY,
+                   help=f"{LIBRARY} (default): one design and mode against the eager reference; a target's own "
+                        f"property ({', '.join(FUZZ_PROPERTIES) or 'none registered'}; sglang-differential: the "
+                        "miniature against the installed SGLang, step by step, with .venv-sglang), which takes no "
+                        "--design, --mode, --backend or --fault")
+    p.add_argument("--design", type=_design, help="the design under test (required for the library target)")
+    p.add_argument("--mode", type=name_type("mode", Mode), metavar="{" + ",".join(Mode) + "}",
+                   help="the runner mode under test (required for the library target)")
+    p.add_argument("--backend", type=_backend, default=None, help="the attention backend (default: "
                    "torch_native)")
     p.add_argument("--fault", action="append", default=[], type=name_type("fault", sorted(FAULTS)), metavar="FAULT",
                    help="switch this fault on in every run (repeatable)")
@@ -45,25 +52,22 @@ _seed = int_at_least(0, "a non-negative integer")
 
 
 def _cmd_fuzz(args: argparse.Namespace) -> int:
-    from ..fuzz import DATABASE_DEFAULT, REGRESSIONS_DEFAULT, FuzzTarget, Progress, fuzz, write_regression
+    from ..fuzz.properties import LIBRARY
 
-    target = FuzzTarget(design=args.design, mode=Mode(args.mode), backend=args.backend, faults=frozenset(args.fault))
+    if args.target != LIBRARY:
+        return _cmd_fuzz_property(args)
+    if args.design is None or args.mode is None:
+        args.parser.error("the library target needs --design and --mode")
+    from ..fuzz import DATABASE_DEFAULT, REGRESSIONS_DEFAULT, FuzzTarget, fuzz, write_regression
+    from ..fuzz.search import progress_printer
+
+    target = FuzzTarget(design=args.design, mode=Mode(args.mode), backend=args.backend or "torch_native",
+                        faults=frozenset(args.fault))
     if problems := target.problems():
         print("\n".join(problems), file=sys.stderr)
         return 2
     tty = sys.stderr.isatty()
-    shown = [-10.0]
-
-    def progress(p: Progress) -> None:
-        if not tty and p.elapsed_s - shown[0] < 5:
-            return
-        shown[0] = p.elapsed_s
-        phase = "shrinking" if p.shrinking else "searching"
-        line = (f"fuzz {target.label}: {phase}: {p.tried} examples tried, {p.failures} distinct "
-                f"failure{'s' if p.failures != 1 else ''}, {p.shrink_steps} shrink steps, {p.elapsed_s:.0f}s")
-        sys.stderr.write(("\r\033[K" + line) if tty else line + "\n")
-        sys.stderr.flush()
-
+    progress = progress_printer(target.label, tty)
     command = target.command(seed=args.seed)
     report = fuzz(target, budget_s=args.budget, seed=args.seed, progress=progress,
                   database=Path(args.database) if args.database else DATABASE_DEFAULT)
@@ -82,3 +86,16 @@ def _cmd_fuzz(args: argparse.Namespace) -> int:
         print(f"  written: {path}" if path is not None else "  already written (same signature): "
               f"{folder}/*{finding.key}.toml")
     return 1 if report.findings else 0
+
+
+def _cmd_fuzz_property(args: argparse.Namespace) -> int:
+    """A property a target registered (``fuzz.properties``)."""
+    if stray := [flag for flag, value in (("--design", args.design), ("--mode", args.mode),
+                                          ("--backend", args.backend), ("--fault", args.fault)) if value]:
+        args.parser.error(f"--target {args.target} takes no {', '.join(stray)}")
+    from ..fuzz.properties import FUZZ_PROPERTIES
+    from ..imports import load_named
+
+    run = load_named(args.target, dict(FUZZ_PROPERTIES), kind="fuzz property",
+                     check=lambda o: None if callable(o) else "not a function")
+    return run(args)

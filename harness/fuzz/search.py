@@ -228,4 +228,24 @@ def _folder(target: FuzzTarget) -> str:
     return re.sub(r"[^\w.-]+", "_", "-".join(parts))
 
 
-__all__ = ["CAMPAIGN_NODEID", "DATABASE_DEFAULT", "FuzzReport", "Progress", "PropertyFailed", "database_folder", "fuzz", "property_test"]
+def progress_printer(label: str, tty: bool):
+    """A ``progress`` callback: one line on stderr, redrawn on a terminal, every five seconds elsewhere."""
+    import sys
+
+    shown = [-10.0]
+
+    def progress(p: Progress) -> None:
+        if not tty and p.elapsed_s - shown[0] < 5:
+            return
+        shown[0] = p.elapsed_s
+        phase = "shrinking" if p.shrinking else "searching"
+        line = (f"fuzz {label}: {phase}: {p.tried} examples tried, {p.failures} distinct "
+                f"failure{'s' if p.failures != 1 else ''}, {p.shrink_steps} shrink steps, {p.elapsed_s:.0f}s")
+        sys.stderr.write(("\r\033[K" + line) if tty else line + "\n")
+        sys.stderr.flush()
+
+    return progress
+
+
+__all__ = ["CAMPAIGN_NODEID", "DATABASE_DEFAULT", "FuzzReport", "Progress", "PropertyFailed", "database_folder", "fuzz",
+           "progress_printer", "property_test"]

@@ -338,7 +338,7 @@ class SGLangScheduler:
             if (kept := free_before[0] - alloc.full_available_size()) > 0:
                 message += (f"; the failed allocation kept {kept} full slots (full free {free_before[0]} -> "
                             f"{alloc.full_available_size()}, SWA free {alloc.swa_available_size()})")
-            raise PoolExhausted(self._short_field(), message) from exc
+            raise PoolExhausted(self._short_field(kept=max(kept, 0)), message) from exc
         evicted = []
         for r in self._held:
             # below cache_protected_len the slots are the radix cache's (a matched prefix), not the request's
@@ -359,9 +359,13 @@ class SGLangScheduler:
         return retention_bound(window, window=self.eviction.window, page_size=self.stack.page_size,
                                interval=self.interval, prefix_sharing=False)
 
-    def _short_field(self) -> str:
+    def _short_field(self, *, kept: int = 0) -> str:
+        """The pool that was short, judged from the free counts the allocation met: the full slots a failed
+        paged alloc_decode kept (docs/findings.md) count as free, or the full pool would be named for the SWA
+        pool's shortage."""
         alloc = self.stack.allocator
-        return "swa_size" if alloc.swa_available_size() <= alloc.full_available_size() else "full_size"
+        full_free = alloc.full_available_size() + kept
+        return "swa_size" if alloc.swa_available_size() <= full_free else "full_size"
 
     def _scheduled(self, batch: Any, chosen: list[_Request]) -> ScheduledStep:
         """The step as the harness runs it, from SGLang's ``ForwardBatch.init_new`` of the schedule batch."""

@@ -8,6 +8,7 @@ builds the stack (a scenario loads without it, the dry run standing the miniatur
 
 from __future__ import annotations
 
+from ..fuzz.properties import register_fuzz_property
 from ..serving.faults import Component, Fault, register_faults
 from ..serving.registry import register_stack
 
@@ -45,3 +46,4 @@ def register() -> None:
     register_stack(STACK, "harness.sglang.stack:SGLangStack", optional_install="SGLang 0.5.23 (make sglang-venv)",
                    scheduler="harness.sglang.schedule:own_scheduler")
     register_faults(*FAULTS)
+    register_fuzz_property("sglang-differential", "harness.sglang.fuzz:main")

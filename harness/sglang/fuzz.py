@@ -1,0 +1,348 @@
+"""The differential property under the SGLang target: on every generated timeline SGLang can express, the
+miniature and the installed SGLang (``harness/sglang/differential.py``: SGLang's own ``Req`` and
+``ScheduleBatch`` path over its allocator) agree step by step on what each allocates, evicts and frees, apart
+from the differences that module names (``DIFFERENCES``).
+
+A case is a timeline drawn by ``strategies.run_specs`` (the same valid scenarios the library property
+draws; its page size one of 1, 4 and 16), without draft steps, with or without the prefix cache, and one
+of SGLang's eviction intervals, 1 and 128; a case the adapter cannot express (``differential.not_expressible``:
+fp8 pools, models of one layer kind, ...) is discarded, never judged. It fails in one of two ways:
+
+- **fidelity**: the traces part (``first_difference``: the first step and field that differ): the miniature
+  models SGLang wrongly there, or the difference is one ``DIFFERENCES`` should name;
+- **SGLang raised**: SGLang's side raised (running out of a pool aside, which both sides must do alike),
+  with its invariant checks on at their strictest (``SGLANG_INVARIANT_CHECK=2``, strict: a breached check
+  raises): a candidate defect of the real code, to be read against its source lines before it is reported.
+
+Each failure's signature is its kind and field (or the exception's type and message, numbers blanked), not
+its step; Hypothesis shrinks each on its own. A finding is written once per signature as a scenario file
+under ``scenarios/regressions/`` whose model, pool and timeline are the shrunk case's: the differential
+test (``tests/sglang/test_differential.py``) runs every library scenario at pages of 1, 4 and 16 and
+intervals of 1 and 128, so it fails on the file until the difference is fixed or named.
+
+SGLang is imported only when a case is checked. The SGLang target registers ``main`` as the fuzz property
+``sglang-differential`` (``fuzz.properties``), so ``python -m harness fuzz --target sglang-differential`` runs it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import os
+import re
+import shlex
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..fuzz.search import (DATABASE_DEFAULT, SLOW_AND_FILTERED, Progress, PropertyFailed, _failure, _Interrupt,
+                           _leaves, progress_printer)
+from ..fuzz.target import FuzzTarget
+from ..runspec import Mode, RunSpec
+
+NAME = "sglang-differential"
+"""the target's name on the command line and its example database folder"""
+
+INTERVALS = (1, 128)
+"""the SWA eviction intervals drawn: every token, and SGLang's default (SWA_EVICTION_INTERVAL)"""
+
+DRAW_TARGET = FuzzTarget(design="forward_batch", mode=Mode.EAGER)
+"""whose runs the strategy draws: only their model, pool and timeline reach the comparison"""
+
+STRICT = "2"
+"""SGLANG_INVARIANT_CHECK's strict level (InvariantCheckLevel.STRICT): a breached check raises"""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Case:
+    spec: RunSpec
+    interval: int
+
+    @property
+    def page_size(self) -> int:
+        return self.spec.pool.page_size
+
+
+def cases():
+    """The Hypothesis strategy of ``Case``s SGLang can express."""
+    from hypothesis import assume
+    from hypothesis import strategies as st
+
+    from ..serving.eviction import EvictionSpec
+    from ..fuzz.strategies import run_specs
+
+    @st.composite
+    def draw_case(draw: st.DrawFn) -> Case:
+        spec = draw(run_specs(DRAW_TARGET))
+        # drafts are dropped, not filtered: SGLang's schedule here runs no draft worker, and a timeline without
+        # its drafts needs fewer slots than the pool was sized for, so it stays valid
+        spec = dataclasses.replace(spec, timeline=dataclasses.replace(spec.timeline, draft_steps=0),
+                                   eviction=EvictionSpec(prefix_cache=draw(st.booleans())))
+        interval = draw(st.sampled_from(INTERVALS))
+        from .differential import not_expressible
+
+        assume(not_expressible(spec, interval=interval) is None)
+        return Case(spec=spec, interval=interval)
+
+    return draw_case()
+
+
+@contextlib.contextmanager
+def invariant_checks() -> Iterator[None]:
+    """SGLang's invariant checks at their strictest while the block runs (read when each check runs)."""
+    before = os.environ.get("SGLANG_INVARIANT_CHECK")
+    os.environ["SGLANG_INVARIANT_CHECK"] = STRICT
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["SGLANG_INVARIANT_CHECK"]
+        else:
+            os.environ["SGLANG_INVARIANT_CHECK"] = before
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Failure:
+    kind: str
+    """'fidelity', 'SGLang raised' or 'the miniature raised'"""
+    signature: str
+    message: str
+
+
+_NUMBER = re.compile(r"-?\d+")
+
+
+def judge(case: Case) -> Failure | None:
+    """The comparison of one case, or None when both sides agree throughout."""
+    from . import differential
+
+    knobs = {"page_size": case.page_size, "interval": case.interval}
+    try:
+        miniature = differential.trace(case.spec, installed=False, **knobs)
+    except Exception as exc:  # noqa: BLE001 - the harness's own defect, reported as such
+        return _raised("the miniature raised", exc)
+    try:
+        with invariant_checks():
+            sglang = differential.trace(case.spec, installed=True, **knobs)
+    except Exception as exc:  # noqa: BLE001 - any exception inside SGLang is the finding
+        return _raised("SGLang raised", exc)
+    message = differential.first_difference(miniature, sglang)
+    if message is None:
+        return None
+    # the field, not the step or the slots: "step 3: free_swa differs: ..." -> "free_swa differs"
+    what = re.sub(r"^step -?\d+: ", "", message).split(":")[0]
+    return Failure(kind="fidelity", signature=f"fidelity: {_NUMBER.sub('N', what)}", message=message)
+
+
+def _raised(kind: str, exc: Exception) -> Failure:
+    text = " ".join(str(exc).split())
+    return Failure(kind=kind, signature=f"{kind}: {type(exc).__name__}: {_NUMBER.sub('N', text)[:120]}",
+                   message=f"{type(exc).__name__}: {text}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DifferentialFinding:
+    signature: str
+    kind: str
+    case: Case
+    """the last failing case of this signature Hypothesis tried: after shrinking, its minimal one"""
+    message: str
+    examples: int
+
+    @property
+    def key(self) -> str:
+        return hashlib.sha256(f"{NAME}\n{self.signature}".encode()).hexdigest()[:8]
+
+    def describe(self) -> str:
+        spec = self.case.spec
+        t, pool = spec.timeline, spec.pool
+        requests = ", ".join(f"{r.rid}(arrive {r.arrive}, prompt {r.prompt_len}, output {r.output_len}"
+                             + (f", abort {r.abort}" if r.abort is not None else "") + ")" for r in t.requests)
+        return (f"{self.signature}\n  {spec.model.name} (window {spec.model.window}), pool "
+                f"{pool.full_size}/{pool.swa_size} (pages of {pool.page_size}), interval {self.case.interval}, "
+                f"prefix cache {'on' if spec.eviction.prefix_cache else 'off'}: {requests}"
+                + (f", chunk {t.chunk_size}" if t.chunk_size else "") + f"\n  {self.message}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DifferentialReport:
+    seed: int
+    budget_s: float
+    tried: int
+    shrink_steps: int
+    elapsed_s: float
+    findings: tuple[DifferentialFinding, ...]
+    first_failure: int | None
+    stopped: str
+
+
+@dataclass(slots=True)
+class _State:
+    budget_s: float
+    shrink_s: float
+    progress: Callable[[Progress], None] | None
+    shrink_examples: int | None
+    judge: Callable[[Case], Failure | None]
+    start: float = field(default_factory=time.perf_counter)
+    tried: int = 0
+    shrink_steps: int = 0
+    first_failure_at: float | None = None
+    first_failure: int | None = None
+    found: dict[str, list] = field(default_factory=dict)
+    """signature -> [smallest case so far, its failure, failing cases seen]"""
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.start
+
+    def check(self, case: Case) -> None:
+        failure = self.judge(case)
+        self.tried += 1
+        if failure is not None:
+            seen = self.found.get(failure.signature)
+            self.found[failure.signature] = [case, failure, 1 if seen is None else seen[2] + 1]
+            self.shrink_steps += seen is not None
+            if self.first_failure_at is None:
+                self.first_failure_at, self.first_failure = self.elapsed(), self.tried
+        if self.progress is not None:
+            self.progress(Progress(tried=self.tried, failures=len(self.found), shrink_steps=self.shrink_steps,
+                                   elapsed_s=self.elapsed(), shrinking=self.first_failure_at is not None))
+        if failure is not None:
+            raise _failure(failure.signature)(
+                f"{NAME} at pages of {case.page_size}, interval {case.interval}: {failure.message}")
+        if self.first_failure_at is None and self.elapsed() > self.budget_s:
+            raise _Interrupt("budget")
+        if self.first_failure_at is not None and (self.elapsed() - self.first_failure_at > self.shrink_s or (
+                self.shrink_examples is not None and self.tried - self.first_failure >= self.shrink_examples)):
+            raise _Interrupt("shrink")
+
+
+def fuzz_differential(
+    *,
+    budget_s: float,
+    seed: int = 0,
+    database: Path | None = DATABASE_DEFAULT,
+    shrink_s: float | None = None,
+    multiple: bool = True,
+    max_examples: int | None = None,
+    shrink_examples: int | None = None,
+    progress: Callable[[Progress], None] | None = None,
+    judge_case: Callable[[Case], Failure | None] = judge,
+) -> DifferentialReport:
+    """Search for ``budget_s`` seconds from ``seed`` for a case where the miniature and SGLang part; every
+    distinct failure found, shrunk. The options are ``search.fuzz``'s; ``judge_case`` is the comparison (a
+    test's seam: a deliberately wrong one shows the search finds and shrinks what it reports)."""
+    from hypothesis import HealthCheck, Phase, Verbosity, given, settings
+    from hypothesis import seed as hypothesis_seed
+    from hypothesis.database import DirectoryBasedExampleDatabase, InMemoryExampleDatabase
+
+    import torch
+
+    from .installed import load
+
+    load()  # SGLang missing or too old: its own clear error before anything is drawn
+    torch.set_num_threads(1)  # tiny tensors: intra-op threads only contend with each other
+    state = _State(budget_s=budget_s, shrink_s=budget_s if shrink_s is None else shrink_s, progress=progress,
+                   shrink_examples=shrink_examples, judge=judge_case)
+    db = InMemoryExampleDatabase() if database is None else DirectoryBasedExampleDatabase(str(database / NAME))
+
+    def differential_property(case: Case) -> None:
+        state.check(case)
+
+    search = settings(database=db, deadline=None, max_examples=max_examples or 1_000_000,
+                      report_multiple_bugs=multiple, verbosity=Verbosity.quiet, print_blob=False,
+                      phases=(Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink),
+                      suppress_health_check=[HealthCheck[h] for h in SLOW_AND_FILTERED])(
+        hypothesis_seed(seed)(given(cases())(differential_property)))
+    stopped = "Hypothesis ended its search"
+    shrunk: set[str] | None = None
+    try:
+        search()
+    except _Interrupt as interrupt:
+        stopped = "the budget" if str(interrupt) == "budget" else "the shrink limit (smallest case so far kept)"
+    except (PropertyFailed, BaseExceptionGroup) as failure:
+        stopped = "every failure shrunk"
+        shrunk = {sig for e in _leaves(failure) for sig in state.found if type(e) is _failure(sig)}
+    findings = tuple(DifferentialFinding(signature=sig, kind=f.kind, case=case, message=f.message, examples=n)
+                     for sig, (case, f, n) in state.found.items() if shrunk is None or sig in shrunk)
+    return DifferentialReport(seed=seed, budget_s=budget_s, tried=state.tried, shrink_steps=state.shrink_steps,
+                              elapsed_s=state.elapsed(), findings=findings, first_failure=state.first_failure,
+                              stopped=stopped)
+
+
+def command(*, seed: int, budget_s: float | None = None) -> str:
+    """The command line that runs this search again."""
+    words = ["python", "-m", "harness", "fuzz", "--target", NAME]
+    if budget_s is not None:
+        words += ["--budget", f"{budget_s:g}"]
+    return shlex.join([*words, "--seed", str(seed)])
+
+
+def finding_path(finding: DifferentialFinding, folder: Path) -> Path:
+    return folder / f"fuzz_sglang_differential_{finding.key}.toml"
+
+
+def write_finding(finding: DifferentialFinding, *, folder: Path, command: str) -> Path | None:
+    """Write ``finding`` as a scenario file in ``folder`` (its model, pool and timeline, run by ``forward_batch``
+    in eager mode, a sound design expected to match; the page size and interval in its description); None
+    when its signature is written already."""
+    from ..scenario.generated import scenario_of
+    from ..scenario.writer import scenario_toml
+
+    path = finding_path(finding, folder)
+    if path.exists():
+        return None
+    case = finding.case
+    # the drawn eviction (the policy the scenario checks validated the pools under), not SGLang's at the
+    # case's interval: a pool near exhaustion can run dry there, and the loader's dry run would refuse it;
+    # the differential test runs the file at every page size and interval drawn, the case's among them
+    spec = case.spec
+    where = f"pages of {case.page_size}, interval {case.interval}"
+    scenario = scenario_of(
+        spec, name=path.stem,
+        description=(f"Found by the differential fuzzer and shrunk by Hypothesis ({finding.kind}): at {where} "
+                     f"the miniature and SGLang 0.5.23 part: {finding.message}. tests/sglang/test_differential.py "
+                     f"runs it and fails until the difference is fixed or named in DIFFERENCES. "
+                     f"Found by: {command}"),
+        tags=("generated", "fuzz", "sglang-differential"),
+    )
+    folder.mkdir(parents=True, exist_ok=True)
+    path.write_text(scenario_toml(scenario))
+    return path
+
+
+def main(args) -> int:
+    """``python -m harness fuzz --target sglang-differential``: search, print each finding, write it."""
+    import sys
+
+    from ..fuzz.regression import REGRESSIONS_DEFAULT
+    from .installed import UnsupportedSGLang
+
+    tty = sys.stderr.isatty()
+    try:
+        report = fuzz_differential(budget_s=args.budget, seed=args.seed, progress=progress_printer(NAME, tty),
+                                   database=Path(args.database) if args.database else DATABASE_DEFAULT)
+    except (ImportError, UnsupportedSGLang) as exc:
+        print(f"--target {NAME}: needs the installed SGLang (run it with .venv-sglang/bin/python): {exc}",
+              file=sys.stderr)
+        return 2
+    if tty:
+        sys.stderr.write("\r\033[K")
+    n = len(report.findings)
+    print(f"fuzz {NAME}: {report.tried} examples in {report.elapsed_s:.1f}s, stopped by {report.stopped}; "
+          f"{n} distinct failure{'s' if n != 1 else ''}, {report.shrink_steps} shrink steps"
+          + (f", the first failure at example {report.first_failure}" if report.first_failure else ""))
+    folder = Path(args.out) if args.out else REGRESSIONS_DEFAULT
+    for finding in report.findings:
+        print(finding.describe())
+        if args.no_write:
+            continue
+        path = write_finding(finding, folder=folder, command=command(seed=args.seed))
+        print(f"  written: {path}" if path is not None else
+              f"  already written (same signature): {finding_path(finding, folder)}")
+    return 1 if report.findings else 0
+
+
+__all__ = ["INTERVALS", "NAME", "Case", "DifferentialFinding", "DifferentialReport", "Failure", "cases", "command",
+           "finding_path", "fuzz_differential", "invariant_checks", "judge", "main", "write_finding"]
