@@ -64,6 +64,8 @@ class VerifyPlan:
     """per request, the verify slots of its rejected draft tokens (filled by ``build``)"""
 
     def build(self) -> ForwardBatch:
+        if self.rejected:
+            raise RuntimeError("the verify of this draft is built already: its draft's slots went back then")
         b = self.builder
         b.stack.free(self.draft_slots)  # restore_state: the draft's slots go back before the verify allocates
         for req, pre in zip(self.reqs, self.prefix_lens, strict=True):

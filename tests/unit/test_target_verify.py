@@ -164,3 +164,13 @@ def test_the_leaked_invariant_counts_whole_pages_and_the_cache_as_owners():
     held = {"full": set(range(12, 16)), "swa": set(range(4, 8))}  # full page 2 and SWA page 3 handed out, unowned
     found = {(v.invariant, v.pool, v.slot) for v in pool_violations(live, groups=groups, free=held)}
     assert found == {("leaked", "full", 8), ("leaked", "swa", 12)}
+
+
+def test_a_verify_is_built_once():
+    sched, _ = _scheduler(TimelineSpec(requests=TWO, seed=1, draft_steps=3, accept_lens=(1,)))
+    sched.next_step()
+    sched.finish_step()
+    batch = sched.next_step().batch
+    batch.verify.build()
+    with pytest.raises(RuntimeError, match="built already"):
+        batch.verify.build()
