@@ -157,6 +157,14 @@ def serving_problems(
         if needed > pool.max_context_len:
             out.append(Problem(f"timeline.requests[{i}]",
                                f"needs {needed} positions, pool.max_context_len is {pool.max_context_len}"))
+    if timeline.verifies and pool.page_size != 1:
+        # the verify gives the draft's slots back and frees rejected ones token by token: a page the draft
+        # continued would go back with them
+        out.append(Problem("timeline.accept_lens", f"a target verify runs with pages of one token only; "
+                                                   f"pool.page_size is {pool.page_size}"))
+    if timeline.verifies and eviction.prefix_cache:
+        out.append(Problem("timeline.accept_lens", "a target verify runs without a prefix cache only; "
+                                                   "eviction.prefix_cache is on"))
     out.extend(_memory_problems(model, pool))
     if (p := choice_problem(kv_write_key, kv_write, KVWrite)) is not None:
         out.append(p)

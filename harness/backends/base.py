@@ -129,7 +129,11 @@ def attention_batch(
 
 
 def spec_info_of(forward_batch: ForwardBatch) -> SpecInfo | None:
-    """The speculative part of a forward of ``forward_batch``: a draft batch's steps; None outside drafts."""
+    """The speculative part of a forward of ``forward_batch``: a draft batch's steps, a verify's tokens per
+    request; None outside speculative decoding."""
+    if forward_batch.forward_mode is ForwardMode.TARGET_VERIFY:
+        per_request = forward_batch.num_tokens // forward_batch.batch_size
+        return SpecInfo(draft_steps=per_request - 1, tokens_per_request=per_request)
     if forward_batch.forward_mode is not ForwardMode.DRAFT:
         return None
     return SpecInfo(draft_steps=forward_batch.draft_steps)
@@ -138,7 +142,7 @@ def spec_info_of(forward_batch: ForwardBatch) -> SpecInfo | None:
 def from_forward_batch(forward_batch: ForwardBatch, *, page_size: int) -> AttentionBatch:
     """The batch an eager forward of ``forward_batch`` builds its metadata from."""
     fb = forward_batch
-    extend = fb.forward_mode is ForwardMode.EXTEND
+    extend = fb.forward_mode.is_extend_like
     return attention_batch(
         forward_mode=fb.forward_mode,
         req_pool_indices=fb.req_pool_indices,

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from ..runspec import Device
-from ..serving.batch import ForwardBatch
+from ..serving.batch import ForwardBatch, ForwardMode
 from .base import (
     AttentionBackend,
     AttentionBatch,
@@ -76,9 +76,14 @@ class TorchNativeMetadataBuilder(AttentionMetadataBuilder):
             assert batch.extend_seq_lens is not None
             token_rows = extend_token_rows(batch.extend_seq_lens_cpu, self.device)
             token_kv_lens = extend_token_kv_lens(batch.seq_lens, batch.extend_seq_lens, token_rows)
+        swa_page_table = self.pool.translate_loc_from_full_to_swa(page_table).long()
+        if batch.forward_mode is ForwardMode.TARGET_VERIFY and "verify_without_swa_window" in self.faults:
+            # SGLang PR 29858's family: the window's page table left out on this path, so the SWA layers read
+            # the full table's slot ids in the SWA pool
+            swa_page_table = page_table
         return TorchNativeMetadata(
             page_table=page_table,
-            swa_page_table=self.pool.translate_loc_from_full_to_swa(page_table).long(),
+            swa_page_table=swa_page_table,
             token_rows=token_rows,
             token_kv_lens=token_kv_lens,
             out_cache_loc_swa=self.pool.translate_loc_from_full_to_swa(batch.out_cache_loc),
@@ -197,6 +202,6 @@ class TorchNativeBackend(AttentionBackend):
     page_sizes = None
     kv_layouts = frozenset({KVLayout.NHD})
     known_faults = frozenset({"rebind_metadata", "baked_scalar", "window_from_wrong_layer", "read_page_tail",
-                              "fused_fp8_scale_dropped"})
+                              "fused_fp8_scale_dropped", "verify_without_swa_window"})
     builder_cls = TorchNativeMetadataBuilder
     impl_cls = TorchNativeImpl

@@ -10,6 +10,12 @@ the whole draft (every step's slots, request-major), so the worker drops it and 
 fault keeps the whole draft's SWA locations on every step, a length mismatch (``batch_size * draft_steps``
 locations for ``batch_size`` rows) that fails the write, except for a batch of one request, where the one row
 is broadcast over every step's slots and the later steps overwrite the earlier ones silently.
+
+A draft batch with a ``verify`` (a timeline with ``accept_lens``) is followed by its target-verify forward:
+the plan gives the draft's slots back and allocates the verify's, the verify runs through the dispatcher (no
+graph covers it: eagerly), and the slots of the rejected draft tokens are freed in both pools, as SGLang's
+``EagleVerifyInput.verify`` frees them. ``skip_free_rejected`` keeps them and ``free_rejected_swa_only``
+frees their SWA slots only: pages no token owns, which the ``leaked`` pool invariant names.
 """
 
 from __future__ import annotations
@@ -37,11 +43,16 @@ class SpeculativeWorker:
             return [self.runner.forward(batch)]
         if self._graph_takes_whole(batch):
             # the draft graph's hidden states, step-major: one [batch_size, hidden] block per draft step
-            return list(self.runner.forward(batch).split(batch.batch_size))
-        outs = []
-        for step in range(batch.draft_steps):
-            self._enter_draft_step(batch, step)
-            outs.append(self.runner.forward(batch))
+            outs = list(self.runner.forward(batch).split(batch.batch_size))
+        else:
+            outs = []
+            for step in range(batch.draft_steps):
+                self._enter_draft_step(batch, step)
+                outs.append(self.runner.forward(batch))
+        if batch.verify is not None:
+            outs.append(self.runner.forward(batch.verify.build()))
+            if "skip_free_rejected" not in self.faults:
+                batch.verify.release_rejected(full="free_rejected_swa_only" not in self.faults)
         return outs
 
     def _graph_takes_whole(self, batch: ForwardBatch) -> bool:

@@ -38,6 +38,9 @@ def dry_run(spec: ScenarioSpec) -> list[Problem]:
     largest = (0, 0)  # (tokens, step) of the first of the largest forwards
     try:
         while (step := sched.next_step()) is not None:
+            if step.batch.verify is not None:  # no forward runs here: the verify's slot bookkeeping does
+                step.batch.verify.build()
+                step.batch.verify.release_rejected()
             step_tokens.append(sum(len(forward) for forward in step.forwards))
             for forward in step.forwards:
                 if len(forward) > largest[0]:

@@ -310,7 +310,7 @@ def _read_graphs(r: Reader, table: dict) -> tuple[GraphSpec, tuple[Mode, ...]]:
     return graphs, tuple(_as_enum(Mode, m) for m in (tuple(Mode) if modes is None else modes))
 
 
-_TIMELINE_KEYS = ("seed", "chunk_size", "draft_steps", "max_steps", "requests")
+_TIMELINE_KEYS = ("seed", "chunk_size", "draft_steps", "accept_lens", "max_steps", "requests")
 _REQUEST_KEYS = ("rid", "arrive", "prompt_len", "output_len", "abort", "prefix_of", "shared_len")
 
 
@@ -323,6 +323,7 @@ def _read_timeline(r: Reader, table: dict | None) -> TimelineSpec | None:
         name: r.value(table, "timeline", name, integer(), getattr(defaults, name))
         for name in ("seed", "chunk_size", "draft_steps", "max_steps")
     }
+    accept_lens = r.array(table, "timeline", "accept_lens", integer(), ())
     raw = table.get("requests")
     if raw is None:
         r.add("timeline.requests", "missing required key; expected an array of tables ([[timeline.requests]])")
@@ -342,8 +343,9 @@ def _read_timeline(r: Reader, table: dict | None) -> TimelineSpec | None:
             requests.append(req)
     if len(requests) != len(raw):
         return None
-    return TimelineSpec(requests=tuple(requests), **{k: (getattr(defaults, k) if v is None and k != "chunk_size"
-                                                         else v) for k, v in fields.items()})
+    return TimelineSpec(requests=tuple(requests), accept_lens=() if accept_lens is None else accept_lens,
+                        **{k: (getattr(defaults, k) if v is None and k != "chunk_size" else v)
+                           for k, v in fields.items()})
 
 
 def _read_request(r: Reader, item: dict, at: str, index: int) -> RequestSpec | None:

@@ -211,6 +211,8 @@ class ScenarioSpec:
             return Problem(key, f"{name} acts only on the fused FP8 write; run.kv_write is {str(self.kv_write)!r}")
         if fault.needs_drafts and not self.timeline.draft_steps:
             return Problem(key, f"{name} acts only in a run that speculates; timeline.draft_steps is 0")
+        if fault.needs_verify and not self.timeline.verifies:
+            return Problem(key, f"{name} acts only in a run that verifies its drafts; timeline.accept_lens is empty")
         return None
 
     def _expectation_problems(self) -> list[Problem]:

@@ -20,10 +20,30 @@ class ForwardMode(enum.Enum):
     """one new token per request"""
     DRAFT = "draft"
     """speculative multi-step draft: ``draft_steps`` decode forwards, ``out_cache_loc`` reassigned per step"""
+    TARGET_VERIFY = "target_verify"
+    """the target model's forward over each request's last token and its draft tokens (``1 + draft_steps`` per
+    request): extend-shaped for attention (causal over the new tokens, after the request's prefix)"""
 
     @property
     def is_decode_like(self) -> bool:
-        return self is not ForwardMode.EXTEND
+        return self is ForwardMode.DECODE or self is ForwardMode.DRAFT
+
+    @property
+    def is_extend_like(self) -> bool:
+        """Attention sees several new tokens per request: a prefill or a target verify."""
+        return not self.is_decode_like
+
+
+class VerifyStep(Protocol):
+    """The target-verify forward that follows a draft (``batch_builder.VerifyPlan``): built once the draft
+    has run, because its slots are allocated only after the draft's are given back."""
+
+    def build(self) -> ForwardBatch:
+        """Give the draft's slots back, allocate the verify's, and return its batch."""
+
+    def release_rejected(self, *, full: bool = True, swa: bool = True) -> None:
+        """Free the slots of the draft tokens the verify rejected: in both pools, the SWA pool only
+        (``full=False``), or none."""
 
 
 @dataclass(slots=True, kw_only=True)
@@ -63,6 +83,8 @@ class ForwardBatch:
     draft_step: int | None = None
     """DRAFT only: the draft step this forward runs once the speculative worker stepped into the loop; None
     while the batch stands for the whole multi-step draft (what a draft graph runner takes as one graph)"""
+    verify: VerifyStep | None = None
+    """DRAFT only: the target-verify forward that follows the draft; None when drafts are kept unverified"""
 
     @property
     def num_tokens(self) -> int:

@@ -4,13 +4,15 @@ A step runs an extend batch while any request still has prompt tokens to prefill
 ``chunk_size``), the ones mid-prefill first, then waiting ones after their matched prefix while the chunk
 budget lasts; otherwise one decode batch of every running request (or a speculative draft batch of
 ``draft_steps`` forwards, its slots allocated at once per request and read step-major, as SGLang's EAGLE
-worker lays them out). Slots, rows and the batch's SWA locations come
-from the run's serving stack (``ServingStack.translate``), never a pool directly.
+worker lays them out). A timeline with ``accept_lens`` follows each draft with a target-verify forward
+(``VerifyPlan``): the draft's slots go back, ``1 + steps`` slots per request are allocated for the verify,
+and once it ran the rejected draft tokens' slots are freed in both pools. Slots, rows and the batch's SWA
+locations come from the run's serving stack (``ServingStack.translate``), never a pool directly.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -37,6 +39,78 @@ class ScheduledStep:
         return self.batch.forward_mode.value
 
 
+@dataclass(slots=True, kw_only=True)
+class VerifyPlan:
+    """The target-verify forward of one draft iteration, as SGLang's EAGLE worker runs it after the draft.
+
+    SGLang allocates the draft's slots with a backup of the allocator's state and restores it after the draft
+    (the draft's K/V lives in the draft model's pool at those indices), then allocates ``bs * (1 + steps)``
+    slots for the verify (``prepare_for_verify``): each request's last token and its draft tokens, at
+    positions ``prefix .. prefix + steps``. The miniature's draft and target share one pool, so giving the
+    draft's slots back frees them (both pools), and the verify's allocation reuses them. After the verify the
+    first ``1 + accepted`` tokens of each request are kept as its tokens and the rest are freed in both pools
+    (SGLang's ``evict_mask`` over ``out_cache_loc``). Pages of one token only: a draft continuing a page
+    would give that page back with it.
+    """
+
+    builder: BatchBuilder
+    reqs: list[Req]
+    prefix_lens: list[int]
+    steps: int
+    accepted: int
+    draft_slots: torch.Tensor
+    """the draft's whole allocation, request-major"""
+    rejected: list[torch.Tensor] = field(default_factory=list)
+    """per request, the verify slots of its rejected draft tokens (filled by ``build``)"""
+
+    def build(self) -> ForwardBatch:
+        if self.rejected:
+            raise RuntimeError("the verify of this draft is built already: its draft's slots went back then")
+        b = self.builder
+        b.stack.free(self.draft_slots)  # restore_state: the draft's slots go back before the verify allocates
+        for req, pre in zip(self.reqs, self.prefix_lens, strict=True):
+            del req.slots[pre:]
+            req.seq_len = pre
+        per = 1 + self.steps
+        flat = b._alloc(prefix_lens=self.prefix_lens, extend_lens=[per] * len(self.reqs),
+                        last_locs=[r.last_loc for r in self.reqs])
+        by_request = flat.view(len(self.reqs), per)
+        keep = 1 + self.accepted
+        ids, positions = [], []
+        for i, (req, pre) in enumerate(zip(self.reqs, self.prefix_lens, strict=True)):
+            b.stack.write_req_to_token(req.row, pre, by_request[i])
+            req.slots.extend(by_request[i, :keep].tolist())
+            req.seq_len = pre + keep
+            self.rejected.append(by_request[i, keep:])
+            ids.append(req.tokens[pre : pre + per])
+            positions.append(torch.arange(pre, pre + per))
+        device = b.book.device
+        return make_forward_batch(
+            forward_mode=ForwardMode.TARGET_VERIFY,
+            input_ids=torch.cat(ids).to(device),
+            positions=torch.cat(positions).to(device),
+            req_pool_indices=torch.tensor([r.row for r in self.reqs], dtype=torch.int64, device=device),
+            prefix_lens=self.prefix_lens,
+            extend_lens=[per] * len(self.reqs),
+            out_cache_loc=flat,
+            req_to_token_pool=b.stack.req_to_token_pool,
+            pool=b.stack.pool,
+            translate=b._translate,
+            kv_loc_plan=b.translator.own_plan(b.book.step, flat),
+        )
+
+    def release_rejected(self, *, full: bool = True, swa: bool = True) -> None:
+        if full and not swa:
+            raise ValueError("the serving stack frees full slots only together with their SWA slots")
+        rejected = torch.cat(self.rejected) if self.rejected else self.draft_slots[:0]
+        if rejected.numel() == 0 or not swa:
+            return
+        if full:
+            self.builder.stack.free(rejected)
+        else:
+            self.builder.stack.free_swa(rejected)  # the eviction's free: the full slots stay handed out
+
+
 class BatchBuilder:
     """Builds each step's batch for the scheduler, over its request book."""
 
@@ -50,6 +124,8 @@ class BatchBuilder:
         self.cache = driver.cache
         # only a stack with an SWA pool has SWA locations to precompute (SGLang's hybrid pools)
         self._translate = stack.translate if stack.asks_swa_design else None
+        self._verifies = 0
+        """decode iterations verified so far: the index into ``timeline.accept_lens``"""
 
     def next_step_pages(self) -> int:
         """Pages (of each pool) the batch ``next_step`` would build now allocates."""
@@ -148,7 +224,9 @@ class BatchBuilder:
         reqs = list(self.book.running)
         self.driver.evict_batch(reqs)
         steps = self._decode_steps(reqs)
-        draft = self.timeline.draft_steps > 0
+        # a verify writes one token past the draft, so a request one token from its end decodes plainly
+        draft = self.timeline.draft_steps > 0 and (steps > 0 or not self.timeline.verifies)
+        steps = max(steps, 1)
         # SGLang's EAGLE worker allocates every draft step's slots at once (bs * topk * steps, topk 1 here),
         # each request's run of them contiguous in req_to_token (``assign_draft_cache_locs``); the draft loop
         # then reads them step-major, one row per step: [steps, bs] = flat.view(bs, steps).T
@@ -161,6 +239,12 @@ class BatchBuilder:
             req.slots.extend(by_request[b].tolist())
             ids[:, b] = req.tokens[req.seq_len : req.seq_len + steps]
         forwards = tuple(tuple(TokenKey(r.spec.rid, r.seq_len + i) for r in reqs) for i in range(steps))
+        verify = None
+        if draft and self.timeline.verifies:
+            verify = VerifyPlan(builder=self, reqs=reqs, prefix_lens=[r.seq_len for r in reqs], steps=steps,
+                                accepted=self.timeline.accepted(self._verifies, steps), draft_slots=flat)
+            self._verifies += 1
+            forwards += (tuple(TokenKey(r.spec.rid, r.seq_len + i) for r in reqs for i in range(1 + steps)),)
         step_rows = by_request.t().contiguous()
         prefix_lens = [r.seq_len for r in reqs]
         for req in reqs:
@@ -181,6 +265,7 @@ class BatchBuilder:
             draft_input_ids=ids.to(self.book.device) if draft else None,
             kv_loc_plan=self.translator.own_plan(self.book.step, step_rows.reshape(-1)),
         )
+        batch.verify = verify
         if draft and self._translate is not None:
             # SGLang builds the draft's ForwardBatch over the whole allocation, so its out_cache_loc_swa holds
             # every step's SWA slots (request-major, as allocated) until a draft step replaces it
@@ -188,7 +273,9 @@ class BatchBuilder:
         return ScheduledStep(index=self.book.step, batch=batch, forwards=forwards)
 
     def _decode_steps(self, reqs: list[Req]) -> int:
-        """Forwards of the next decode step: one, or the draft length (no request drafting past its end)."""
+        """Forwards of the next decode step: one, or the draft length (no request drafting past its end; with
+        a verify, whose last token is one past the draft, none drafting to its end: 0 then)."""
         if self.timeline.draft_steps > 0:
-            return min(self.timeline.draft_steps, *(r.total_len - r.seq_len for r in reqs))
+            room = min(r.total_len - r.seq_len for r in reqs) - (1 if self.timeline.verifies else 0)
+            return min(self.timeline.draft_steps, room)
         return 1

@@ -51,6 +51,8 @@ class Fault:
     """acts only where K/V is written through the fused FP8 path (``run.kv_write = "fused_fp8"``)"""
     needs_drafts: bool = False
     """acts only in a run that speculates (``timeline.draft_steps`` > 0), whose radix keys are EAGLE's bigrams"""
+    needs_verify: bool = False
+    """acts only in a run that verifies its drafts (``timeline.accept_lens`` set)"""
     patch: str | None = None
     """``package.module:function``, a context manager that applies the fault to code the harness does not own;
     ``check/run/drive.execute`` enters it around the run, in the run's process (a forked child under ``harness run``
@@ -87,6 +89,12 @@ FAULTS: Registry[Fault] = Registry({
               modes=("eager", "full", "piecewise"),
               summary="every layer takes the window of the first layer group",
               reference="vLLM PR 51756"),
+        Fault(name="verify_without_swa_window", acts_on=Component.ATTENTION_BACKEND,
+              modes=("eager", "full", "piecewise"), needs_verify=True,
+              summary="target-verify forwards are built without the SWA window's page table: the SWA layers read "
+                      "the SWA pool at the full pool's slot ids",
+              reference="SGLang PR 29858 (the SWA window indices hard-coded to none on a speculative path); "
+                        "issue 22679"),
         Fault(name="stale_swa_after_reassign", acts_on=Component.SPECULATIVE_WORKER,
               modes=("eager", "full", "piecewise"),
               summary="a draft step rebinds out_cache_loc to its row but keeps the draft batch's out_cache_loc_swa, "
@@ -108,6 +116,16 @@ FAULTS: Registry[Fault] = Registry({
                       "each step's forward: the step rows of one out_cache_loc share a storage and a length, so the "
                       "memo keyed on them serves step 0's SWA translation to every later step, and the graph captures it",
               reference="SGLang PR 26152 (the memo invalidation moved to where graph paths run it); PR 26184"),
+        Fault(name="skip_free_rejected", acts_on=Component.SPECULATIVE_WORKER, modes=("eager", "full", "piecewise"),
+              needs_verify=True,
+              summary="the target verify keeps the slots of the draft tokens it rejected: full and SWA pages no "
+                      "token owns, never freed again",
+              reference="SGLang's EagleVerifyInput.verify (frees out_cache_loc[evict_mask] after acceptance)"),
+        Fault(name="free_rejected_swa_only", acts_on=Component.SPECULATIVE_WORKER,
+              modes=("eager", "full", "piecewise"), needs_verify=True,
+              summary="the target verify frees its rejected draft tokens through the eviction call, the SWA pool "
+                      "only: their full slots stay handed out, owned by no token",
+              reference="SGLang's EagleVerifyInput.verify (both pools freed through the hybrid allocator's free)"),
         Fault(name="skip_evict_on_spec_decode", acts_on=Component.SCHEDULER, modes=("eager", "full", "piecewise"),
               needs_drafts=True,
               summary="requests that decode speculatively are never SWA-evicted: every draft batch keeps the SWA "

@@ -11,7 +11,10 @@ keys where every padded row writes too. The harness checks them after every step
 * ``retained``: no token below what SGLang may retain still holds one: the bound comes from the model's
   window, the page size and the policy's declared eviction interval (``eviction.retention_bound``), never
   from the policy under test, so a policy of one's own that frees too late breaches it as a scheduler patch
-  does (a skipped or short eviction keeps slots the pool needs: the leak that ends in an exhausted SWA pool).
+  does (a skipped or short eviction keeps slots the pool needs: the leak that ends in an exhausted SWA pool);
+* ``leaked``: every page a pool has handed out (not free, not the dummy page) holds a slot some live token or
+  the prefix cache owns: a page no one owns is never freed again (rejected draft slots a verify keeps, or
+  frees in one pool only, leak this way and end in an exhausted pool).
 
 With a prefix cache (``prefix_cache.py``) the tokens it holds count too. Its slots are owned once, by the
 cache, and shared by every live token that matched them (``LiveToken.shared``, the same position), so
@@ -39,7 +42,7 @@ from typing import Protocol
 from .kv_groups import KVGroup, KVGroups
 from .timeline import LiveToken
 
-INVARIANTS = ("owned_twice", "dummy", "free_but_owned", "window", "retained", "tombstone", "unmatchable")
+INVARIANTS = ("owned_twice", "dummy", "free_but_owned", "window", "retained", "tombstone", "unmatchable", "leaked")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -131,6 +134,23 @@ def pool_violations(live: Sequence[LiveToken], *, groups: KVGroups, free: Mappin
             if slot in free_sets[pool]:
                 out.append(InvariantViolation(invariant="free_but_owned", pool=pool, slot=slot,
                                               detail=f"{who} owns it, and it is on the free list"))
+    out.extend(_leaks(groups, free_sets, {key for key in owners} | set(by_cache)))
+    return out
+
+
+def _leaks(groups: KVGroups, free: Mapping[str, set[int]], owned: set[tuple[str, int]]) -> list[InvariantViolation]:
+    """A ``leaked`` violation for each handed-out page of each group that no live token or cached token owns,
+    named by its first slot."""
+    out = []
+    for g in groups:
+        p = g.page_size
+        owned_pages = {slot // p for pool, slot in owned if pool == g.name}
+        free_pages = {slot // p for slot in free[g.name]}
+        for page in range(1, g.size // p):
+            if page not in free_pages and page not in owned_pages:
+                out.append(InvariantViolation(invariant="leaked", pool=g.name, slot=page * p,
+                                              detail="handed out, but no live token or cached token owns it: "
+                                                     "nothing will free it"))
     return out
 
 

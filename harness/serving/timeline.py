@@ -69,6 +69,10 @@ class TimelineSpec:
     """token budget of one extend batch; None prefills whole prompts"""
     draft_steps: int = 0
     """>0: decode runs as speculative drafts of this many forwards per step"""
+    accept_lens: tuple[int, ...] = ()
+    """draft tokens the target-verify forward accepts, one entry per decode iteration (the list cycles), the
+    same for every request of the iteration and capped at the draft's steps; empty: no verify forward and
+    every draft kept as it was written (the flow without target-verify)"""
     seed: int = 0
     max_steps: int = 512
 
@@ -81,6 +85,16 @@ class TimelineSpec:
             out.append(f"chunk_size: expected an integer from 1 to {_LIMIT}, got {self.chunk_size}")
         if not 0 <= self.draft_steps <= _LIMIT:
             out.append(f"draft_steps: expected an integer from 0 to {_LIMIT}, got {self.draft_steps}")
+        if self.accept_lens and not self.draft_steps:
+            out.append(f"accept_lens: a verify needs drafts to accept; set draft_steps (got accept_lens "
+                       f"{list(self.accept_lens)} with draft_steps 0)")
+        elif len(self.accept_lens) > _LIMIT:
+            out.append(f"accept_lens: expected at most {_LIMIT} entries, got {len(self.accept_lens)}")
+        else:
+            for i, n in enumerate(self.accept_lens):
+                if not 0 <= n <= self.draft_steps:
+                    out.append(f"accept_lens[{i}]: expected an integer from 0 to draft_steps ({self.draft_steps}), "
+                               f"got {n}")
         if not 1 <= self.max_steps <= _LIMIT:
             out.append(f"max_steps: expected an integer from 1 to {_LIMIT}, got {self.max_steps}")
         if not self.requests:
@@ -113,6 +127,16 @@ class TimelineSpec:
                 out.append(f"{at}.shared_len: {source.rid!r} has only {source.prompt_len + source.output_len} tokens "
                            f"(prompt and output), got {req.shared_len}")
         return out
+
+
+    @property
+    def verifies(self) -> bool:
+        """Each draft is followed by a target-verify forward that accepts ``accept_lens`` of its tokens."""
+        return bool(self.accept_lens)
+
+    def accepted(self, iteration: int, steps: int) -> int:
+        """Draft tokens the verify of decode iteration ``iteration`` (0-based) accepts of ``steps`` drafted."""
+        return min(self.accept_lens[iteration % len(self.accept_lens)], steps)
 
 
 @dataclass(frozen=True, slots=True)

@@ -66,7 +66,7 @@ class InstalledTorchNativeBuilder(AttentionMetadataBuilder):
 
     def build(self, batch: AttentionBatch) -> InstalledForward:
         api = self.api
-        extend = batch.forward_mode is ForwardMode.EXTEND
+        extend = batch.forward_mode.is_extend_like  # a target verify is extend-shaped (SGLang: TARGET_VERIFY)
         fb = api.ForwardBatch(
             forward_mode=api.ForwardMode.EXTEND if extend else api.ForwardMode.DECODE, batch_size=batch.bs,
             input_ids=torch.zeros(batch.num_tokens, dtype=torch.int64, device=self.device),

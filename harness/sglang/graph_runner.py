@@ -228,7 +228,7 @@ def _sglang_batch(api: Any, batch: Any, positions: torch.Tensor) -> Any:
     """The installed ``ForwardBatch`` for one of the harness scheduler's batches."""
     from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
 
-    extend = batch.forward_mode is ForwardMode.EXTEND
+    extend = batch.forward_mode.is_extend_like  # a target verify is extend-shaped
     seq_lens_cpu = batch.seq_lens.cpu()
     fb = api.ForwardBatch(
         forward_mode=api.ForwardMode.EXTEND if extend else api.ForwardMode.DECODE, batch_size=batch.batch_size,
