@@ -24,8 +24,7 @@ def add_fuzz_command(sub: argparse._SubParsersAction) -> argparse.ArgumentParser
 
     p.add_argument("--target", type=name_type("fuzz target", (LIBRARY, *FUZZ_PROPERTIES)), default=LIBRARY,
                    help=f"{LIBRARY} (default): one design and mode against the eager reference; a target's own "
-                        f"property ({', '.join(FUZZ_PROPERTIES) or 'none registered'}; sglang-differential: the "
-                        "miniature against the installed SGLang, step by step, with .venv-sglang), which takes no "
+                        f"property ({', '.join(FUZZ_PROPERTIES) or 'none registered'}: docs/fuzzing.md), which takes no "
                         "--design, --mode, --backend or --fault")
     p.add_argument("--design", type=_design, help="the design under test (required for the library target)")
     p.add_argument("--mode", type=name_type("mode", Mode), metavar="{" + ",".join(Mode) + "}",
