@@ -28,8 +28,10 @@ def _scenario(name: str, free_order: str):
     return dataclasses.replace(spec, serving=NEWEST_FIRST, pool=dataclasses.replace(spec.pool, free_order=free_order))
 
 
+# pages of 16: since the miniature gives a finished row back in SGLang's segments (``allocator.free``), the newest-
+# first order leads to the same pages next on this timeline under every free order; pages of 1 (fifo_reuse) do not
 @pytest.mark.parametrize(("name", "free_order", "reschedules"), [
-    ("swa_paged_sglang_pages_of_16", "lifo", True),
+    ("swa_paged_sglang_pages_of_16", "lifo", False),
     ("swa_paged_sglang_pages_of_16", "fifo", False),
     ("swa_paged_sglang_pages_of_16", "lowest", False),
     ("swa_evict_sglang_policy_fifo_reuse", "lifo", True),
