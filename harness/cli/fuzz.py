@@ -58,7 +58,7 @@ def _cmd_fuzz(args: argparse.Namespace) -> int:
     if args.design is None or args.mode is None:
         args.parser.error("the library target needs --design and --mode")
     from ..fuzz import DATABASE_DEFAULT, REGRESSIONS_DEFAULT, FuzzTarget, fuzz, write_regression
-    from ..fuzz.search import progress_printer
+    from ..fuzz.search import print_findings, progress_printer
 
     target = FuzzTarget(design=args.design, mode=Mode(args.mode), backend=args.backend or "torch_native",
                         faults=frozenset(args.fault))
@@ -70,21 +70,11 @@ def _cmd_fuzz(args: argparse.Namespace) -> int:
     command = target.command(seed=args.seed)
     report = fuzz(target, budget_s=args.budget, seed=args.seed, progress=progress,
                   database=Path(args.database) if args.database else DATABASE_DEFAULT)
-    if tty:
-        sys.stderr.write("\r\033[K")
-    print(f"fuzz {target.label}: {report.tried} examples in {report.elapsed_s:.1f}s, stopped by {report.stopped}; "
-          f"{len(report.findings)} distinct failure{'s' if len(report.findings) != 1 else ''}, "
-          f"{report.shrink_steps} shrink steps"
-          + (f", the first failure at example {report.first_failure}" if report.first_failure else ""))
     folder = Path(args.out) if args.out else REGRESSIONS_DEFAULT
-    for finding in report.findings:
-        print(finding.describe())
-        if args.no_write:
-            continue
-        path = write_regression(finding, folder=folder, command=command)
-        print(f"  written: {path}" if path is not None else "  already written (same signature): "
-              f"{folder}/*{finding.key}.toml")
-    return 1 if report.findings else 0
+    return print_findings(target.label, report, tty=tty,
+                          write=None if args.no_write else
+                          lambda finding: write_regression(finding, folder=folder, command=command),
+                          already=lambda finding: f"{folder}/*{finding.key}.toml")
 
 
 def _cmd_fuzz_property(args: argparse.Namespace) -> int:

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ..runspec import Outcome, RunSpec
 from .finding import Finding, signature
@@ -84,8 +85,13 @@ def _failure(sig: str) -> type[PropertyFailed]:
 
 
 @dataclass(slots=True)
-class _State:
-    target: FuzzTarget
+class SearchState:
+    """A search's clock and tally, whatever its property: each example is judged by ``judge`` (None: it held;
+    else its failure's signature, what it gave and the message to fail with), counted, shown to ``progress``, and
+    the property told to fail or stop (``_Interrupt``: the budget spent before a failure, or the shrinking's
+    after one)."""
+
+    judge: Callable[[Any], tuple[str, object, str] | None]
     budget_s: float
     shrink_s: float
     progress: Callable[[Progress], None] | None
@@ -96,38 +102,43 @@ class _State:
     first_failure_at: float | None = None
     first_failure: int | None = None
     found: dict[str, list] = field(default_factory=dict)
-    """signature -> [smallest spec so far, its verdict, failing runs seen]"""
+    """signature -> [smallest example so far, what it gave, failing examples seen]"""
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.start
 
-    def check(self, spec: RunSpec) -> None:
-        from ..check.matrix.judgement import Judgement, judge_one
-
-        judged = judge_one(spec, Judgement(expected=Outcome.MATCH, why="the fuzzed property"))
+    def check(self, example: Any) -> None:
+        failure = self.judge(example)
         self.tried += 1
-        verdict = judged.verdict
-        failed = verdict.outcome != Outcome.MATCH
-        if failed:
-            sig = signature(verdict)
-            if sig in self.found:
-                seen = self.found[sig]
-                self.found[sig] = [spec, verdict, seen[2] + 1]
-                self.shrink_steps += 1
-            else:
-                self.found[sig] = [spec, verdict, 1]
+        if failure is not None:
+            sig, gave, _ = failure
+            seen = self.found.get(sig)
+            self.found[sig] = [example, gave, 1 if seen is None else seen[2] + 1]
+            self.shrink_steps += seen is not None
             if self.first_failure_at is None:
                 self.first_failure_at, self.first_failure = self.elapsed(), self.tried
         if self.progress is not None:
             self.progress(Progress(tried=self.tried, failures=len(self.found), shrink_steps=self.shrink_steps,
                                    elapsed_s=self.elapsed(), shrinking=self.first_failure_at is not None))
-        if failed:
-            raise _failure(sig)(f"{self.target.label}: {verdict.summary()}")
+        if failure is not None:
+            raise _failure(failure[0])(failure[2])
         if self.first_failure_at is None and self.elapsed() > self.budget_s:
             raise _Interrupt("budget")
         if self.first_failure_at is not None and (self.elapsed() - self.first_failure_at > self.shrink_s or (
                 self.shrink_examples is not None and self.tried - self.first_failure >= self.shrink_examples)):
             raise _Interrupt("shrink")
+
+
+def _judge_against_reference(target: FuzzTarget) -> Callable[[RunSpec], tuple[str, object, str] | None]:
+    from ..check.matrix.judgement import Judgement, judge_one
+
+    def judge(spec: RunSpec) -> tuple[str, object, str] | None:
+        verdict = judge_one(spec, Judgement(expected=Outcome.MATCH, why="the fuzzed property")).verdict
+        if verdict.outcome == Outcome.MATCH:
+            return None
+        return signature(verdict), verdict, f"{target.label}: {verdict.summary()}"
+
+    return judge
 
 
 def fuzz(
@@ -158,8 +169,9 @@ def fuzz(
     if problems := target.problems():
         raise ValueError("; ".join(problems))
     limit_threads()  # tiny tensors: torch's intra-op threads only contend with each other
-    state = _State(target=target, budget_s=budget_s, shrink_s=budget_s if shrink_s is None else shrink_s,
-                   progress=progress, shrink_examples=shrink_examples)
+    state = SearchState(judge=_judge_against_reference(target), budget_s=budget_s,
+                        shrink_s=budget_s if shrink_s is None else shrink_s, progress=progress,
+                        shrink_examples=shrink_examples)
     db = InMemoryExampleDatabase() if database is None else DirectoryBasedExampleDatabase(
         str(database_folder(target, database)))
 
@@ -247,5 +259,27 @@ def progress_printer(label: str, tty: bool):
     return progress
 
 
-__all__ = ["CAMPAIGN_NODEID", "DATABASE_DEFAULT", "FuzzReport", "Progress", "PropertyFailed", "database_folder", "fuzz",
-           "progress_printer", "property_test"]
+def print_findings(label: str, report: Any, *, tty: bool, write: Callable[[Any], Path | None] | None,
+                   already: Callable[[Any], str]) -> int:
+    """What a search ends with, whatever its property: the tally, then each finding and where it was written
+    (``write`` None: not written; it returns None for a signature already on disk, ``already`` says where).
+    Returns the exit status: 1 when something was found."""
+    import sys
+
+    if tty:
+        sys.stderr.write("\r\033[K")
+    n = len(report.findings)
+    print(f"fuzz {label}: {report.tried} examples in {report.elapsed_s:.1f}s, stopped by {report.stopped}; "
+          f"{n} distinct failure{'s' if n != 1 else ''}, {report.shrink_steps} shrink steps"
+          + (f", the first failure at example {report.first_failure}" if report.first_failure else ""))
+    for finding in report.findings:
+        print(finding.describe())
+        if write is None:
+            continue
+        path = write(finding)
+        print(f"  written: {path}" if path is not None else f"  already written (same signature): {already(finding)}")
+    return 1 if report.findings else 0
+
+
+__all__ = ["CAMPAIGN_NODEID", "DATABASE_DEFAULT", "FuzzReport", "Progress", "PropertyFailed", "SearchState",
+           "database_folder", "fuzz", "print_findings", "progress_printer", "property_test"]

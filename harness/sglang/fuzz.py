@@ -32,13 +32,12 @@ import hashlib
 import os
 import re
 import shlex
-import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-from ..fuzz.search import (DATABASE_DEFAULT, SLOW_AND_FILTERED, Progress, PropertyFailed, _failure, _Interrupt,
-                           _leaves, progress_printer)
+from ..fuzz.search import (DATABASE_DEFAULT, SLOW_AND_FILTERED, Progress, PropertyFailed, SearchState, _failure,
+                           _Interrupt, _leaves, print_findings, progress_printer)
 from ..fuzz.target import FuzzTarget
 from ..runspec import Mode, RunSpec
 
@@ -178,46 +177,6 @@ class DifferentialReport:
     stopped: str
 
 
-@dataclass(slots=True)
-class _State:
-    budget_s: float
-    shrink_s: float
-    progress: Callable[[Progress], None] | None
-    shrink_examples: int | None
-    judge: Callable[[Case], Failure | None]
-    start: float = field(default_factory=time.perf_counter)
-    tried: int = 0
-    shrink_steps: int = 0
-    first_failure_at: float | None = None
-    first_failure: int | None = None
-    found: dict[str, list] = field(default_factory=dict)
-    """signature -> [smallest case so far, its failure, failing cases seen]"""
-
-    def elapsed(self) -> float:
-        return time.perf_counter() - self.start
-
-    def check(self, case: Case) -> None:
-        failure = self.judge(case)
-        self.tried += 1
-        if failure is not None:
-            seen = self.found.get(failure.signature)
-            self.found[failure.signature] = [case, failure, 1 if seen is None else seen[2] + 1]
-            self.shrink_steps += seen is not None
-            if self.first_failure_at is None:
-                self.first_failure_at, self.first_failure = self.elapsed(), self.tried
-        if self.progress is not None:
-            self.progress(Progress(tried=self.tried, failures=len(self.found), shrink_steps=self.shrink_steps,
-                                   elapsed_s=self.elapsed(), shrinking=self.first_failure_at is not None))
-        if failure is not None:
-            raise _failure(failure.signature)(
-                f"{NAME} at pages of {case.page_size}, interval {case.interval}: {failure.message}")
-        if self.first_failure_at is None and self.elapsed() > self.budget_s:
-            raise _Interrupt("budget")
-        if self.first_failure_at is not None and (self.elapsed() - self.first_failure_at > self.shrink_s or (
-                self.shrink_examples is not None and self.tried - self.first_failure >= self.shrink_examples)):
-            raise _Interrupt("shrink")
-
-
 def fuzz_differential(
     *,
     budget_s: float,
@@ -243,8 +202,15 @@ def fuzz_differential(
 
     load()  # SGLang missing or too old: its own clear error before anything is drawn
     torch.set_num_threads(1)  # tiny tensors: intra-op threads only contend with each other
-    state = _State(budget_s=budget_s, shrink_s=budget_s if shrink_s is None else shrink_s, progress=progress,
-                   shrink_examples=shrink_examples, judge=judge_case)
+    def judge_one(case: Case) -> tuple[str, object, str] | None:
+        failure = judge_case(case)
+        if failure is None:
+            return None
+        return (failure.signature, failure,
+                f"{NAME} at pages of {case.page_size}, interval {case.interval}: {failure.message}")
+
+    state = SearchState(judge=judge_one, budget_s=budget_s, shrink_s=budget_s if shrink_s is None else shrink_s,
+                        progress=progress, shrink_examples=shrink_examples)
     db = InMemoryExampleDatabase() if database is None else DirectoryBasedExampleDatabase(str(database / NAME))
 
     def differential_property(case: Case) -> None:
@@ -327,21 +293,11 @@ def main(args) -> int:
         print(f"--target {NAME}: needs the installed SGLang (run it with .venv-sglang/bin/python): {exc}",
               file=sys.stderr)
         return 2
-    if tty:
-        sys.stderr.write("\r\033[K")
-    n = len(report.findings)
-    print(f"fuzz {NAME}: {report.tried} examples in {report.elapsed_s:.1f}s, stopped by {report.stopped}; "
-          f"{n} distinct failure{'s' if n != 1 else ''}, {report.shrink_steps} shrink steps"
-          + (f", the first failure at example {report.first_failure}" if report.first_failure else ""))
     folder = Path(args.out) if args.out else REGRESSIONS_DEFAULT
-    for finding in report.findings:
-        print(finding.describe())
-        if args.no_write:
-            continue
-        path = write_finding(finding, folder=folder, command=command(seed=args.seed))
-        print(f"  written: {path}" if path is not None else
-              f"  already written (same signature): {finding_path(finding, folder)}")
-    return 1 if report.findings else 0
+    return print_findings(NAME, report, tty=tty,
+                          write=None if args.no_write else
+                          lambda finding: write_finding(finding, folder=folder, command=command(seed=args.seed)),
+                          already=lambda finding: str(finding_path(finding, folder)))
 
 
 __all__ = ["INTERVALS", "NAME", "Case", "DifferentialFinding", "DifferentialReport", "Failure", "cases", "command",
