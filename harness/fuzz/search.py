@@ -128,6 +128,29 @@ class SearchState:
                 self.shrink_examples is not None and self.tried - self.first_failure >= self.shrink_examples)):
             raise _Interrupt("shrink")
 
+    def run(self, search: Callable[[], None]) -> tuple[str, list[tuple[str, list]]]:
+        """Run the Hypothesis test ``search`` (whose property calls ``check``): why it stopped, and the
+        ``found`` entries to report. After every failure was shrunk, what Hypothesis reports is what it shrank:
+        a signature met only on the way (a shrink step that failed another way) keeps its first, unshrunk case
+        and is left out; a search cut short reports every signature it met."""
+        try:
+            search()
+        except _Interrupt as interrupt:
+            stopped = "the budget" if str(interrupt) == "budget" else "the shrink limit (smallest case so far kept)"
+            return stopped, list(self.found.items())
+        except (PropertyFailed, BaseExceptionGroup) as failure:
+            shrunk = {sig for e in _leaves(failure) for sig, cls in _FAILURES.items() if type(e) is cls}
+            return "every failure shrunk", [(sig, entry) for sig, entry in self.found.items() if sig in shrunk]
+        return "Hypothesis ended its search", list(self.found.items())
+
+
+def search_settings(*, max_examples: int | None, multiple: bool) -> dict[str, Any]:
+    """Hypothesis settings every search runs under (on top of ``property_test``'s or a property's own)."""
+    from hypothesis import Phase, Verbosity
+
+    return dict(max_examples=max_examples or 1_000_000, report_multiple_bugs=multiple, verbosity=Verbosity.quiet,
+                print_blob=False, phases=(Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink))
+
 
 def _judge_against_reference(target: FuzzTarget) -> Callable[[RunSpec], tuple[str, object, str] | None]:
     from ..check.matrix.judgement import Judgement, judge_one
@@ -161,7 +184,6 @@ def fuzz(
     search after that many valid examples, whatever the budget left, and ``shrink_examples`` the shrinking
     after that many examples past the first failure (a test's choice: the same examples and the same shrunk
     case on any machine, however loaded)."""
-    from hypothesis import Phase, Verbosity
     from hypothesis.database import DirectoryBasedExampleDatabase, InMemoryExampleDatabase
 
     from ..check.matrix.matrix import limit_threads
@@ -175,23 +197,11 @@ def fuzz(
     db = InMemoryExampleDatabase() if database is None else DirectoryBasedExampleDatabase(
         str(database_folder(target, database)))
 
-    search = property_test(target, state.check, database=db, seed=seed, max_examples=max_examples or 1_000_000,
-                           report_multiple_bugs=multiple, verbosity=Verbosity.quiet, print_blob=False,
-                           phases=(Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink))
-
-    stopped = "Hypothesis ended its search"
-    shrunk: set[str] | None = None  # None: every signature found (a search cut short reports them all)
-    try:
-        search()
-    except _Interrupt as interrupt:
-        stopped = "the budget" if str(interrupt) == "budget" else "the shrink limit (smallest case so far kept)"
-    except (PropertyFailed, BaseExceptionGroup) as failure:
-        stopped = "every failure shrunk"
-        # what Hypothesis reports is what it shrank: a signature met only on the way (a shrink step that failed
-        # another way) keeps its first, unshrunk case and is left out
-        shrunk = {sig for e in _leaves(failure) for sig, cls in _FAILURES.items() if type(e) is cls}
+    search = property_test(target, state.check, database=db, seed=seed,
+                           **search_settings(max_examples=max_examples, multiple=multiple))
+    stopped, found = state.run(search)
     findings = tuple(Finding(target=target, signature=sig, spec=spec, verdict=verdict, examples=count)
-                     for sig, (spec, verdict, count) in state.found.items() if shrunk is None or sig in shrunk)
+                     for sig, (spec, verdict, count) in found)
     return FuzzReport(target=target, seed=seed, budget_s=budget_s, tried=state.tried,
                       shrink_steps=state.shrink_steps, elapsed_s=state.elapsed(), findings=findings,
                       first_failure=state.first_failure, stopped=stopped)
@@ -282,4 +292,4 @@ def print_findings(label: str, report: Any, *, tty: bool, write: Callable[[Any],
 
 
 __all__ = ["CAMPAIGN_NODEID", "DATABASE_DEFAULT", "FuzzReport", "Progress", "PropertyFailed", "SearchState",
-           "database_folder", "fuzz", "print_findings", "progress_printer", "property_test"]
+           "database_folder", "fuzz", "print_findings", "progress_printer", "property_test", "search_settings"]

@@ -36,8 +36,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..fuzz.search import (DATABASE_DEFAULT, SLOW_AND_FILTERED, Progress, PropertyFailed, SearchState, _failure,
-                           _Interrupt, _leaves, print_findings, progress_printer)
+from ..fuzz.search import (DATABASE_DEFAULT, SLOW_AND_FILTERED, Progress, SearchState, print_findings,
+                           progress_printer, search_settings)
 from ..fuzz.target import FuzzTarget
 from ..runspec import Mode, RunSpec
 
@@ -192,7 +192,7 @@ def fuzz_differential(
     """Search for ``budget_s`` seconds from ``seed`` for a case where the miniature and SGLang part; every
     distinct failure found, shrunk. The options are ``search.fuzz``'s; ``judge_case`` is the comparison (a
     test's seam: a deliberately wrong one shows the search finds and shrinks what it reports)."""
-    from hypothesis import HealthCheck, Phase, Verbosity, given, settings
+    from hypothesis import HealthCheck, given, settings
     from hypothesis import seed as hypothesis_seed
     from hypothesis.database import DirectoryBasedExampleDatabase, InMemoryExampleDatabase
 
@@ -202,6 +202,7 @@ def fuzz_differential(
 
     load()  # SGLang missing or too old: its own clear error before anything is drawn
     torch.set_num_threads(1)  # tiny tensors: intra-op threads only contend with each other
+
     def judge_one(case: Case) -> tuple[str, object, str] | None:
         failure = judge_case(case)
         if failure is None:
@@ -216,22 +217,12 @@ def fuzz_differential(
     def differential_property(case: Case) -> None:
         state.check(case)
 
-    search = settings(database=db, deadline=None, max_examples=max_examples or 1_000_000,
-                      report_multiple_bugs=multiple, verbosity=Verbosity.quiet, print_blob=False,
-                      phases=(Phase.explicit, Phase.reuse, Phase.generate, Phase.shrink),
-                      suppress_health_check=[HealthCheck[h] for h in SLOW_AND_FILTERED])(
+    search = settings(database=db, deadline=None, suppress_health_check=[HealthCheck[h] for h in SLOW_AND_FILTERED],
+                      **search_settings(max_examples=max_examples, multiple=multiple))(
         hypothesis_seed(seed)(given(cases())(differential_property)))
-    stopped = "Hypothesis ended its search"
-    shrunk: set[str] | None = None
-    try:
-        search()
-    except _Interrupt as interrupt:
-        stopped = "the budget" if str(interrupt) == "budget" else "the shrink limit (smallest case so far kept)"
-    except (PropertyFailed, BaseExceptionGroup) as failure:
-        stopped = "every failure shrunk"
-        shrunk = {sig for e in _leaves(failure) for sig in state.found if type(e) is _failure(sig)}
+    stopped, found = state.run(search)
     findings = tuple(DifferentialFinding(signature=sig, kind=f.kind, case=case, message=f.message, examples=n)
-                     for sig, (case, f, n) in state.found.items() if shrunk is None or sig in shrunk)
+                     for sig, (case, f, n) in found)
     return DifferentialReport(seed=seed, budget_s=budget_s, tried=state.tried, shrink_steps=state.shrink_steps,
                               elapsed_s=state.elapsed(), findings=findings, first_failure=state.first_failure,
                               stopped=stopped)

@@ -291,7 +291,7 @@ class _Differ:
         index = torch.div(at, n, rounding_mode="floor")
         layer = hj.take(torch.tensor(self.layer_ids[pool], dtype=torch.int64), index)
         return _Bad(index, layer, hj.take(slots, position), hj.take(tokens, position), what, code, arg,
-                    found.logged(torch.arange(at.numel())))
+                    found.logged(torch.arange(at.numel())).long())
 
     def end_step(self, step: int, snap: Cursor, ref: Cursor, pools: dict[str, _Bad], hidden: list[KVMismatch]) -> None:
         """Count the step's mismatches and keep the first ones, lowest layer first (later layers read what
@@ -316,7 +316,7 @@ class _Differ:
             return
         names = list(bad)
         fields = ("index", "layer", "slot", "token", "what", "code", "arg", "logged")
-        index, layer, slot, token, what, code, arg, logged = (torch.cat([getattr(bad[p], f).long() for p in names])
+        index, layer, slot, token, what, code, arg, logged = (torch.cat([getattr(bad[p], f) for p in names])
                                                               for f in fields)
         pool_of = torch.cat([torch.full_like(bad[p].code, i) for i, p in enumerate(names)])
         # Order as a stable sort by (layer, slot) of rows listed pool by pool, layer by layer, token by token.
