@@ -129,10 +129,15 @@ def build_trtllm_mha_page_table(req_to_token: torch.Tensor, req_pool_indices: to
 
 # ---- FlashInfer's TRT-LLM attention calls --------------------------------------------------------------
 
+class NotOnCPU(NotImplementedError):
+    """A FlashInfer feature the CPU stand-ins do not serve, refused by name rather than computed wrongly: a run
+    that reaches one fails with this error, never a silent difference (docs/sglang-graphs.md lists them)."""
+
+
 def _refuse_extras(name: str, **extras: Any) -> None:
     used = [key for key, value in extras.items() if value is not None]
     if used:
-        raise NotImplementedError(f"{name} stand-in: {', '.join(used)} not supported on the CPU (attention sinks, "
+        raise NotOnCPU(f"{name} stand-in: {', '.join(used)} not supported on the CPU (attention sinks, "
                                   "FP4 scales, speculative masks are not adapted)")
 
 
@@ -154,7 +159,7 @@ def trtllm_batch_decode_with_kv_cache(
     _refuse_extras("trtllm_batch_decode_with_kv_cache", sinks=sinks, kv_cache_sf=kv_cache_sf, mask=mask,
                    cum_seq_lens_q=cum_seq_lens_q, skip_softmax_threshold_scale_factor=skip_softmax_threshold_scale_factor)
     if q_len_per_req != 1:
-        raise NotImplementedError("trtllm_batch_decode_with_kv_cache stand-in: one query per request only")
+        raise NotOnCPU("trtllm_batch_decode_with_kv_cache stand-in: one query per request only")
     k, v = _nhd(kv_cache)
     # the kernel reads a row only up to its seq_len: past it the backend's tables hold whatever their memory held
     # (torch.empty eagerly, an earlier batch's pages in a graph), and an SWA page out of the window may be -1
@@ -214,7 +219,7 @@ class UnusedFlashInferWrapper:
         pass
 
     def __getattr__(self, name: str) -> Any:
-        raise NotImplementedError(f"FlashInfer wrapper .{name}: FlashInfer's wrappers are not adapted to the CPU "
+        raise NotOnCPU(f"FlashInfer wrapper .{name}: FlashInfer's wrappers are not adapted to the CPU "
                                   "(only the TRT-LLM attention calls are)")
 
 

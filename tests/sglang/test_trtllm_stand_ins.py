@@ -1,0 +1,49 @@
+"""The CPU stand-ins of FlashInfer's TRT-LLM calls refuse, by name, what they do not compute (attention sinks, FP4
+scale factors, speculative masks, more than one query per request in decode, the other FlashInfer wrappers): a run
+reaching one fails with ``NotOnCPU``, never with attention computed without it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from harness.sglang.trtllm_cpu import (NotOnCPU, UnusedFlashInferWrapper, trtllm_batch_context_with_kv_cache,
+                                       trtllm_batch_decode_with_kv_cache)
+
+
+def _decode_args(**extra):
+    pages = torch.zeros(2, 1, 4, 8)  # [pages, heads, page_size, dim] (HND)
+    return dict(query=torch.zeros(1, 1, 8), kv_cache=(pages, pages.clone()), workspace_buffer=torch.zeros(1),
+                block_tables=torch.zeros(1, 2, dtype=torch.int32), seq_lens=torch.tensor([3], dtype=torch.int32),
+                max_seq_len=8, bmm1_scale=1.0, bmm2_scale=1.0, **extra)
+
+
+@pytest.mark.parametrize("extra", [{"sinks": torch.zeros(1)}, {"kv_cache_sf": torch.zeros(1)},
+                                   {"mask": torch.zeros(1)}, {"cum_seq_lens_q": torch.zeros(2)}],
+                         ids=lambda e: next(iter(e)))
+def test_decode_refuses_each_extra_by_name(extra):
+    with pytest.raises(NotOnCPU, match=next(iter(extra))):
+        trtllm_batch_decode_with_kv_cache(**_decode_args(**extra))
+
+
+def test_decode_refuses_more_than_one_query_per_request():
+    with pytest.raises(NotOnCPU, match="one query per request"):
+        trtllm_batch_decode_with_kv_cache(**_decode_args(q_len_per_req=2))
+
+
+def test_decode_without_extras_computes():
+    out = trtllm_batch_decode_with_kv_cache(**_decode_args())
+    assert out.shape == (1, 1, 8) and torch.isfinite(out).all()
+
+
+def test_context_refuses_sinks_and_the_wrappers_refuse_every_use():
+    pages = torch.zeros(2, 1, 4, 8)
+    with pytest.raises(NotOnCPU, match="sinks"):
+        trtllm_batch_context_with_kv_cache(
+            query=torch.zeros(1, 1, 8), kv_cache=(pages, pages), workspace_buffer=torch.zeros(1),
+            block_tables=torch.zeros(1, 2, dtype=torch.int32), seq_lens=torch.tensor([1], dtype=torch.int32),
+            max_q_len=1, max_kv_len=8, bmm1_scale=1.0, bmm2_scale=1.0, batch_size=1,
+            cum_seq_lens_q=torch.tensor([0, 1], dtype=torch.int32), cum_seq_lens_kv=torch.tensor([0, 1], dtype=torch.int32),
+            sinks=torch.zeros(1))
+    with pytest.raises(NotOnCPU, match=r"\.plan"):
+        UnusedFlashInferWrapper(object(), kv_layout="HND").plan()
