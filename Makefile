@@ -132,19 +132,28 @@ FUZZ_BUDGET ?= 60
 FUZZ_SEED ?= 0
 FUZZ_SOUND ?= forward_batch:full translate:piecewise metadata:eager
 FUZZ_KNOWN_BAD ?= stale_state:eager forward_batch:full:no_zero_swa_pad forward_batch:full:pad_slot_minus_one \
-	forward_batch:eager:fused_fp8_scale_dropped
+	forward_batch:eager:fused_fp8_scale_dropped forward_batch:full:draft_metadata_captured_once \
+	forward_batch:eager:skip_free_rejected
+# over the installed SGLang (design:mode[:fault]@sglang), run with its venv's interpreter
+FUZZ_SOUND_SGLANG ?= forward_batch:eager@sglang
+FUZZ_KNOWN_BAD_SGLANG ?= forward_batch:eager:sglang_skip_evict_mid_prefill@sglang
 FUZZ ?=
-FUZZ_RUN = $(PY) -m harness fuzz --budget $(FUZZ_BUDGET) --seed $(FUZZ_SEED)$(if $(FUZZ_OUT), --out $(FUZZ_OUT))
-FUZZ_ARGS = set -- $$(echo $$t | tr : ' '); args="--design $$1 --mode $$2$${3:+ --fault $$3}"
+FUZZ_FLAGS = fuzz --budget $(FUZZ_BUDGET) --seed $(FUZZ_SEED)$(if $(FUZZ_OUT), --out $(FUZZ_OUT))
+FUZZ_RUN = $(PY) -m harness $(FUZZ_FLAGS)
+# design:mode[:fault...][@stack] -> the command's flags, and the interpreter: SGLang's for a target over it
+FUZZ_ARGS = stack=$${t\#\#*@}; [ "$$stack" = "$$t" ] && stack=; set -- $$(echo $${t%@*} | tr : ' '); \
+	args="--design $$1 --mode $$2$${3:+ --fault $$3}$${stack:+ --serving $$stack}"; \
+	py=$$([ -n "$$stack" ] && echo $(SGLANG_PY) || echo $(PY))
+FUZZ_SGLANG_STAMP = $(if $(strip $(FUZZ_SOUND_SGLANG)$(FUZZ_KNOWN_BAD_SGLANG)),$(SGLANG_STAMP))
 
-fuzz: $(STAMP)
+fuzz: $(STAMP) $(if $(strip $(FUZZ)),,$(FUZZ_SGLANG_STAMP))
 ifneq ($(strip $(FUZZ)),)
 	$(FUZZ_RUN) $(FUZZ)
 else
-	@for t in $(FUZZ_SOUND); do $(FUZZ_ARGS); echo "$(FUZZ_RUN) $$args"; \
-		$(FUZZ_RUN) $$args || { echo "fuzz: a false alarm in $$t (above)"; exit 1; }; done
-	@for t in $(FUZZ_KNOWN_BAD); do $(FUZZ_ARGS); echo "$(FUZZ_RUN) $$args"; \
-		if $(FUZZ_RUN) $$args; then echo "fuzz: $$t gave no failure in $(FUZZ_BUDGET)s"; exit 1; fi; done
+	@for t in $(FUZZ_SOUND) $(FUZZ_SOUND_SGLANG); do $(FUZZ_ARGS); echo "$$py -m harness $(FUZZ_FLAGS) $$args"; \
+		$$py -m harness $(FUZZ_FLAGS) $$args || { echo "fuzz: a false alarm in $$t (above)"; exit 1; }; done
+	@for t in $(FUZZ_KNOWN_BAD) $(FUZZ_KNOWN_BAD_SGLANG); do $(FUZZ_ARGS); echo "$$py -m harness $(FUZZ_FLAGS) $$args"; \
+		if $$py -m harness $(FUZZ_FLAGS) $$args; then echo "fuzz: $$t gave no failure in $(FUZZ_BUDGET)s"; exit 1; fi; done
 endif
 
 # A long campaign (docs/fuzzing.md, "Long campaigns: HypoFuzz"): HypoFuzz fuzzes harness/fuzz/campaign.py, the same

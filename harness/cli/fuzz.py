@@ -25,7 +25,7 @@ def add_fuzz_command(sub: argparse._SubParsersAction) -> argparse.ArgumentParser
     p.add_argument("--target", type=name_type("fuzz target", (LIBRARY, *FUZZ_PROPERTIES)), default=LIBRARY,
                    help=f"{LIBRARY} (default): one design and mode against the eager reference; a target's own "
                         f"property ({', '.join(FUZZ_PROPERTIES) or 'none registered'}: docs/fuzzing.md), which takes no "
-                        "--design, --mode, --backend or --fault")
+                        "--design, --mode, --backend, --fault or --serving")
     p.add_argument("--design", type=_design, help="the design under test (required for the library target)")
     p.add_argument("--mode", type=name_type("mode", Mode), metavar="{" + ",".join(Mode) + "}",
                    help="the runner mode under test (required for the library target)")
@@ -33,6 +33,9 @@ def add_fuzz_command(sub: argparse._SubParsersAction) -> argparse.ArgumentParser
                    "torch_native)")
     p.add_argument("--fault", action="append", default=[], type=name_type("fault", sorted(FAULTS)), metavar="FAULT",
                    help="switch this fault on in every run (repeatable)")
+    p.add_argument("--serving", default=None, metavar="STACK",
+                   help="move every run onto this serving stack (a target's, as it registered it: sglang with the "
+                        "SGLang install), its free order and eviction with it (default: the harness's miniature)")
     p.add_argument("--budget", type=_positive_float, default=BUDGET_DEFAULT_S, metavar="SECONDS",
                    help=f"seconds of search before giving up, and again at most for shrinking what it found "
                         f"(default: {BUDGET_DEFAULT_S:g})")
@@ -61,7 +64,7 @@ def _cmd_fuzz(args: argparse.Namespace) -> int:
     from ..fuzz.search import print_findings, progress_printer
 
     target = FuzzTarget(design=args.design, mode=Mode(args.mode), backend=args.backend or "torch_native",
-                        faults=frozenset(args.fault))
+                        faults=frozenset(args.fault), serving=args.serving or "miniature")
     if problems := target.problems():
         print("\n".join(problems), file=sys.stderr)
         return 2
@@ -80,7 +83,8 @@ def _cmd_fuzz(args: argparse.Namespace) -> int:
 def _cmd_fuzz_property(args: argparse.Namespace) -> int:
     """A property a target registered (``fuzz.properties``)."""
     if stray := [flag for flag, value in (("--design", args.design), ("--mode", args.mode),
-                                          ("--backend", args.backend), ("--fault", args.fault)) if value]:
+                                          ("--backend", args.backend), ("--fault", args.fault),
+                                          ("--serving", args.serving)) if value]:
         args.parser.error(f"--target {args.target} takes no {', '.join(stray)}")
     from ..fuzz.properties import FUZZ_PROPERTIES
     from ..imports import load_named

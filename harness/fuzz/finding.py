@@ -54,8 +54,14 @@ class Finding:
         t = self.spec.timeline
         requests = ", ".join(
             f"{r.rid}(arrive {r.arrive}, prompt {r.prompt_len}, output {r.output_len}"
+            + (f", shares {r.shared_len} of {r.prefix_of}" if r.prefix_of is not None else "")
             + (f", abort {r.abort}" if r.abort is not None else "") + ")" for r in t.requests)
-        extras = [f"chunk {t.chunk_size}" if t.chunk_size else "", f"{t.draft_steps} draft steps" if t.draft_steps else ""]
+        ev = self.spec.eviction
+        extras = [f"chunk {t.chunk_size}" if t.chunk_size else "", f"{t.draft_steps} draft steps" if t.draft_steps else "",
+                  f"verify accepts {list(t.accept_lens)}" if t.accept_lens else "",
+                  "prefix cache" if ev.prefix_cache else "",
+                  f"eviction {ev.policy} every {ev.interval}" if ev.policy != "tight" else "",
+                  f"over {self.spec.serving}" if self.spec.serving != "miniature" else ""]
         pool = self.spec.pool
         return (f"{self.signature}\n  {self.spec.model.name}, pool {pool.full_size}/{pool.swa_size} (pages of "
                 f"{pool.page_size}, {pool.free_order}), decode buckets {list(self.spec.graphs.decode_buckets)}: "

@@ -4,6 +4,10 @@ fuzzer and the command line name no target.
 
 An entry is the import path of a function taking the parsed ``fuzz`` arguments (``--budget``, ``--seed``,
 ``--out``, ``--database``, ``--no-write``) and returning the exit status.
+
+A target's serving stack joins the library property the same way (``register_fuzz_stack``): ``--serving NAME``
+moves every generated run onto the stack registered as NAME, with what that stack needs of a run (its free
+order, its eviction), and drops the runs it cannot express.
 """
 
 from __future__ import annotations
@@ -23,4 +27,15 @@ def register_fuzz_property(name: str, path: str) -> None:
     FUZZ_PROPERTIES[name] = path
 
 
-__all__ = ["FUZZ_PROPERTIES", "LIBRARY", "register_fuzz_property"]
+FUZZ_STACKS: Registry[str] = Registry()
+"""serving stacks the library property can run on, by ``[serving] stack`` name -> ``package.module:function``
+taking a generated ``RunSpec`` and returning it moved onto the stack, or a string saying why the stack cannot
+run it"""
+
+
+def register_fuzz_stack(name: str, path: str) -> None:
+    """Let ``--serving name`` fuzz the library property on the stack ``name``, each run moved by ``path``."""
+    FUZZ_STACKS[name] = path
+
+
+__all__ = ["FUZZ_PROPERTIES", "FUZZ_STACKS", "LIBRARY", "register_fuzz_property", "register_fuzz_stack"]

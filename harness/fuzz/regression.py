@@ -55,4 +55,27 @@ def write_regression(finding: Finding, *, folder: Path = REGRESSIONS_DEFAULT, co
     return path
 
 
-__all__ = ["REGRESSIONS_DEFAULT", "regression_path", "write_regression"]
+def replay_regression(path: Path) -> list[str]:
+    """Every run of the scenario file at ``path`` judged against its expectations, as pytest collects it: the
+    ones that did not give their expected verdict, a line each (none: the file reproduces what it records)."""
+    from ..check.matrix.judgement import Judgement, judge_one
+    from ..scenario.loader import load_scenario
+
+    scenario = load_scenario(path)
+    out = []
+    for design in scenario.designs:
+        exp = scenario.expectation(design)
+        for mode in scenario.modes:
+            for backend in scenario.backends:
+                for with_faults in (True, False) if scenario.faults else (True,):
+                    expected = exp.expected(mode=mode, backend=backend, with_faults=with_faults)
+                    if expected is None:
+                        continue
+                    spec = scenario.run_spec(design=design, mode=mode, backend=backend, with_faults=with_faults)
+                    judged = judge_one(spec, Judgement(expected=expected, why=exp.why))
+                    if not judged.held:
+                        out.append(judged.summary())
+    return out
+
+
+__all__ = ["REGRESSIONS_DEFAULT", "regression_path", "replay_regression", "write_regression"]

@@ -246,7 +246,8 @@ def database_folder(target: FuzzTarget, root: Path = DATABASE_DEFAULT) -> Path:
 
 
 def _folder(target: FuzzTarget) -> str:
-    parts = [target.design, str(target.mode), target.backend, *sorted(target.faults)]
+    over = [target.serving] if target.serving != "miniature" else []
+    parts = [target.design, str(target.mode), target.backend, *over, *sorted(target.faults)]
     return re.sub(r"[^\w.-]+", "_", "-".join(parts))
 
 

@@ -2,13 +2,15 @@
 
 ``run_specs(target)`` draws a model preset, a KV setup, a pool sized near what its timeline needs, page
 sizes the backend reads, decode and prefill buckets, a capture policy, a free order and a timeline
-(arrivals, prompt lengths around the window and its multiples, chunking, decode lengths, aborts, drafts),
+(arrivals, prompt lengths around the window and its multiples, prefixes shared with earlier requests, chunking,
+decode lengths, aborts, drafts and what each verify accepts), an eviction policy and interval, a prefix cache,
 and keeps only what passes the scenario's own checks, the dry run of its timeline included
 (``scenario.check_scenario``), so the property never judges an input the harness would refuse.
 
 Every choice is ordered so that Hypothesis shrinks toward what a person reads fastest: the first preset,
-float32 with the plain write, pages of one token, one request, short prompts, no chunking, no drafts, no
-abort, one decode bucket, startup capture, the default free order.
+float32 with the plain write, pages of one token, one request, short prompts, no shared prefix, no chunking, no
+drafts, no verify, no abort, no prefix cache, the tight eviction policy, one decode bucket, startup capture, the
+default free order.
 """
 
 from __future__ import annotations
@@ -22,11 +24,11 @@ from ..runspec import CapturePolicy, GraphSpec, KVWrite, Outcome, RunSpec
 from ..scenario.generated import scenario_of
 from ..scenario.loader import check_scenario
 from ..scenario.spec import Expectation
-from ..serving.eviction import EvictionSpec
+from ..serving.eviction import SGLANG_EVICTION_INTERVAL, EvictionSpec
 from ..serving.model_spec import PRESETS, ModelSpec
 from ..serving.pool_spec import FREE_ORDERS, SUPPORTED_PAGE_SIZES, PoolSpec
 from ..serving.timeline import RequestSpec, TimelineSpec
-from .target import FuzzTarget
+from .target import MINIATURE, FuzzTarget
 
 CPU_PRESETS = ("gpt-oss-mini", "all-swa", "gemma-mini")
 """the presets the CPU backends run (the others are FlashInfer's, with head_dim 64 and half-precision models)"""
@@ -64,6 +66,39 @@ def _request(draw: st.DrawFn, rid: str, window: int) -> RequestSpec:
     return RequestSpec(rid=rid, arrive=arrive, prompt_len=prompt_len, output_len=output_len, abort=abort)
 
 
+@st.composite
+def _requests(draw: st.DrawFn, window: int) -> tuple[RequestSpec, ...]:
+    """One to four requests; a later one may start with an earlier one's tokens (a shared system prompt, the
+    next turn of a conversation), which a prefix cache matches and which without one are plain tokens."""
+    requests: list[RequestSpec] = []
+    for i in range(draw(st.integers(1, MAX_REQUESTS))):
+        req = draw(_request(f"r{i}", window))
+        sources = [r for r in requests if r.arrive < req.arrive]
+        source = draw(st.none() | st.sampled_from(sources)) if sources else None
+        if source is not None:
+            most = min(req.prompt_len, source.prompt_len + source.output_len)
+            req = dataclasses.replace(req, prefix_of=source.rid, shared_len=draw(st.integers(1, most)))
+        requests.append(req)
+    return tuple(requests)
+
+
+def _accept_lens(steps: int, *, at_least_one: bool) -> st.SearchStrategy[tuple[int, ...]]:
+    """Draft tokens each verify accepts, cycling over the iterations; none drafted first (no verify at all)."""
+    entries = st.lists(st.integers(0, steps), min_size=1, max_size=3).map(tuple)
+    return entries if at_least_one else st.just(()) | entries
+
+
+_INTERVALS = (1, 2, 4, 8, SGLANG_EVICTION_INTERVAL)
+"""the ``sglang`` policy's eviction intervals drawn: every step first, SGLang's default last"""
+
+
+def _eviction(prefix_cache: bool) -> st.SearchStrategy[EvictionSpec]:
+    tight = st.just(EvictionSpec(policy="tight", prefix_cache=prefix_cache))
+    batched = st.sampled_from(_INTERVALS).map(
+        lambda n: EvictionSpec(policy="sglang", interval=n, prefix_cache=prefix_cache))
+    return tight | batched
+
+
 def _slack() -> st.SearchStrategy[int]:
     # no slack at all more often than not: only an exhausted pool has its last slot live at the peak
     return st.one_of(st.just(0), st.integers(0, POOL_SLACK_PAGES))
@@ -77,48 +112,91 @@ def _pages(tokens: int, page: int) -> int:
     return -(-tokens // page)
 
 
+def run_specs(target: FuzzTarget) -> st.SearchStrategy[RunSpec]:
+    """Valid ``RunSpec``s of ``target``'s design, mode, backend, faults and serving stack."""
+    if target.serving != MINIATURE:
+        _load_stack(target)
+    return _run_specs(target)
+
+
+def _load_stack(target: FuzzTarget) -> None:
+    # a stack's modules are imported here, before the first draw: an import that touches the random module
+    # inside a strategy is what Hypothesis warns of (it cannot replay it), and it would be timed in the first case
+    from ..serving.registry import eviction_policy
+
+    probe = RunSpec(model=PRESETS[CPU_PRESETS[0]], pool=PoolSpec(full_size=64, swa_size=64),
+                    timeline=TimelineSpec(requests=(RequestSpec(rid="r0", prompt_len=1),)),
+                    design=target.design, mode=target.mode, backend=target.backend)
+    moved = _mover(target.serving)(probe)
+    if not isinstance(moved, str):
+        eviction_policy(moved.eviction, window=moved.model.window, page_size=moved.pool.page_size)
+
+
 @st.composite
-def run_specs(draw: st.DrawFn, target: FuzzTarget) -> RunSpec:
-    """A valid ``RunSpec`` of ``target``'s design, mode, backend and faults."""
+def _run_specs(draw: st.DrawFn, target: FuzzTarget) -> RunSpec:
     from ..backends.registry import backend_class
 
     backend = backend_class(target.backend)
     preset = PRESETS[draw(st.sampled_from(CPU_PRESETS))]
-    dtype, kv_dtype, kv_write = draw(st.sampled_from(KV_SETUPS))
+    setups = [k for k in KV_SETUPS if k[2] is KVWrite.FUSED_FP8] if target.needs_fused_write else KV_SETUPS
+    dtype, kv_dtype, kv_write = draw(st.sampled_from(setups))
     model = preset if dtype == preset.dtype else dataclasses.replace(preset, dtype=dtype)
-    page_sizes = [p for p in PAGE_SIZES if p in SUPPORTED_PAGE_SIZES
+    # a target verify runs at pages of one token without a prefix cache (runspec.serving_problems)
+    page_sizes = [p for p in PAGE_SIZES if p in SUPPORTED_PAGE_SIZES and (p == 1 or not target.needs_verify)
                   and (backend.page_sizes is None or p in backend.page_sizes)]
     page = draw(st.sampled_from(page_sizes))
     window = model.window
 
-    count = draw(st.integers(1, MAX_REQUESTS))
-    requests = tuple(draw(_request(f"r{i}", window)) for i in range(count))
+    requests = draw(_requests(window))
     chunk_size = draw(st.none() | st.integers(1, 2 * window + 1))
-    min_drafts = 1 if target.needs_drafts else 0
+    min_drafts = 1 if target.needs_drafts or target.needs_verify else 0
     draft_steps = draw(st.sampled_from(range(min_drafts, MAX_DRAFT_STEPS + 1)))
+    prefix_cache = target.needs_prefix_cache or (not target.needs_verify and draw(st.booleans()))
+    accept_lens: tuple[int, ...] = ()
+    if draft_steps and page == 1 and not prefix_cache:
+        accept_lens = draw(_accept_lens(draft_steps, at_least_one=target.needs_verify))
     timeline = TimelineSpec(requests=requests, chunk_size=chunk_size, draft_steps=draft_steps,
-                            seed=draw(st.integers(0, 255)))
-
-    # pools near exhaustion: each is the timeline's peak use plus a few pages (a slack that shrinks to none),
-    # so freed slots are reused at once and the last slot of each pool holds a live token at the peak
-    roomy = PoolSpec(full_size=_ROOMY * page, swa_size=_ROOMY * page, page_size=page)
-    eviction = EvictionSpec(prefix_cache=target.needs_prefix_cache)
-    peak = _peak_pages(model, roomy, timeline, eviction)
-    assume(peak is not None)
-    full_pages, swa_pages = peak
-    pool = PoolSpec(full_size=(full_pages + draw(_slack())) * page, swa_size=(swa_pages + draw(_slack())) * page,
-                    kv_dtype=kv_dtype, page_size=page, free_order=draw(st.sampled_from(FREE_ORDERS)))
+                            accept_lens=accept_lens, seed=draw(st.integers(0, 255)))
+    eviction = draw(_eviction(prefix_cache))
 
     graphs = GraphSpec(decode_buckets=draw(_buckets(DECODE_BUCKETS)),
                        prefill_buckets=draw(_buckets(PREFILL_BUCKETS)),
                        capture=draw(st.sampled_from(tuple(CapturePolicy))))
-    spec = RunSpec(model=model, pool=pool, timeline=timeline, design=target.design, mode=target.mode,
+    roomy = PoolSpec(full_size=_ROOMY * page, swa_size=_ROOMY * page, kv_dtype=kv_dtype, page_size=page,
+                     free_order=draw(st.sampled_from(FREE_ORDERS)))
+    spec = RunSpec(model=model, pool=roomy, timeline=timeline, design=target.design, mode=target.mode,
                    backend=target.backend, faults=target.faults, kv_write=kv_write, graphs=graphs,
                    eviction=eviction)
     assume(not backend.unsupported(mode=spec.mode, device="cpu", kv_write=kv_write, page_size=page,
                                    faults=spec.faults, model=model, kv_dtype=kv_dtype))
+    if target.serving != MINIATURE:  # the stack's free order and eviction decide what the timeline holds at once
+        spec = _moved_onto(target.serving, spec)
+
+    # pools near exhaustion: each is the timeline's peak use plus a few pages (a slack that shrinks to none),
+    # so freed slots are reused at once and the last slot of each pool holds a live token at the peak
+    peak = _peak_pages(model, spec.pool, timeline, spec.eviction)
+    assume(peak is not None)
+    full_pages, swa_pages = peak
+    spec = dataclasses.replace(spec, pool=dataclasses.replace(
+        spec.pool, full_size=(full_pages + draw(_slack())) * page, swa_size=(swa_pages + draw(_slack())) * page))
     assume(not problems(spec))
     return spec
+
+
+def _moved_onto(serving: str, spec: RunSpec) -> RunSpec:
+    """``spec`` on the stack ``serving`` (its registered move: that stack's free order, eviction), or nothing
+    drawn when the stack cannot run it."""
+    moved = _mover(serving)(spec)
+    assume(not isinstance(moved, str))
+    return moved
+
+
+def _mover(serving: str):
+    from ..imports import load_named
+    from .properties import FUZZ_STACKS
+
+    return load_named(serving, dict(FUZZ_STACKS), kind="fuzz serving stack",
+                      check=lambda o: None if callable(o) else "not a function")
 
 
 _ROOMY = 512
@@ -138,10 +216,18 @@ def _peak_pages(model: ModelSpec, pool: PoolSpec, timeline: TimelineSpec,
     sched = Scheduler(timeline, stack=stack, vocab_size=model.vocab_size,
                       eviction=eviction_policy(eviction, window=model.window, page_size=pool.page_size))
     least = {"full": pool.full_size, "swa": pool.swa_size}
+
+    def observe() -> None:
+        for group, free in stack.free_slots().items():
+            least[group] = min(least[group], len(free))
+
     try:
-        while sched.next_step() is not None:
-            for group, free in stack.free_slots().items():
-                least[group] = min(least[group], len(free))
+        while (step := sched.next_step()) is not None:
+            observe()
+            if step.batch.verify is not None:  # the verify allocates mid-step, after the draft gave its slots back
+                step.batch.verify.build()
+                observe()
+                step.batch.verify.release_rejected()
             sched.finish_step()
     except Exception:  # noqa: BLE001 - a timeline the scheduler refuses is not a case; the dry run says why
         return None

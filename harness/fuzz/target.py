@@ -14,7 +14,9 @@ from dataclasses import dataclass
 from ..imports import is_import_path
 from ..runspec import Mode
 from ..serving.designs import DESIGNS
-from ..serving.faults import FAULTS
+from ..serving.faults import FAULTS, Component
+
+MINIATURE = "miniature"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -23,11 +25,14 @@ class FuzzTarget:
     mode: Mode
     backend: str = "torch_native"
     faults: frozenset[str] = frozenset()
+    serving: str = MINIATURE
+    """the serving stack every run is moved onto (``fuzz.properties.FUZZ_STACKS``); the harness's own by default"""
 
     @property
     def label(self) -> str:
         faults = f" with {', '.join(sorted(self.faults))}" if self.faults else ""
-        return f"{self.design}/{self.mode} on {self.backend}{faults}"
+        serving = f" over {self.serving}" if self.serving != MINIATURE else ""
+        return f"{self.design}/{self.mode} on {self.backend}{serving}{faults}"
 
     @property
     def needs_drafts(self) -> bool:
@@ -37,15 +42,25 @@ class FuzzTarget:
     def needs_prefix_cache(self) -> bool:
         return any(FAULTS[f].needs_prefix_cache for f in self.faults if f in FAULTS)
 
+    @property
+    def needs_verify(self) -> bool:
+        return any(FAULTS[f].needs_verify for f in self.faults if f in FAULTS)
+
+    @property
+    def needs_fused_write(self) -> bool:
+        return any(FAULTS[f].needs_fused_write for f in self.faults if f in FAULTS)
+
     @classmethod
     def parse(cls, text: str) -> FuzzTarget:
-        """``design:mode[:fault...]`` (as ``make fuzz`` and a campaign spell a target); ValueError naming what is
-        wrong."""
-        design, _, rest = text.partition(":")
+        """``design:mode[:fault...][@stack]`` (as ``make fuzz`` and a campaign spell a target); ValueError naming
+        what is wrong."""
+        body, at, serving = text.partition("@")
+        design, _, rest = body.partition(":")
         mode, *faults = rest.split(":")
-        if mode not in tuple(Mode):
-            raise ValueError(f"{text!r}: expected design:mode[:fault...], the mode one of {', '.join(Mode)}")
-        target = cls(design=design, mode=Mode(mode), faults=frozenset(f for f in faults if f))
+        if mode not in tuple(Mode) or (at and not serving):
+            raise ValueError(f"{text!r}: expected design:mode[:fault...][@stack], the mode one of {', '.join(Mode)}")
+        target = cls(design=design, mode=Mode(mode), faults=frozenset(f for f in faults if f),
+                     serving=serving or MINIATURE)
         if problems := target.problems():
             raise ValueError(f"{text!r}: {'; '.join(problems)}")
         return target
@@ -55,6 +70,8 @@ class FuzzTarget:
         words = ["python", "-m", "harness", "fuzz", "--design", self.design, "--mode", str(self.mode)]
         if self.backend != "torch_native":
             words += ["--backend", self.backend]
+        if self.serving != MINIATURE:
+            words += ["--serving", self.serving]
         for fault in sorted(self.faults):
             words += ["--fault", fault]
         if budget_s is not None:
@@ -66,7 +83,12 @@ class FuzzTarget:
         """Every reason this target cannot be fuzzed, one line each."""
         from ..backends.registry import BACKENDS, backend_class
 
+        from .properties import FUZZ_STACKS
+
         out = []
+        if self.serving != MINIATURE and self.serving not in FUZZ_STACKS:
+            out.append(f"--serving: no fuzzable serving stack {self.serving!r}; known: "
+                       f"{', '.join((MINIATURE, *FUZZ_STACKS))}")
         if self.design not in DESIGNS and not is_import_path(self.design):
             out.append(f"--design: unknown design {self.design!r}; known: {', '.join(DESIGNS)}")
         if self.backend not in BACKENDS and not is_import_path(self.backend):
@@ -78,6 +100,10 @@ class FuzzTarget:
                 out.append(f"--fault: unknown fault {fault!r}; known: {', '.join(FAULTS)}")
             elif self.mode not in known.modes:
                 out.append(f"--fault: {fault} acts only in {' or '.join(known.modes)} mode, not {self.mode}")
+            elif known.acts_on is Component.TARGET and self.serving == MINIATURE:
+                # the patch lands in a target's code, which the harness's own stack never calls: nothing to find
+                out.append(f"--fault: {fault} patches a target's own code; fuzz it over that target's stack "
+                           f"(--serving {', --serving '.join(FUZZ_STACKS) or 'NAME'})")
         if not out:  # what the backend declares it cannot run, on this machine's device
             out.extend(f"--backend: {why}" for why in
                        backend_class(self.backend).unsupported(mode=self.mode, device="cpu", faults=self.faults))

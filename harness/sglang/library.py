@@ -11,7 +11,9 @@ graph engine stay the harness's: they write and read the installed pool's buffer
 from __future__ import annotations
 
 import dataclasses
+from typing import TypeVar
 
+from ..runspec import RunSpec
 from ..scenario.spec import ScenarioSpec
 from ..serving.eviction import EvictionSpec
 from ..serving.stack import StackSpec
@@ -19,9 +21,12 @@ from .stack import free_order, unsupported
 
 INSTALLED_EVICTION = "harness.sglang.eviction:InstalledSGLangEviction"
 
+S = TypeVar("S", ScenarioSpec, RunSpec)
 
-def on_sglang(scenario: ScenarioSpec) -> ScenarioSpec:
-    """``scenario`` with the installed SGLang as its serving stack and SGLang's eviction and free order."""
+
+def on_sglang(scenario: S) -> S:
+    """``scenario`` (a ``ScenarioSpec`` or one ``RunSpec``) with the installed SGLang as its serving stack and
+    SGLang's eviction and free order."""
     interval = scenario.eviction.interval if scenario.eviction.policy == "sglang" else 1
     return dataclasses.replace(
         scenario, serving="sglang",
@@ -31,7 +36,12 @@ def on_sglang(scenario: ScenarioSpec) -> ScenarioSpec:
     )
 
 
-def not_expressible(scenario: ScenarioSpec) -> str | None:
+def fuzz_onto_sglang(spec: RunSpec) -> RunSpec | str:
+    """A generated run moved onto the installed SGLang (``fuzz --serving sglang``), or why it cannot be."""
+    return not_expressible(spec) or on_sglang(spec)
+
+
+def not_expressible(scenario: ScenarioSpec | RunSpec) -> str | None:
     """Why the scenario cannot run on the installed SGLang through the adapter, or None."""
     if scenario.eviction.policy not in ("tight", "sglang"):
         return f"eviction.policy {scenario.eviction.policy!r}: only the harness's tight and sglang policies " \

@@ -8,7 +8,7 @@ builds the stack (a scenario loads without it, the dry run standing the miniatur
 
 from __future__ import annotations
 
-from ..fuzz.properties import register_fuzz_property
+from ..fuzz.properties import register_fuzz_property, register_fuzz_stack
 from ..serving.faults import Component, Fault, register_faults
 from ..serving.registry import register_stack
 
@@ -47,3 +47,4 @@ def register() -> None:
                    scheduler="harness.sglang.schedule:own_scheduler")
     register_faults(*FAULTS)
     register_fuzz_property("sglang-differential", "harness.sglang.fuzz:main")
+    register_fuzz_stack(STACK, "harness.sglang.library:fuzz_onto_sglang")

@@ -15,6 +15,7 @@ from harness.check.matrix.judgement import Judgement, judge_one
 import harness.fuzz
 from harness.cli import main
 from harness.fuzz import Finding, FuzzTarget, fuzz, signature, write_regression
+from harness.fuzz.regression import replay_regression
 from harness.fuzz.strategies import problems, run_specs
 from harness.runspec import Mode, RunSpec
 from harness.scenario import load_scenario
@@ -23,23 +24,7 @@ from harness.serving.pool_spec import PoolSpec
 from harness.serving.timeline import RequestSpec, TimelineSpec
 
 
-def reproduces(path) -> list[str]:
-    """Every cell of the scenario file at ``path`` run and judged as pytest would: the failures, one line each."""
-    scenario = load_scenario(path)
-    out = []
-    for design in scenario.designs:
-        exp = scenario.expectation(design)
-        for mode in scenario.modes:
-            for backend in scenario.backends:
-                for with_faults in (True, False) if scenario.faults else (True,):
-                    expected = exp.expected(mode=mode, backend=backend, with_faults=with_faults)
-                    if expected is None:
-                        continue
-                    spec = scenario.run_spec(design=design, mode=mode, backend=backend, with_faults=with_faults)
-                    judged = judge_one(spec, Judgement(expected=expected, why=exp.why))
-                    if not judged.held:
-                        out.append(judged.summary())
-    return out
+reproduces = replay_regression
 
 
 @settings(max_examples=8, derandomize=True, database=None, deadline=None,
@@ -138,8 +123,10 @@ KNOWN_BAD = [
     FuzzTarget(design="stale_state", mode=Mode.EAGER),
     FuzzTarget(design="forward_batch", mode=Mode.FULL, faults=frozenset({"no_zero_swa_pad"})),
     FuzzTarget(design="forward_batch", mode=Mode.FULL, faults=frozenset({"pad_slot_minus_one"})),
-    # issue 30's fault: the strategies must reach the fused FP8 write for it to act
+    # issue 30's faults: the strategies must reach the fused FP8 write, the draft graph and the target verify
     FuzzTarget(design="forward_batch", mode=Mode.EAGER, faults=frozenset({"fused_fp8_scale_dropped"})),
+    FuzzTarget(design="forward_batch", mode=Mode.FULL, faults=frozenset({"draft_metadata_captured_once"})),
+    FuzzTarget(design="forward_batch", mode=Mode.EAGER, faults=frozenset({"skip_free_rejected"})),
 ]
 
 
@@ -174,14 +161,64 @@ def test_a_failure_found_once_is_replayed_first_from_the_database(tmp_path):
     assert again.first_failure == 1
 
 
-def test_a_target_is_spelled_design_mode_faults():
+def test_a_target_is_spelled_design_mode_faults_and_a_stack():
     assert FuzzTarget.parse("forward_batch:full:no_zero_swa_pad") == FuzzTarget(
         design="forward_batch", mode=Mode.FULL, faults=frozenset({"no_zero_swa_pad"}))
     assert FuzzTarget.parse("stale_state:eager") == FuzzTarget(design="stale_state", mode=Mode.EAGER)
+    over = FuzzTarget.parse("forward_batch:eager:sglang_skip_evict_mid_prefill@sglang")
+    assert over == FuzzTarget(design="forward_batch", mode=Mode.EAGER, serving="sglang",
+                              faults=frozenset({"sglang_skip_evict_mid_prefill"}))
+    assert over.label == "forward_batch/eager on torch_native over sglang with sglang_skip_evict_mid_prefill"
+    assert "--serving sglang" in over.command(seed=0)
     with pytest.raises(ValueError, match="expected design:mode"):
         FuzzTarget.parse("stale_state")
+    with pytest.raises(ValueError, match="expected design:mode"):
+        FuzzTarget.parse("stale_state:eager@")
     with pytest.raises(ValueError, match="no_zero_swa_pad acts only in full mode"):
         FuzzTarget.parse("stale_state:eager:no_zero_swa_pad")
+    # a target's fault patches code the harness's own stack never calls: fuzzing it there could find nothing
+    with pytest.raises(ValueError, match=r"patches a target's own code; fuzz it over that target's stack \(--serving sglang\)"):
+        FuzzTarget.parse("forward_batch:eager:sglang_skip_evict_mid_prefill")
+    with pytest.raises(ValueError, match="no fuzzable serving stack 'vllm'; known: miniature, sglang"):
+        FuzzTarget.parse("forward_batch:eager@vllm")
+
+
+def _drawn(target: FuzzTarget, n: int) -> list[RunSpec]:
+    out: list[RunSpec] = []
+
+    @settings(max_examples=n, derandomize=True, database=None, deadline=None,
+              suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+    @given(run_specs(target))
+    def collect(spec):
+        out.append(spec)
+
+    collect()
+    return out
+
+
+def test_the_strategies_draw_every_axis_of_the_library():
+    # shared prefixes, the prefix cache, SGLang's eviction policy and its intervals, target verifies, page sizes:
+    # each is drawn somewhere among a few dozen cases (the same ones on any machine)
+    specs = _drawn(FuzzTarget(design="forward_batch", mode=Mode.FULL), 60)
+    seen = {
+        "a shared prefix": any(r.prefix_of for s in specs for r in s.timeline.requests),
+        "the prefix cache": any(s.eviction.prefix_cache for s in specs),
+        "the sglang policy": any(s.eviction.policy == "sglang" for s in specs),
+        "an interval over 1": any(s.eviction.interval > 1 for s in specs if s.eviction.policy == "sglang"),
+        "a verify": any(s.timeline.accept_lens for s in specs),
+        "drafts without a verify": any(s.timeline.draft_steps and not s.timeline.accept_lens for s in specs),
+        "pages over 1": any(s.pool.page_size > 1 for s in specs),
+        "a chunked prefill": any(s.timeline.chunk_size for s in specs),
+        "an abort": any(r.abort is not None for s in specs for r in s.timeline.requests),
+    }
+    assert [axis for axis, drawn in seen.items() if not drawn] == []
+    assert all(s.serving == "miniature" and problems(s) == [] for s in specs)
+
+
+def test_a_fault_that_needs_a_verify_gets_one_in_every_case():
+    specs = _drawn(FuzzTarget(design="forward_batch", mode=Mode.EAGER, faults=frozenset({"skip_free_rejected"})), 10)
+    assert specs and all(s.timeline.accept_lens and s.timeline.draft_steps for s in specs)
+    assert all(s.pool.page_size == 1 and not s.eviction.prefix_cache for s in specs)
 
 
 @pytest.mark.slow
