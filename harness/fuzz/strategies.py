@@ -1,13 +1,14 @@
 """Hypothesis strategies over the scenario spec: every case they make is a run the loader would accept.
 
-``run_specs(target)`` draws a model preset, a KV setup, a pool sized near what its timeline needs, page
+``run_specs(target)`` draws a model preset and its overrides (window, per-layer windows, KV heads, weight
+seed), a KV setup, a pool sized near what its timeline needs, page
 sizes the backend reads, decode and prefill buckets, a capture policy, a free order and a timeline
 (arrivals, prompt lengths around the window and its multiples, prefixes shared with earlier requests, chunking,
 decode lengths, aborts, drafts and what each verify accepts), an eviction policy and interval, a prefix cache,
 and keeps only what passes the scenario's own checks, the dry run of its timeline included
 (``scenario.check_scenario``), so the property never judges an input the harness would refuse.
 
-Every choice is ordered so that Hypothesis shrinks toward what a person reads fastest: the first preset,
+Every choice is ordered so that Hypothesis shrinks toward what a person reads fastest: the first preset as it is,
 float32 with the plain write, pages of one token, one request, short prompts, no shared prefix, no chunking, no
 drafts, no verify, no abort, no prefix cache, the tight eviction policy, one decode bucket, startup capture, the
 default free order.
@@ -82,6 +83,26 @@ def _requests(draw: st.DrawFn, window: int) -> tuple[RequestSpec, ...]:
     return tuple(requests)
 
 
+WINDOWS = (2, 3, 5, 12)
+"""sliding windows drawn over a preset's own (which comes first): narrower ones evict sooner, a wider one spans
+more than one page of 4 and a prompt of a few chunks"""
+
+
+@st.composite
+def _model(draw: st.DrawFn) -> ModelSpec:
+    """A preset with the overrides a scenario's ``[model]`` table may give: its window, per-layer windows
+    (sliding layers narrower than the widest, as Gemma's differ), fewer KV heads, another weight seed."""
+    preset = PRESETS[draw(st.sampled_from(CPU_PRESETS))]
+    window = draw(st.sampled_from((preset.window, *(w for w in WINDOWS if w != preset.window))))
+    layer_windows: tuple[int | None, ...] = ()
+    if draw(st.booleans()):
+        layer_windows = tuple(draw(st.integers(1, window)) if kind == "swa" else None
+                              for kind in preset.layer_pattern)
+    return dataclasses.replace(preset, window=window, layer_windows=layer_windows,
+                               num_kv_heads=draw(st.sampled_from((preset.num_kv_heads, 1))),
+                               seed=draw(st.integers(0, 3)))
+
+
 def _accept_lens(steps: int, *, at_least_one: bool) -> st.SearchStrategy[tuple[int, ...]]:
     """Draft tokens each verify accepts, cycling over the iterations; none drafted first (no verify at all)."""
     entries = st.lists(st.integers(0, steps), min_size=1, max_size=3).map(tuple)
@@ -137,10 +158,10 @@ def _run_specs(draw: st.DrawFn, target: FuzzTarget) -> RunSpec:
     from ..backends.registry import backend_class
 
     backend = backend_class(target.backend)
-    preset = PRESETS[draw(st.sampled_from(CPU_PRESETS))]
+    model = draw(_model())
     setups = [k for k in KV_SETUPS if k[2] is KVWrite.FUSED_FP8] if target.needs_fused_write else KV_SETUPS
     dtype, kv_dtype, kv_write = draw(st.sampled_from(setups))
-    model = preset if dtype == preset.dtype else dataclasses.replace(preset, dtype=dtype)
+    model = model if dtype == model.dtype else dataclasses.replace(model, dtype=dtype)
     # a target verify runs at pages of one token without a prefix cache (runspec.serving_problems)
     page_sizes = [p for p in PAGE_SIZES if p in SUPPORTED_PAGE_SIZES and (p == 1 or not target.needs_verify)
                   and (backend.page_sizes is None or p in backend.page_sizes)]
@@ -151,10 +172,10 @@ def _run_specs(draw: st.DrawFn, target: FuzzTarget) -> RunSpec:
     chunk_size = draw(st.none() | st.integers(1, 2 * window + 1))
     min_drafts = 1 if target.needs_drafts or target.needs_verify else 0
     draft_steps = draw(st.sampled_from(range(min_drafts, MAX_DRAFT_STEPS + 1)))
-    prefix_cache = target.needs_prefix_cache or (not target.needs_verify and draw(st.booleans()))
     accept_lens: tuple[int, ...] = ()
-    if draft_steps and page == 1 and not prefix_cache:
+    if draft_steps and page == 1 and not target.needs_prefix_cache:
         accept_lens = draw(_accept_lens(draft_steps, at_least_one=target.needs_verify))
+    prefix_cache = target.needs_prefix_cache or (not accept_lens and draw(st.booleans()))
     timeline = TimelineSpec(requests=requests, chunk_size=chunk_size, draft_steps=draft_steps,
                             accept_lens=accept_lens, seed=draw(st.integers(0, 255)))
     eviction = draw(_eviction(prefix_cache))

@@ -210,6 +210,8 @@ def test_the_strategies_draw_every_axis_of_the_library():
         "pages over 1": any(s.pool.page_size > 1 for s in specs),
         "a chunked prefill": any(s.timeline.chunk_size for s in specs),
         "an abort": any(r.abort is not None for s in specs for r in s.timeline.requests),
+        "another window": any(s.model.window != model_spec(s.model.name).window for s in specs),
+        "per-layer windows": any(s.model.layer_windows for s in specs),
     }
     assert [axis for axis, drawn in seen.items() if not drawn] == []
     assert all(s.serving == "miniature" and problems(s) == [] for s in specs)
