@@ -34,21 +34,14 @@ class FuzzTarget:
         serving = f" over {self.serving}" if self.serving != MINIATURE else ""
         return f"{self.design}/{self.mode} on {self.backend}{serving}{faults}"
 
-    @property
-    def needs_drafts(self) -> bool:
-        return any(FAULTS[f].needs_drafts for f in self.faults if f in FAULTS)
+    def _needs(self, what: str) -> bool:
+        """Whether a fault of the target acts only where a run has ``what`` (a ``Fault.needs_*`` flag)."""
+        return any(getattr(FAULTS[f], f"needs_{what}") for f in self.faults if f in FAULTS)
 
-    @property
-    def needs_prefix_cache(self) -> bool:
-        return any(FAULTS[f].needs_prefix_cache for f in self.faults if f in FAULTS)
-
-    @property
-    def needs_verify(self) -> bool:
-        return any(FAULTS[f].needs_verify for f in self.faults if f in FAULTS)
-
-    @property
-    def needs_fused_write(self) -> bool:
-        return any(FAULTS[f].needs_fused_write for f in self.faults if f in FAULTS)
+    needs_drafts = property(lambda self: self._needs("drafts"))
+    needs_prefix_cache = property(lambda self: self._needs("prefix_cache"))
+    needs_verify = property(lambda self: self._needs("verify"))
+    needs_fused_write = property(lambda self: self._needs("fused_write"))
 
     @classmethod
     def parse(cls, text: str) -> FuzzTarget:
