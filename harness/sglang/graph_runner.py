@@ -27,6 +27,8 @@ What is not SGLang's, each the narrowest change found (``docs/sglang-graphs.md``
 ``SGLangStack``, SGLang's eviction function) twice from the same seed: eagerly (``init_forward_metadata`` and
 ``model.forward`` per batch), and with every decode batch the runner can take replayed (``can_run_graph`` then
 ``execute``); prefill batches are eager in both. ``kv_differences`` compares the two runs' pools slot by slot.
+With ``overlap`` the next iteration's scheduler work runs where SGLang's WAR fence releases it (inside a replay, at
+the runner's in-graph read-done marker), and ``audit_writes`` checks every write's location (``overlap.py``).
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ from .differential import comparable_spec
 from .eviction import InstalledSGLangEviction
 from .installed import load
 from .model_runner import harness_model_runner
-from .overlap import MisplacedWrite, ReadDoneMarker, WriteLocationLog, external_read_done_event
+from .overlap import MisplacedWrite, WriteLocationLog, arm_at_read_end, check_fence, external_read_done_event
 from .stack import SGLangStack
 from .trtllm_cpu import trtllm_on_cpu
 
@@ -370,10 +372,10 @@ def _iteration(api: Any, step: Any, *, sched: Scheduler, model_runner: Any, runn
     if decode and runner is not None:
         replay = DecodeReplay(step=step.index, raw_bs=batch.batch_size, bucket=None)
         if runner.can_run_graph(fb):
-            marker = _armed_marker(runner, backend, fb, scheduler_work) if overlap else None
+            marker = arm_at_read_end(runner, backend, fb.forward_mode, scheduler_work) if overlap else None
             runner.execute(fb)
             if marker is not None:
-                _check_fence(marker, model_runner, step.index)
+                check_fence(marker, model_runner, step.index)
                 replay.fenced_in_replay = True
             # what Scheduler._apply_war_barrier does with the published event: take it and clear it
             model_runner.shared_read_done_event = None
@@ -411,30 +413,6 @@ def _iteration(api: Any, step: Any, *, sched: Scheduler, model_runner: Any, runn
         result.misplaced_writes.extend(log.misplaced_writes(step=step.index, rows=rows, planned_full=planned[0],
                                                             planned_swa=planned[1], holders=holders))
     return upcoming[0]
-
-
-def _armed_marker(runner: Any, backend: Any, fb: Any, work: Any) -> ReadDoneMarker | None:
-    """The runner's in-graph read-done marker armed with ``work``, where SGLang's resolution of the backend's
-    ``shared_read_ends`` says the replay's shared reads end there (``IN_REPLAY``); None where they end after it."""
-    from sglang.srt.layers.attention.base_attn_backend import SharedReadEnds
-
-    ends = runner._resolve_shared_read_ends(backend, fb.forward_mode)
-    if ends is not SharedReadEnds.IN_REPLAY:
-        return None
-    marker = runner.in_graph_metadata_prep_done
-    if not isinstance(marker, ReadDoneMarker):
-        raise RuntimeError(f"the runner's in-graph read-done event is {marker!r}, not the tape's marker: "
-                           "overlap runs need overlap.external_read_done_event() bound at capture")
-    marker.arm(work)
-    return marker
-
-
-def _check_fence(marker: ReadDoneMarker, model_runner: Any, step: int) -> None:
-    if marker.disarm():
-        raise RuntimeError(f"step {step}: the replay never reached the runner's read-done marker")
-    if model_runner.shared_read_done_event is not marker:
-        raise RuntimeError(f"step {step}: the runner published {model_runner.shared_read_done_event!r} as its "
-                           "read-done event, not the in-graph marker its backend's shared_read_ends resolved to")
 
 
 def _static_swa_ids(backend: Any) -> torch.Tensor | None:

@@ -107,6 +107,31 @@ def external_read_done_event() -> Iterator[None]:
         decode_cuda_graph_runner.make_external_event = original
 
 
+def arm_at_read_end(runner: Any, backend: Any, forward_mode: Any, work: Callable[[], None]) -> ReadDoneMarker | None:
+    """The runner's in-graph read-done marker armed with ``work``, where SGLang's resolution of the backend's
+    ``shared_read_ends`` says the replay's shared reads end there (``IN_REPLAY``); None where they end after it."""
+    from sglang.srt.layers.attention.base_attn_backend import SharedReadEnds
+
+    ends = runner._resolve_shared_read_ends(backend, forward_mode)
+    if ends is not SharedReadEnds.IN_REPLAY:
+        return None
+    marker = runner.in_graph_metadata_prep_done
+    if not isinstance(marker, ReadDoneMarker):
+        raise RuntimeError(f"the runner's in-graph read-done event is {marker!r}, not the tape's marker: "
+                           "overlap runs need overlap.external_read_done_event() bound at capture")
+    marker.arm(work)
+    return marker
+
+
+def check_fence(marker: ReadDoneMarker, model_runner: Any, step: int) -> None:
+    """After the replay: it reached the marker, and the runner published the marker as its read-done event."""
+    if marker.disarm():
+        raise RuntimeError(f"step {step}: the replay never reached the runner's read-done marker")
+    if model_runner.shared_read_done_event is not marker:
+        raise RuntimeError(f"step {step}: the runner published {model_runner.shared_read_done_event!r} as its "
+                           "read-done event, not the in-graph marker its backend's shared_read_ends resolved to")
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class MisplacedWrite:
     """One row of one layer's KV write that landed where the iteration's allocation did not put it."""
