@@ -7,6 +7,7 @@ the live mapping) is flagged there and nowhere else (docs/sglang-graphs.md, "The
 from pathlib import Path
 
 import pytest
+import torch
 
 from harness.graphs import get_engine
 
@@ -104,3 +105,28 @@ def test_overlap_is_refused_over_the_torch_native_subclass(clean_spec, graph_run
     with pytest.raises(ValueError, match="trtllm_mha backend only"):
         graph_runner.run_timeline(clean_spec(REALLOCATED), engine=get_engine("tape"), overlap=True)
 
+
+
+def test_a_marker_recorded_in_capture_runs_armed_work_at_that_point_of_every_replay():
+    """The tape calls the marker's op again between the ops around it: work armed for a replay changes what the ops
+    after the marker read, never the ones before it; unarmed, a replay runs nothing."""
+    from harness.sglang.overlap import ReadDoneMarker
+
+    mapping, before, after = torch.zeros(3), torch.zeros(3), torch.zeros(3)
+    marker = ReadDoneMarker()
+
+    def forward():
+        before.copy_(mapping + 1)
+        marker.record()
+        after.copy_(mapping + 1)
+
+    graph = get_engine("tape").capture(forward, label="marker", roots={}, static_inputs=(mapping,))
+    assert "harness_sglang_overlap::shared_read_done" in graph.audit.rerun_ops
+    graph.replay()
+    assert before.tolist() == after.tolist() == [1.0] * 3
+    marker.arm(lambda: mapping.fill_(5))
+    graph.replay()
+    assert before.tolist() == [1.0] * 3 and after.tolist() == [6.0] * 3
+    assert not marker.disarm()  # the replay ran it, once
+    graph.replay()
+    assert before.tolist() == after.tolist() == [6.0] * 3
