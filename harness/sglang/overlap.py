@@ -149,7 +149,7 @@ class MisplacedWrite:
     """the slot the layer's write landed at"""
     holder: str
     """who holds ``written`` once the next iteration's scheduler work has run: ``rid@pos``, ``free``, ``dummy`` (slot
-    0) or ``not written`` (the layer wrote no row here)"""
+    0, where padded rows write) or ``not written`` (the layer wrote no row here)"""
 
     def __str__(self) -> str:
         return (f"step {self.step} layer {self.layer} ({self.pool}): row {self.row} ({self.rid}@{self.pos}) wrote at "
@@ -164,13 +164,18 @@ class WriteLocationLog:
         self.where = torch.full((num_layers, max_tokens), -1, dtype=torch.int64)
         """per layer, the slot each token row of the forward wrote at (-1: not written)"""
         self._set_kv_buffer = kv_pool.set_kv_buffer
+        self._own = vars(kv_pool).get("set_kv_buffer")
+        """an instance attribute the pool already had (another observer), put back on exit"""
 
     def __enter__(self) -> WriteLocationLog:
         self.kv_pool.set_kv_buffer = self._observed
         return self
 
     def __exit__(self, *exc: object) -> None:
-        del self.kv_pool.set_kv_buffer  # the instance attribute: the class's method shows again
+        if self._own is not None:
+            self.kv_pool.set_kv_buffer = self._own
+        else:
+            del self.kv_pool.set_kv_buffer  # the class's method shows again
 
     def _observed(self, layer: Any, loc_info: Any, *args: Any, **kwargs: Any) -> Any:
         from sglang.srt.mem_cache.memory_pool import unwrap_write_loc
