@@ -14,6 +14,7 @@ from harness.graphs import get_engine
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 REALLOCATED = HERE / "overlap_scenarios" / "swa_trtllm_overlap_slot_reallocated.toml"
+ABORTED = HERE / "overlap_scenarios" / "swa_trtllm_overlap_abort.toml"
 TRTLLM = "trtllm_mha"
 
 
@@ -88,6 +89,20 @@ def test_the_pre_fix_layer_cache_loc_writes_where_planned_without_overlap(reallo
     _, eager, _, _, synchronous = reallocated
     assert synchronous.audited and synchronous.misplaced_writes == []
     assert graph_runner.kv_differences(eager, synchronous) == []
+
+
+def test_an_abort_released_behind_the_fence_is_flagged_at_the_aborted_requests_in_flight_token(clean_spec,
+                                                                                             graph_runner):
+    """b is aborted at step 3: its release runs in the build of step 3, inside step 2's replay, while b@4 is being
+    written; a's finish at step 6 moves its last row the same way."""
+    from harness.sglang import trtllm_faults
+
+    with trtllm_faults.prefix_layer_cache_loc():
+        run = graph_runner.run_timeline(clean_spec(ABORTED), engine=get_engine("tape"), attention=TRTLLM,
+                                        overlap=True, audit_writes=True)
+    assert all(d.fenced_in_replay for d in run.decodes)
+    assert {(m.step, m.rid, m.pos, m.holder) for m in run.misplaced_writes} == {(2, "b", 4, "dummy"),
+                                                                                (6, "a", 10, "dummy")}
 
 
 def test_overlap_gives_no_false_alarm_on_a_library_timeline(trtllm_runs, graph_runner):
