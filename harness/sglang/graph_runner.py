@@ -27,6 +27,8 @@ What is not SGLang's, each the narrowest change found (``docs/sglang-graphs.md``
 ``SGLangStack``, SGLang's eviction function) twice from the same seed: eagerly (``init_forward_metadata`` and
 ``model.forward`` per batch), and with every decode batch the runner can take replayed (``can_run_graph`` then
 ``execute``); prefill batches are eager in both. ``kv_differences`` compares the two runs' pools slot by slot.
+With ``overlap`` the next iteration's scheduler work runs where SGLang's WAR fence releases it (inside a replay, at
+the runner's in-graph read-done marker), and ``audit_writes`` checks every write's location (``overlap.py``).
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from .differential import comparable_spec
 from .eviction import InstalledSGLangEviction
 from .installed import load
 from .model_runner import harness_model_runner
+from .overlap import MisplacedWrite, WriteLocationLog, arm_at_read_end, check_fence, external_read_done_event
 from .stack import SGLangStack
 from .trtllm_cpu import trtllm_on_cpu
 
@@ -188,6 +191,9 @@ class DecodeReplay:
     padded_req_pool_indices: tuple[int, ...] = ()
     padded_swa_out_cache_loc: tuple[int, ...] = ()
     """the backend's static SWA write ids after the replay, every row of the bucket (what the graph wrote at)"""
+    fenced_in_replay: bool = False
+    """overlap mode: the next iteration's scheduler work ran inside the replay, at the runner's read-done marker
+    (else after the forward)"""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -217,6 +223,11 @@ class TimelineRun:
     prefills: list[PrefillReplay] = field(default_factory=list)
     rerun_ops: tuple[str, ...] = ()
     """custom ops the captured graphs call again at every replay (SGLang's Triton kernels, run by the interpreter)"""
+    overlap: bool = False
+    """the next iteration's scheduler work ran where the forward's shared reads end (``overlap.py``)"""
+    audited: bool = False
+    """every forward's write locations were checked against its batch's allocation (``misplaced_writes``)"""
+    misplaced_writes: list[MisplacedWrite] = field(default_factory=list)
 
 
 def _stack(spec: RunSpec) -> SGLangStack:
@@ -258,13 +269,23 @@ _TRTLLM_WORKSPACE_BYTES = 1 << 20
 
 
 def run_timeline(spec: RunSpec, *, engine: Any = None, attention: str = "torch_native",
-                 prefill_tokens: Sequence[int] = ()) -> TimelineRun:
+                 prefill_tokens: Sequence[int] = (), overlap: bool = False, audit_writes: bool = False) -> TimelineRun:
     """``spec``'s timeline on the installed SGLang: every forward eager, or, given a graph engine (the caller's:
     the SGLang target sits below the graph machinery and never picks one), decode batches through the runner
     inside ``engine.run()``. ``attention`` names the backend (``ATTENTION_BACKENDS``); ``trtllm_mha`` is
     SGLang's ``TRTLLMHAAttnBackend`` unchanged, on the CPU bindings of ``trtllm_cpu``. ``prefill_tokens`` (with an
     engine): SGLang's ``PrefillCudaGraphRunner`` over its breakable backend, capturing those token counts, runs
-    every extend batch it can take (``can_run_graph``, ``execute``)."""
+    every extend batch it can take (``can_run_graph``, ``execute``).
+
+    ``overlap``: the ordering SGLang's overlap scheduler allows (``overlap.py``): the next iteration's scheduler
+    work (the step's frees and evictions, then the next batch's build and allocation) runs where SGLang's WAR
+    fence releases it, the point the runner publishes for the backend's ``shared_read_ends``: inside a replay at
+    the in-graph read-done marker (``IN_REPLAY``), else after the forward. ``audit_writes``: every forward's
+    write locations, per layer and row, are checked against what its batch was built with
+    (``TimelineRun.misplaced_writes``)."""
+    if overlap and attention != "trtllm_mha":
+        raise ValueError("overlap: adapted over the trtllm_mha backend only (the torch-native subclass translates "
+                         "the live mapping in its decode read, past where shared reads end)")
     if attention not in ATTENTION_BACKENDS:
         raise ValueError(f"attention={attention!r}: expected one of {', '.join(ATTENTION_BACKENDS)}")
     if prefill_tokens and attention != "trtllm_mha":
@@ -274,7 +295,8 @@ def run_timeline(spec: RunSpec, *, engine: Any = None, attention: str = "torch_n
     trtllm = attention == "trtllm_mha"
     with trtllm_on_cpu() if trtllm else nullcontext(), _workspace(trtllm):
         return _run(api, spec, engine=engine, backend_cls=api.TRTLLMHAAttnBackend if trtllm else
-                    _graph_torch_native_class(), bind_plan=trtllm, prefill_tokens=tuple(prefill_tokens))
+                    _graph_torch_native_class(), bind_plan=trtllm, prefill_tokens=tuple(prefill_tokens),
+                    overlap=overlap, audit_writes=audit_writes)
 
 
 @contextmanager
@@ -289,18 +311,22 @@ def _workspace(trtllm: bool) -> Iterator[None]:
 
 
 def _run(api: Any, spec: RunSpec, *, engine: Any, backend_cls: type, bind_plan: bool,
-         prefill_tokens: tuple[int, ...]) -> TimelineRun:
+         prefill_tokens: tuple[int, ...], overlap: bool, audit_writes: bool) -> TimelineRun:
     stack = _stack(spec)
     model = SyntheticModel(spec.model)
     model_runner = harness_model_runner(stack=stack, model=model, attn_backend_cls=backend_cls)
     backend = model_runner.attn_backend
-    result = TimelineRun(stack=stack, attention=type(backend).__name__.removeprefix("Graph"))
+    result = TimelineRun(stack=stack, attention=type(backend).__name__.removeprefix("Graph"), overlap=overlap,
+                         audited=audit_writes)
     from sglang.srt.runtime_context import get_exec
 
     buckets = tuple(spec.graphs.decode_buckets)
     prefill_tokens = prefill_tokens if engine is not None else ()
+    log = (WriteLocationLog(stack.kv_pool, num_layers=spec.model.num_layers, max_tokens=spec.pool.full_size)
+           if audit_writes else None)
     with get_exec().graph.override(cuda_graph_config=graph_config(buckets, prefill_tokens)), \
-            _breakable_on_the_tape() if prefill_tokens else nullcontext():
+            _breakable_on_the_tape() if prefill_tokens else nullcontext(), \
+            external_read_done_event() if overlap else nullcontext(), log if log is not None else nullcontext():
         model_runner.share_logits_buffer()
         with engine.run() if engine is not None else nullcontext() as run:
             runner = _tape_runner_class()(model_runner) if engine is not None else None
@@ -314,44 +340,79 @@ def _run(api: Any, spec: RunSpec, *, engine: Any, backend_cls: type, bind_plan: 
             policy = InstalledSGLangEviction(spec.eviction, window=spec.model.window, page_size=stack.page_size)
             sched = Scheduler(spec.timeline, stack=stack, eviction=policy, vocab_size=spec.model.vocab_size)
             with torch.no_grad():
-                while (step := sched.next_step()) is not None:
-                    batch = step.batch
-                    fb = _sglang_batch(api, batch, batch.positions)
-                    if bind_plan:  # what ForwardBatch.init_new does: the iteration's location plan
-                        model_runner.kv_index_translator.bind_own_plan(fb)
-                    decode = batch.forward_mode is ForwardMode.DECODE
-                    if decode and runner is not None:
-                        replay = DecodeReplay(step=step.index, raw_bs=batch.batch_size, bucket=None)
-                        if runner.can_run_graph(fb):
-                            runner.execute(fb)
-                            replay.bucket = runner.bs
-                            static = runner.buffers
-                            replay.padded_out_cache_loc = tuple(static.out_cache_loc[: runner.bs].tolist())
-                            replay.padded_seq_lens = tuple(static.seq_lens[: runner.bs].tolist())
-                            replay.padded_req_pool_indices = tuple(static.req_pool_indices[: runner.bs].tolist())
-                            swa = _static_swa_ids(backend)
-                            if swa is not None:
-                                replay.padded_swa_out_cache_loc = tuple(swa[: runner.bs].tolist())
-                        else:
-                            _eager(api, model_runner, backend, fb)
-                        result.decodes.append(replay)
-                    elif prefill is not None and batch.forward_mode is ForwardMode.EXTEND:
-                        replayed = bool(prefill.can_run_graph(fb))
-                        if replayed:
-                            prefill.execute(fb)
-                        else:
-                            _eager(api, model_runner, backend, fb)
-                        result.prefills.append(PrefillReplay(step=step.index, num_tokens=fb.extend_num_tokens,
-                                                             replayed=replayed))
-                    elif decode or batch.forward_mode is ForwardMode.EXTEND:
-                        _eager(api, model_runner, backend, fb)
-                    else:
-                        raise ValueError(f"step {step.index}: {batch.forward_mode.value} batches are not adapted "
-                                         "to SGLang's graph runner")
-                    sched.finish_step()
+                step = sched.next_step()
+                while step is not None:
+                    step = _iteration(api, step, sched=sched, model_runner=model_runner, runner=runner,
+                                      prefill=prefill, log=log, overlap=overlap, bind_plan=bind_plan, result=result)
             if run is not None:
                 result.rerun_ops = tuple(dict.fromkeys(op for region in run.regions for op in region.audit.rerun_ops))
     return result
+
+
+def _iteration(api: Any, step: Any, *, sched: Scheduler, model_runner: Any, runner: Any, prefill: Any,
+               log: WriteLocationLog | None, overlap: bool, bind_plan: bool, result: TimelineRun) -> Any:
+    """One scheduler iteration: ``step``'s forward, then (or, under ``overlap``, where the forward's shared reads
+    end) the step's frees and the next batch's build; returns the next step."""
+    backend = model_runner.attn_backend
+    batch = step.batch
+    fb = _sglang_batch(api, batch, batch.positions)
+    if bind_plan:  # what ForwardBatch.init_new does: the iteration's location plan
+        model_runner.kv_index_translator.bind_own_plan(fb)
+    stack = sched.stack
+    if log is not None:  # what the batch was built with, read before anything can change the mapping
+        log.clear()
+        planned = batch.out_cache_loc.to(torch.int64), stack.translate(batch.out_cache_loc).to(torch.int64)
+    upcoming: list[Any] = []
+
+    def scheduler_work() -> None:
+        sched.finish_step()
+        upcoming.append(sched.next_step())
+
+    decode = batch.forward_mode is ForwardMode.DECODE
+    if decode and runner is not None:
+        replay = DecodeReplay(step=step.index, raw_bs=batch.batch_size, bucket=None)
+        if runner.can_run_graph(fb):
+            marker = arm_at_read_end(runner, backend, fb.forward_mode, scheduler_work) if overlap else None
+            runner.execute(fb)
+            if marker is not None:
+                check_fence(marker, model_runner, step.index)
+                replay.fenced_in_replay = True
+            # what Scheduler._apply_war_barrier does with the published event: take it and clear it
+            model_runner.shared_read_done_event = None
+            replay.bucket = runner.bs
+            static = runner.buffers
+            replay.padded_out_cache_loc = tuple(static.out_cache_loc[: runner.bs].tolist())
+            replay.padded_seq_lens = tuple(static.seq_lens[: runner.bs].tolist())
+            replay.padded_req_pool_indices = tuple(static.req_pool_indices[: runner.bs].tolist())
+            swa = _static_swa_ids(backend)
+            if swa is not None:
+                replay.padded_swa_out_cache_loc = tuple(swa[: runner.bs].tolist())
+        else:
+            _eager(api, model_runner, backend, fb)
+        result.decodes.append(replay)
+    elif prefill is not None and batch.forward_mode is ForwardMode.EXTEND:
+        replayed = bool(prefill.can_run_graph(fb))
+        if replayed:
+            prefill.execute(fb)
+        else:
+            _eager(api, model_runner, backend, fb)
+        result.prefills.append(PrefillReplay(step=step.index, num_tokens=fb.extend_num_tokens, replayed=replayed))
+    elif decode or batch.forward_mode is ForwardMode.EXTEND:
+        _eager(api, model_runner, backend, fb)
+    else:
+        raise ValueError(f"step {step.index}: {batch.forward_mode.value} batches are not adapted "
+                         "to SGLang's graph runner")
+    if not upcoming:
+        # the coarse fence (the whole forward): eager forwards publish no read-done event here, as the
+        # harness calls the backend and the model itself, not SGLang's eager runner
+        scheduler_work()
+    if log is not None:
+        holders = {(group, slot): f"{t.rid}@{t.pos}" for t in sched.live_tokens()
+                   for group, slot in zip(("full", "swa"), t.slots) if slot != 0}
+        rows = [(key.rid, key.pos) for key in step.forwards[0]]
+        result.misplaced_writes.extend(log.misplaced_writes(step=step.index, rows=rows, planned_full=planned[0],
+                                                            planned_swa=planned[1], holders=holders))
+    return upcoming[0]
 
 
 def _static_swa_ids(backend: Any) -> torch.Tensor | None:

@@ -37,7 +37,9 @@ def prefix_layer_cache_loc() -> Iterator[None]:
     """The seed's ``_get_layer_cache_loc`` before PR 24138: an SWA layer's write location is
     ``out_cache_loc`` translated through the pool's live mapping at every layer, and the planned
     ``forward_metadata.swa_out_cache_loc`` is ignored. Patched on the method (the FP8 path's caller) and on the
-    write the non-FP8 paths build (``KVWriteLoc.for_batch`` as ``trtllm_mha_backend`` looks it up)."""
+    write the non-FP8 paths build (``KVWriteLoc.for_batch`` as ``trtllm_mha_backend`` looks it up). It acts only where
+    the mapping changes between the plan and the write: under the overlap ordering (``run_timeline(overlap=True)``),
+    where the write-location audit flags it; in the synchronous ordering it writes where planned."""
     load()
     from sglang.srt.layers.attention import trtllm_mha_backend
     from sglang.srt.model_executor.forward_context import get_attn_backend

@@ -119,7 +119,7 @@ def test_a_padded_out_cache_loc_row_left_at_a_live_slot_is_flagged_in_both_pools
 def test_the_pre_fix_layer_cache_loc_matches_in_a_synchronous_run(padded, graph_runner, faults, monkeypatch):
     """The seed's per-layer translation of out_cache_loc reads the live mapping where 0.5.23 reads the planned
     ids; on one thread nothing changes the mapping between the plan and the forward, so the pools match (the
-    race it loses needs the overlap scheduler: docs/sglang-graphs.md)."""
+    race it loses needs the overlap scheduler's ordering, where test_overlap.py flags it)."""
     from harness.sglang.installed import load
 
     spec, eager, _ = padded
