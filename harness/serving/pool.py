@@ -142,6 +142,10 @@ class HybridSWAKVPool:
         self.full_to_swa_index_mapping = torch.zeros(self.full_size + 1, dtype=torch.int64, device=self.device)
         self.full_to_swa_index_mapping[-1] = -1
         self.swa_loc: torch.Tensor | None = None
+        self.memoize_reads = False
+        """the read path's page-table translations go through the memo too (``translate_for_read``), as they did
+        in SGLang PR 25824's pool, where every caller of the translation shared its one cached entry; a run of the
+        ``memoized`` design turns it on"""
         self._memo_key: tuple[int, int] | None = None
         self._memo_value: torch.Tensor | None = None
 
@@ -169,17 +173,27 @@ class HybridSWAKVPool:
     def translate_memoized(self, locs: torch.Tensor) -> torch.Tensor:
         """Translation cached on (storage pointer, numel), as SGLang PR 25824 did; valid until invalidated.
 
-        The key is the storage's address, not the view's: the row views of one tensor (a draft's step rows of
-        ``out_cache_loc``) share it, so only the per-forward invalidation keeps one step from being served the
-        translation of another."""
+        One entry for every caller, the write path's and (with ``memoize_reads``) the read path's: a translation
+        of another key replaces it. The key is the storage's address, not the view's: the row views of one tensor
+        (a draft's step rows of ``out_cache_loc``, the step backends' rows of one page-table buffer) share it, so
+        only an invalidation between them keeps one from being served the translation of another."""
         key = (locs.untyped_storage().data_ptr(), locs.numel())
         if key != self._memo_key or self._memo_value is None:
             self._memo_key = key
             self._memo_value = self.translate_loc_from_full_to_swa(locs)
         return self._memo_value
 
+    def translate_for_read(self, locs: torch.Tensor) -> torch.Tensor:
+        """The read path's translation (a backend's SWA page table from the full one): through the memo when
+        ``memoize_reads`` is on, else translated afresh."""
+        if self.memoize_reads:
+            return self.translate_memoized(locs)
+        return self.translate_loc_from_full_to_swa(locs)
+
     def invalidate_translate_cache(self) -> None:
-        """Called once per forward; a runner that forgets this serves another batch's locations."""
+        """Drop the memo. SGLang PR 25824 calls it once per forward (the model runner, every graph runner before
+        each metadata init and at the top of each captured forward) and from the allocator whenever it changes
+        the mapping; a path that forgets it serves another batch's locations."""
         self._memo_key = None
         self._memo_value = None
 

@@ -18,7 +18,7 @@ from ...runners.base import RunnerContext
 from ...runners.dispatch import GraphDispatcher
 from ...runners.speculative import SpeculativeWorker
 from ...runspec import RunSpec
-from ...serving.designs import resolve_design
+from ...serving.designs import declared, resolve_design
 from ...serving.model import SyntheticModel
 from ...serving.pool import ReqToTokenPool
 from ...serving.registry import build_stack, eviction_policy, own_scheduler, stack_class
@@ -65,6 +65,9 @@ def assemble(spec: RunSpec) -> RunParts:
     scheduler = own_scheduler(spec.serving, stack, spec.timeline, eviction=eviction, vocab_size=spec.model.vocab_size,
                               faults=frozenset(spec.faults)) or Scheduler(
         spec.timeline, stack=stack, eviction=eviction, vocab_size=spec.model.vocab_size, faults=spec.faults)
+    record = declared(spec.design)
+    if record is not None and record.memoizes_reads and hasattr(stack.pool, "memoize_reads"):
+        stack.pool.memoize_reads = True  # PR 25824's pool: reads and writes share the memo
     backend = backend_class(spec.backend)(
         model_spec=spec.model,
         stack=stack,
