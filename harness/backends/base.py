@@ -289,6 +289,11 @@ class AttentionImpl(ABC):
             self._fused_fp8_set_kv_buffer(layer_id, loc, k, v)
         else:
             self.pool.set_kv_buffer(layer_id, loc, k, v)
+        draft = getattr(self.pool, "draft", None)
+        if draft is not None and forward_batch.forward_mode is ForwardMode.DRAFT:
+            # the draft model's own pool, at the target's full-pool slot ids (SGLang's draft worker shares the
+            # target's allocator): a pool smaller than the full pool is written past its end (PR 17630)
+            draft.set_kv_buffer(layer_id, forward_batch.out_cache_loc, k, v)
 
     def _fused_fp8_set_kv_buffer(self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Quantize and store in one step, as TRT-LLM's fused write does: times the layer's reciprocal scales,

@@ -127,6 +127,13 @@ FAULTS: Registry[Fault] = Registry({
                       "page table, and its SWA layers read their newest keys at the dummy slot",
               reference="SGLang PR 26184 (invalidate before every init_forward_metadata call of the graph runners: a "
                         "backend's page-table translation met the key a previous translation left); PR 25824"),
+        Fault(name="draft_pool_sized_before_swa_adjustment", acts_on=Component.SPECULATIVE_WORKER,
+              modes=("eager", "full", "piecewise"), needs_drafts=True,
+              summary="the draft model's KV pool is sized by the token count before the hybrid SWA adjustment, "
+                      "below the target's full pool, while the draft writes at the target's full-pool slot ids: "
+                      "the first draft token given a full slot past it is written out of bounds",
+              reference="SGLang PR 17630 (the draft pool sized at least the target's full pool after the SWA "
+                        "adjustment)"),
         Fault(name="skip_free_rejected", acts_on=Component.SPECULATIVE_WORKER, modes=("eager", "full", "piecewise"),
               needs_verify=True,
               summary="the target verify keeps the slots of the draft tokens it rejected: full and SWA pages no "
