@@ -293,7 +293,6 @@ class HybridSWAKVPool:
     def buffers(self) -> list[torch.Tensor]:
         """Every tensor the pool owns, for registering as graph inputs (the draft pool's too)."""
         return [
-            *(self.draft.buffers() if self.draft is not None else ()),
             *self.full_k_buffer,
             *self.full_v_buffer,
             *self.swa_k_buffer,
@@ -302,6 +301,7 @@ class HybridSWAKVPool:
             *self.swa_last_write,
             self.write_step,
             self.full_to_swa_index_mapping,
+            *(self.draft.buffers() if self.draft is not None else ()),
         ]
 
     def poison_slots(self, full_slots: list[int], swa_slots: list[int]) -> None:
