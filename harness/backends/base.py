@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import enum
 from abc import ABC, abstractmethod
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -227,6 +227,13 @@ class AttentionMetadataBuilder(ABC):
     def static_tensors(self) -> list[torch.Tensor]:
         """Every static buffer the builder owns, registered with the graph input audit."""
 
+    def translate_for_read(self, full_slots: torch.Tensor) -> torch.Tensor:
+        """The read path's SWA translation of full slots (an SWA page table): through the pool's memo where the
+        pool memoizes reads (``HybridSWAKVPool.translate_for_read``, SGLang PR 25824's pool), else afresh, as a
+        pool of another stack without that method does."""
+        translate = getattr(self.pool, "translate_for_read", self.pool.translate_loc_from_full_to_swa)
+        return translate(full_slots)
+
     def _refill_swa_loc(self, swa_loc: torch.Tensor, out_cache_loc: torch.Tensor, num_real: int) -> None:
         """Refill the ``metadata`` design's persistent SWA-location buffer outside the graph, its padded tail
         zeroed so padded rows write to the dummy slot (PR 27617's answer to PR 24743)."""
@@ -282,6 +289,11 @@ class AttentionImpl(ABC):
             self._fused_fp8_set_kv_buffer(layer_id, loc, k, v)
         else:
             self.pool.set_kv_buffer(layer_id, loc, k, v)
+        draft = getattr(self.pool, "draft", None)
+        if draft is not None and forward_batch.forward_mode is ForwardMode.DRAFT:
+            # the draft model's own pool, at the target's full-pool slot ids (SGLang's draft worker shares the
+            # target's allocator): a pool smaller than the full pool is written past its end (PR 17630)
+            draft.set_kv_buffer(layer_id, forward_batch.out_cache_loc, k, v)
 
     def _fused_fp8_set_kv_buffer(self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Quantize and store in one step, as TRT-LLM's fused write does: times the layer's reciprocal scales,
@@ -421,6 +433,12 @@ class AttentionBackend(ABC):
 
     def init_cuda_graph_state(self, max_bs: int) -> None:
         self.builder.init_graph_state(max_bs)
+
+    def init_draft_cuda_graph_state(self, step_backends: Sequence[AttentionBackend], max_bs: int) -> None:
+        """The graph state of a multi-step draft backend's per-step backends (``for_draft_step``); by default
+        each allocates its own."""
+        for backend in step_backends:
+            backend.init_cuda_graph_state(max_bs)
 
     def init_forward_metadata_capture_cuda_graph(self, batch: AttentionBatch) -> None:
         self.forward_metadata = self.builder.build_for_graph_capture(batch)

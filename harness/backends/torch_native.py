@@ -13,6 +13,7 @@ masked columns point at (the dummy slot) leaks, as NaN from padded rows did in v
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -76,7 +77,8 @@ class TorchNativeMetadataBuilder(AttentionMetadataBuilder):
             assert batch.extend_seq_lens is not None
             token_rows = extend_token_rows(batch.extend_seq_lens_cpu, self.device)
             token_kv_lens = extend_token_kv_lens(batch.seq_lens, batch.extend_seq_lens, token_rows)
-        swa_page_table = self.pool.translate_loc_from_full_to_swa(page_table).long()
+        # the read path's translation: through the memo in a run of the memoized design (SGLang PR 25824's pool)
+        swa_page_table = self.translate_for_read(page_table).long()
         if batch.forward_mode is ForwardMode.TARGET_VERIFY and "verify_without_swa_window" in self.faults:
             # SGLang PR 29858's family: the window's page table left out on this path, so the SWA layers read
             # the full table's slot ids in the SWA pool
@@ -91,9 +93,12 @@ class TorchNativeMetadataBuilder(AttentionMetadataBuilder):
             key_pos=self._key_pos,
         )
 
-    def init_graph_state(self, max_bs: int) -> None:
+    def init_graph_state(self, max_bs: int, *, page_table: torch.Tensor | None = None) -> None:
+        """``page_table``: a [max_bs, max_context_len] buffer to use as the static page table, a row of the one
+        a multi-step draft backend shares among its steps (``TorchNativeBackend.init_draft_cuda_graph_state``)."""
         shape = (max_bs, self.width)
-        self._cg_page_table = torch.zeros(shape, dtype=torch.int64, device=self.device)
+        self._cg_page_table = page_table if page_table is not None else torch.zeros(
+            shape, dtype=torch.int64, device=self.device)
         self._cg_swa_page_table = torch.zeros(shape, dtype=torch.int64, device=self.device)
         self._cg_token_rows = torch.arange(max_bs, device=self.device)
         self._cg_swa_loc = torch.zeros(max_bs, dtype=torch.int32, device=self.device)
@@ -126,17 +131,18 @@ class TorchNativeMetadataBuilder(AttentionMetadataBuilder):
     def _fill_graph_buffers(self, batch: AttentionBatch) -> None:
         bs, num_real, out_cache_loc = batch.bs, batch.num_real, batch.out_cache_loc
         page_table = self._slot_table(batch)
-        swa_page_table = self.pool.translate_loc_from_full_to_swa(page_table).long()
         md = self._graph_metadata.get(bs)
         if "rebind_metadata" in self.faults and md is not None:
             # SGLang PR 26019 review: new tensors bound to the metadata object; the graph keeps reading
             # the static buffers it captured, which still hold whatever they held before.
             md.page_table = page_table
-            md.swa_page_table = swa_page_table
+            md.swa_page_table = self.translate_for_read(page_table).long()
             md.token_kv_lens = batch.seq_lens.clone()
         else:
+            # the static table is translated, as SGLang's backends translate their graph buffers: one storage and
+            # one length for every replay of this bucket, which only the memo's invalidation tells apart
             self._cg_page_table[:bs].copy_(page_table)
-            self._cg_swa_page_table[:bs].copy_(swa_page_table)
+            self._cg_swa_page_table[:bs].copy_(self.translate_for_read(self._cg_page_table[:bs]))
         self._refill_swa_loc(self._cg_swa_loc, out_cache_loc, num_real)
 
 
@@ -205,3 +211,15 @@ class TorchNativeBackend(AttentionBackend):
                               "fused_fp8_scale_dropped", "verify_without_swa_window"})
     builder_cls = TorchNativeMetadataBuilder
     impl_cls = TorchNativeImpl
+
+    def init_draft_cuda_graph_state(self, step_backends: Sequence[AttentionBackend], max_bs: int) -> None:
+        """One static page table for every draft step, each step's backend a row of it, as SGLang's multi-step
+        draft backends allocate one ``cuda_graph_kv_indices`` buffer and hand step i its row: the steps' tables
+        share a storage and a length (the memo's key)."""
+        builder = self.builder
+        assert isinstance(builder, TorchNativeMetadataBuilder)
+        shared = torch.zeros((len(step_backends), max_bs, builder.width), dtype=torch.int64, device=builder.device)
+        for step, backend in enumerate(step_backends):
+            step_builder = backend.builder
+            assert isinstance(step_builder, TorchNativeMetadataBuilder)
+            step_builder.init_graph_state(max_bs, page_table=shared[step])

@@ -11,7 +11,9 @@ so this path never performs the eager step's ``pool.swa_loc`` update (SGLang's d
 
 The behaviours real bugs came from are switches (``faults``), correct by default:
 ``no_zero_swa_pad`` (SGLang PR 24743), ``no_preset_swa_loc`` (before PR 23552), ``pad_seq_len_zero``
-(vLLM PR 38436), ``pad_slot_minus_one`` (vLLM issue 43810).
+(vLLM PR 38436), ``pad_slot_minus_one`` (vLLM issue 43810), ``skip_memo_invalidate_at_capture`` (PR 25824's
+in-capture invalidation) and ``skip_memo_invalidate_on_replay`` (before PR 26152: replays skipped the
+per-forward invalidation).
 """
 
 from __future__ import annotations
@@ -113,6 +115,9 @@ class DecodeGraphRunner(GraphRunner):
         self.out_cache_loc_swa[:bs].zero_()
         self.plan_swa_ids[:bs].zero_()
         batch = self._static_batch(bs, ForwardMode.DECODE)
+        # SGLang PR 26184: before every metadata init, whose read-path translation would otherwise meet the key a
+        # previous capture left
+        self.pool.invalidate_translate_cache()
         self.backend.init_forward_metadata_capture_cuda_graph(self._attention_batch(bs, batch))
         if "no_preset_swa_loc" not in self.faults:
             # SGLang PR 23552: point the attribute at the static buffer so the graph reads what replay fills
@@ -162,7 +167,10 @@ class DecodeGraphRunner(GraphRunner):
         if captured:
             self._capture(bucket)
         self._fill(batch, bucket)
-        self.pool.invalidate_translate_cache()
+        if "skip_memo_invalidate_on_replay" not in self.faults:
+            # SGLang PR 26152: the model runner's per-forward invalidation, moved before its graph early return
+            # so that replays run it too; the backend's refresh then translates its static page table afresh
+            self.pool.invalidate_translate_cache()
         self.backend.init_forward_metadata_replay_cuda_graph(self._attention_batch(bucket, batch))
         return self._replay(bucket, bs, captured=captured)
 

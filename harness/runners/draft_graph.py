@@ -24,7 +24,8 @@ stepped by the speculative worker instead.
 
 Faults that act here (the speculative worker's): ``stale_swa_after_reassign`` (each step keeps the whole
 draft's SWA locations, ``speculative.py`` says what follows), ``draft_metadata_captured_once`` (every step reads step 0's attention metadata),
-``skip_memo_invalidate_in_draft_graph`` (the memo invalidated once for the whole loop, not before each step).
+``skip_memo_invalidate_in_draft_graph`` (the memo invalidated once for the whole loop, not before each step),
+``skip_memo_invalidate_before_step_metadata`` (once before the steps' metadata refresh, not before each step's).
 """
 
 from __future__ import annotations
@@ -90,8 +91,7 @@ class DraftGraphRunner(GraphRunner):
         """the location plan's SWA ids, step-major with a stride of the bucket"""
         # SGLang's multi-step draft backend: one backend, and so one metadata, per step
         self.backends = [self.backend.for_draft_step() for _ in range(steps)]
-        for backend in self.backends:
-            backend.init_cuda_graph_state(max_bs)
+        self.backend.init_draft_cuda_graph_state(self.backends, max_bs)
         if CapturePolicy(capture) is CapturePolicy.STARTUP:
             for bs in reversed(self.buckets):
                 self._capture(bs)
@@ -141,6 +141,7 @@ class DraftGraphRunner(GraphRunner):
             buffer.zero_()
         self.seq_lens.fill_(self.backend.pad_seq_len)
         for step, backend in enumerate(self.backends):
+            self._invalidate_before_metadata(step)
             backend.init_forward_metadata_capture_cuda_graph(self._attention_batch(step, bs, bs))
         model, pool, backends = self.model, self.pool, self.backends
         once = "draft_metadata_captured_once" in self.faults
@@ -197,12 +198,19 @@ class DraftGraphRunner(GraphRunner):
         if captured:
             self._capture(bucket)
         self._fill(batch, bucket)
-        self.pool.invalidate_translate_cache()
         for step, backend in enumerate(self.backends):
+            self._invalidate_before_metadata(step)
             backend.init_forward_metadata_replay_cuda_graph(self._attention_batch(step, bucket, bs))
         self.log.replayed(self.graphs[bucket], self.graphs[bucket].replay(), bucket=bucket, rows=bs,
                           captured=captured)
         return self.outputs[bucket][:, :bs].reshape(self.steps * bs, -1).clone()
+
+    def _invalidate_before_metadata(self, step: int) -> None:
+        """SGLang PR 26184: invalidate the memo before every step backend's metadata init. The steps' page tables
+        are rows of one buffer of one length (``init_draft_cuda_graph_state``), so a memo kept across the loop
+        (``skip_memo_invalidate_before_step_metadata``) serves every later step step 0's SWA page table."""
+        if step == 0 or "skip_memo_invalidate_before_step_metadata" not in self.faults:
+            self.pool.invalidate_translate_cache()
 
     def _fill(self, batch: ForwardBatch, bucket: int) -> None:
         assert batch.draft_out_cache_loc is not None and batch.draft_input_ids is not None

@@ -16,6 +16,10 @@ the plan gives the draft's slots back and allocates the verify's, the verify run
 graph covers it: eagerly), and the slots of the rejected draft tokens are freed in both pools, as SGLang's
 ``EagleVerifyInput.verify`` frees them. ``skip_free_rejected`` keeps them and ``free_rejected_swa_only``
 frees their SWA slots only: pages no token owns, which the ``leaked`` pool invariant names.
+
+The draft model has a KV pool of its own (``attach_draft_pool``), which every draft forward writes at the
+target's full-pool slot ids; ``draft_pool_sized_before_swa_adjustment`` sizes it below the full pool (before
+SGLang PR 17630), and the first draft token given a full slot past it fails the write.
 """
 
 from __future__ import annotations
@@ -26,7 +30,18 @@ import torch
 
 from ..serving.batch import ForwardBatch, ForwardMode
 from ..serving.faults import Component, faults_acting_on
+from ..serving.model import DTYPES, ModelSpec
+from ..serving.pool import DraftKVPool, HybridSWAKVPool, draft_pool_size
 from .base import Runner
+
+
+def attach_draft_pool(pool: HybridSWAKVPool, model: ModelSpec, faults: Collection[str] = ()) -> DraftKVPool:
+    """The draft model's own KV pool, as SGLang's EAGLE worker builds its draft model runner's: sized at least the
+    target's full pool (SGLang PR 17630); ``draft_pool_sized_before_swa_adjustment`` sizes it by the token count
+    before the hybrid SWA adjustment, below the full pool, as before that fix."""
+    before = "draft_pool_sized_before_swa_adjustment" in faults
+    size = draft_pool_size(pool.spec, model.layer_is_swa, before_swa_adjustment=before)
+    return pool.attach_draft_pool(size, num_layers=model.num_layers, dtype=DTYPES[model.dtype])
 
 
 class SpeculativeWorker:

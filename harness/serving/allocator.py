@@ -88,6 +88,8 @@ class SWATokenToKVPoolAllocator:
         full_t = torch.tensor(full, dtype=torch.int64, device=device)
         if full:
             self.pool.full_to_swa_index_mapping[full_t] = torch.tensor(swa, dtype=torch.int64, device=device)
+        # SGLang PR 25824: every allocator method that changes the mapping drops the memoized translation
+        self.pool.invalidate_translate_cache()
         return full_t
 
     def free_group_begin(self) -> None:
@@ -109,6 +111,7 @@ class SWATokenToKVPoolAllocator:
         pages = _release(swa[swa > 0].tolist(), self._swa_held, self.page_size)
         self._swa.give_back(pages)
         mapping[full_slots.long()] = 0
+        self.pool.invalidate_translate_cache()
         if self.poison_freed:
             self.pool.poison_slots([], _slots_of(pages, self.page_size))
 
@@ -129,6 +132,7 @@ class SWATokenToKVPoolAllocator:
         rest = _release([s for s in full_slots[evicted:].tolist() if s // self.page_size not in shared],
                         self._full_held, self.page_size)
         self._full.give_back(rest)
+        self.pool.invalidate_translate_cache()  # also when free_swa had nothing left to free (and did not)
         if self.poison_freed:
             self.pool.poison_slots(_slots_of(first + rest, self.page_size), [])
 

@@ -58,7 +58,9 @@ def forward_batch(
 def memoized(
     forward_batch: ForwardBatch, pool: HybridSWAKVPool, metadata: BackendMetadata, layer_id: int
 ) -> torch.Tensor:
-    """The pool caches the translation by (storage pointer, numel), invalidated once per forward (PR 25824)."""
+    """The pool caches the translation by (storage pointer, numel) in one entry the read path's page-table
+    translations share (``memoizes_reads``), dropped per forward, before every metadata init and by the
+    allocator (PR 25824)."""
     return pool.translate_memoized(forward_batch.out_cache_loc)
 
 
@@ -116,6 +118,9 @@ class Design:
     """reads the iteration's ``KVLocPlan``: a batch without one is an error, never a silent fallback"""
     opt_in: bool = False
     """run only by the scenarios that list it (a plain bug), not by one that lists no designs"""
+    memoizes_reads: bool = False
+    """the pool's read-path translations (a backend's SWA page table) go through the same memo as the writes
+    (``HybridSWAKVPool.memoize_reads``), as in SGLang PR 25824's pool"""
 
 
 DESIGN_RECORDS: tuple[Design, ...] = (
@@ -128,8 +133,9 @@ DESIGN_RECORDS: tuple[Design, ...] = (
     Design(name="forward_batch", fn=forward_batch, sound=True,
            rule="the batch's precomputed out_cache_loc_swa, translating only without it (the reference)",
            reference="SGLang PR 24138 as merged"),
-    Design(name="memoized", fn=memoized, sound=True,
-           rule="the pool caches the translation by (storage pointer, numel), invalidated once per forward",
+    Design(name="memoized", fn=memoized, sound=True, memoizes_reads=True,
+           rule="the pool caches the translation by (storage pointer, numel), read path too, invalidated per "
+                "forward, per metadata init and by the allocator",
            reference="SGLang PR 25824"),
     Design(name="metadata", fn=metadata, sound=True,
            rule="the backend's per-forward copy; graphs refill a persistent buffer, padded tail zeroed",
@@ -212,7 +218,8 @@ def resolve_design(name: str) -> SWALocDesign:
 
 
 _FIELD_TYPES = {"name": (str, "a str"), "sound": (bool, "a bool"), "rule": (str, "a str"),
-                "reference": (str, "a str"), "needs_plan": (bool, "a bool"), "opt_in": (bool, "a bool")}
+                "reference": (str, "a str"), "needs_plan": (bool, "a bool"), "opt_in": (bool, "a bool"),
+                "memoizes_reads": (bool, "a bool")}
 
 
 def record_problem(name: str, record: object) -> str | None:

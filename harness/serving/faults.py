@@ -53,6 +53,9 @@ class Fault:
     """acts only in a run that speculates (``timeline.draft_steps`` > 0), whose radix keys are EAGLE's bigrams"""
     needs_verify: bool = False
     """acts only in a run that verifies its drafts (``timeline.accept_lens`` set)"""
+    masked_by: str | None = None
+    """why the shipped code masks it, for a switch that can no longer change a verdict: its scenario shows every
+    design matching with it on (a regression of what masks it would diverge there); None: it is flagged"""
     patch: str | None = None
     """``package.module:function``, a context manager that applies the fault to code the harness does not own;
     ``check/run/drive.execute`` enters it around the run, in the run's process (a forked child under ``harness run``
@@ -116,6 +119,21 @@ FAULTS: Registry[Fault] = Registry({
                       "each step's forward: the step rows of one out_cache_loc share a storage and a length, so the "
                       "memo keyed on them serves step 0's SWA translation to every later step, and the graph captures it",
               reference="SGLang PR 26152 (the memo invalidation moved to where graph paths run it); PR 26184"),
+        Fault(name="skip_memo_invalidate_before_step_metadata", acts_on=Component.SPECULATIVE_WORKER,
+              modes=("full",), needs_drafts=True,
+              summary="the draft graph runner invalidates the memoized translation once before it refreshes its "
+                      "steps' metadata, not before each step's: the step backends' page tables are rows of one "
+                      "buffer (one storage, one length), so the read path serves every later step step 0's SWA "
+                      "page table, and its SWA layers read their newest keys at the dummy slot",
+              reference="SGLang PR 26184 (invalidate before every init_forward_metadata call of the graph runners: a "
+                        "backend's page-table translation met the key a previous translation left); PR 25824"),
+        Fault(name="draft_pool_sized_before_swa_adjustment", acts_on=Component.SPECULATIVE_WORKER,
+              modes=("eager", "full", "piecewise"), needs_drafts=True,
+              summary="the draft model's KV pool is sized by the token count before the hybrid SWA adjustment, "
+                      "below the target's full pool, while the draft writes at the target's full-pool slot ids: "
+                      "the first draft token given a full slot past it is written out of bounds",
+              reference="SGLang PR 17630 (the draft pool sized at least the target's full pool after the SWA "
+                        "adjustment)"),
         Fault(name="skip_free_rejected", acts_on=Component.SPECULATIVE_WORKER, modes=("eager", "full", "piecewise"),
               needs_verify=True,
               summary="the target verify keeps the slots of the draft tokens it rejected: full and SWA pages no "
@@ -135,6 +153,13 @@ FAULTS: Registry[Fault] = Registry({
               summary="the decode runner captures without invalidating the memoized translation: the memo a "
                       "warm-up run left (same static buffer, same data_ptr and numel) is frozen into the graph",
               reference="SGLang PR 25824"),
+        Fault(name="skip_memo_invalidate_on_replay", acts_on=Component.DECODE_GRAPH_RUNNER, modes=("full",),
+              summary="decode graph replays skip the per-forward invalidation of the memoized translation (the model "
+                      "runner's call sat after its graph early return): the replay's refresh translates the static "
+                      "page table, the previous replay's storage and length, and where no allocation invalidated in "
+                      "between (the steps of a draft stepped on the decode graphs) it is served that replay's SWA "
+                      "page table",
+              reference="SGLang PR 26152 (invalidate_loc_cache moved before the can_run_graph check); PR 25824"),
         Fault(name="rebind_static_swa_loc", acts_on=Component.DECODE_GRAPH_RUNNER, modes=("full",),
               summary="the decode runner binds a new static out_cache_loc_swa at every replay instead of copying "
                       "into the captured one, which then holds whatever it held at the last copy",
@@ -179,7 +204,10 @@ FAULTS: Registry[Fault] = Registry({
         Fault(name="skip_memo_invalidate", acts_on=Component.PIECEWISE_RUNNER, modes=("piecewise",),
               summary="the per-forward invalidation of the memoized translation is skipped while static "
                       "buffers keep the same data_ptr and numel for different batches",
-              reference="SGLang PR 25824"),
+              reference="SGLang PR 25824; PR 26152 (the piecewise replay path skipped it: a warning, not a stale hit)",
+              masked_by="every piecewise forward is an extend whose allocation invalidated the memo just before it "
+                        "(PR 25824's allocator), and the backend's page-table translation takes the memo's one "
+                        "entry before the first SWA write: no stale hit is left to serve"),
         Fault(name="match_len_not_reset", acts_on=Component.PREFIX_CACHE, modes=("eager", "full", "piecewise"),
               needs_prefix_cache=True,
               summary="a match resets its count of live SWA tokens since the last tombstone only when that run "

@@ -92,6 +92,47 @@ def in_bounds(index: torch.Tensor, size: int, what: str) -> torch.Tensor:
     return index
 
 
+class DraftKVPool:
+    """The draft model's own KV pool, as SGLang's EAGLE draft worker keeps it: a plain full-attention pool (every
+    draft layer keeps every token) addressed by the *target's* full-pool slot ids, since the draft worker shares
+    the target's allocator and ``req_to_token``. So it must hold at least the target's full pool; SGLang PR 17630
+    fixed a draft pool sized by the token count before the hybrid SWA adjustment, below the full pool, whose
+    draft writes ran past its end (an out-of-bounds index kernel assert).
+
+    In the miniature the draft model is the target model, so a draft forward writes every layer's new K/V here
+    as well as into the target's pools (the K/V the diff compares); its attention still reads the target's, and
+    nothing reads this pool back. Slot 0 is the dummy slot padded rows write."""
+
+    def __init__(self, *, size: int, num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
+                 device: torch.device) -> None:
+        self.size = size
+        shape = (size, num_kv_heads, head_dim)
+        self.k_buffer = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.v_buffer = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+
+    def set_kv_buffer(self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Write the draft layer's K/V at ``loc``, the target's full-pool slots of the draft tokens."""
+        loc = in_bounds(loc, self.size, f"the draft KV pool ({self.size} slots)")
+        self.k_buffer[layer_id][loc] = k.to(self.k_buffer[layer_id].dtype)
+        self.v_buffer[layer_id][loc] = v.to(self.v_buffer[layer_id].dtype)
+
+    def buffers(self) -> list[torch.Tensor]:
+        return [*self.k_buffer, *self.v_buffer]
+
+
+def draft_pool_size(spec: PoolSpec, layer_is_swa: Sequence[bool], *, before_swa_adjustment: bool = False) -> int:
+    """Slots of the draft model's pool next to a target pool of ``spec``. SGLang PR 17630's rule: never fewer than
+    the target's full pool, whose slot ids the draft writes at. ``before_swa_adjustment``: the size before that
+    fix, the token count the same KV memory holds when every target layer keeps every token (the count a pool
+    configurator starts from before its hybrid SWA adjustment gives the full layers more), which is below the
+    full pool whenever the SWA pool is smaller."""
+    layers = len(layer_is_swa)
+    n_swa = sum(1 for swa in layer_is_swa if swa)
+    before = (spec.full_size * (layers - n_swa) + spec.swa_size * n_swa) // max(layers, 1)
+    before -= before % spec.page_size
+    return before if before_swa_adjustment else max(before, spec.full_size)
+
+
 class HybridSWAKVPool:
     """K/V buffers of both pools, the full->SWA slot mapping and the stateful ``swa_loc`` shortcut."""
 
@@ -142,6 +183,12 @@ class HybridSWAKVPool:
         self.full_to_swa_index_mapping = torch.zeros(self.full_size + 1, dtype=torch.int64, device=self.device)
         self.full_to_swa_index_mapping[-1] = -1
         self.swa_loc: torch.Tensor | None = None
+        self.draft: DraftKVPool | None = None
+        """the draft model's own pool, in a run that speculates (``attach_draft_pool``)"""
+        self.memoize_reads = False
+        """the read path's page-table translations go through the memo too (``translate_for_read``), as they did
+        in SGLang PR 25824's pool, where every caller of the translation shared its one cached entry; a run of the
+        ``memoized`` design turns it on"""
         self._memo_key: tuple[int, int] | None = None
         self._memo_value: torch.Tensor | None = None
 
@@ -169,17 +216,27 @@ class HybridSWAKVPool:
     def translate_memoized(self, locs: torch.Tensor) -> torch.Tensor:
         """Translation cached on (storage pointer, numel), as SGLang PR 25824 did; valid until invalidated.
 
-        The key is the storage's address, not the view's: the row views of one tensor (a draft's step rows of
-        ``out_cache_loc``) share it, so only the per-forward invalidation keeps one step from being served the
-        translation of another."""
+        One entry for every caller, the write path's and (with ``memoize_reads``) the read path's: a translation
+        of another key replaces it. The key is the storage's address, not the view's: the row views of one tensor
+        (a draft's step rows of ``out_cache_loc``, the step backends' rows of one page-table buffer) share it, so
+        only an invalidation between them keeps one from being served the translation of another."""
         key = (locs.untyped_storage().data_ptr(), locs.numel())
         if key != self._memo_key or self._memo_value is None:
             self._memo_key = key
             self._memo_value = self.translate_loc_from_full_to_swa(locs)
         return self._memo_value
 
+    def translate_for_read(self, locs: torch.Tensor) -> torch.Tensor:
+        """The read path's translation (a backend's SWA page table from the full one): through the memo when
+        ``memoize_reads`` is on, else translated afresh."""
+        if self.memoize_reads:
+            return self.translate_memoized(locs)
+        return self.translate_loc_from_full_to_swa(locs)
+
     def invalidate_translate_cache(self) -> None:
-        """Called once per forward; a runner that forgets this serves another batch's locations."""
+        """Drop the memo. SGLang PR 25824 calls it once per forward (the model runner, every graph runner before
+        each metadata init and at the top of each captured forward) and from the allocator whenever it changes
+        the mapping; a path that forgets it serves another batch's locations."""
         self._memo_key = None
         self._memo_value = None
 
@@ -226,8 +283,15 @@ class HybridSWAKVPool:
             return dequantize_fp8(k, k_scale, dtype), dequantize_fp8(v, v_scale, dtype)
         return k.to(dtype), v.to(dtype)
 
+    def attach_draft_pool(self, size: int, *, num_layers: int, dtype: torch.dtype) -> DraftKVPool:
+        """Give the pool its draft model's pool of ``size`` slots (``draft_pool_size``), K/V rows like the target's."""
+        row = (self.full_k_buffer or self.swa_k_buffer)[0].shape[1:]
+        self.draft = DraftKVPool(size=size, num_layers=num_layers, num_kv_heads=row[0], head_dim=row[1], dtype=dtype,
+                                 device=self.device)
+        return self.draft
+
     def buffers(self) -> list[torch.Tensor]:
-        """Every tensor the pool owns, for registering as graph inputs."""
+        """Every tensor the pool owns, for registering as graph inputs (the draft pool's too)."""
         return [
             *self.full_k_buffer,
             *self.full_v_buffer,
@@ -237,6 +301,7 @@ class HybridSWAKVPool:
             *self.swa_last_write,
             self.write_step,
             self.full_to_swa_index_mapping,
+            *(self.draft.buffers() if self.draft is not None else ()),
         ]
 
     def poison_slots(self, full_slots: list[int], swa_slots: list[int]) -> None:

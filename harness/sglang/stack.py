@@ -190,6 +190,9 @@ class SGLangStack(HybridSWAStack):
                                        if swa_free < total or swa_free <= full_free else
                                        ("full_size", "full KV pool", full_free, self.spec.pool.full_size))
             raise PoolExhausted(field, f"{what} (SGLang): need up to {total} slots, {free} free of {size - p}")
+        # the harness's memo over this pool drops its entry whenever the mapping changes, as PR 25824's allocator
+        # made it (0.5.23 has no memo of its own)
+        self.pool.invalidate_translate_cache()
         return out.to(torch.int64)
 
     def free(self, full_slots: torch.Tensor) -> None:
@@ -202,6 +205,7 @@ class SGLangStack(HybridSWAStack):
         mapped = (self.allocator.full_to_swa_index_mapping[full_slots] > 0).tolist()
         evicted = mapped.index(True) if True in mapped else len(mapped)
         self.api.free_kv_row_segments(self.allocator, [(full_slots, 0)], swa_evicted_seqlen=evicted)
+        self.pool.invalidate_translate_cache()
         self._poison(full_pages=sorted(set((full_slots // self.page_size).tolist())), swa_pages=swa)
 
     def free_swa(self, full_slots: torch.Tensor) -> None:
@@ -212,6 +216,7 @@ class SGLangStack(HybridSWAStack):
         full_slots = full_slots.to(torch.int64)
         swa = self._swa_pages(full_slots)
         self.allocator.free_swa_segment(full_slots, start_pos=int(full_slots[0]) % self.page_size)
+        self.pool.invalidate_translate_cache()
         self._poison(full_pages=[], swa_pages=swa)
 
     @contextlib.contextmanager

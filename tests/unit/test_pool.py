@@ -115,10 +115,39 @@ def test_memoized_translation_is_served_until_invalidated():
     pool, alloc = make_pool()
     locs = alloc.alloc(2)
     first = pool.translate_memoized(locs).clone()
-    alloc.free_swa(locs)
+    pool.full_to_swa_index_mapping[locs] = 0  # a change behind the allocator's back: nothing invalidates
     assert torch.equal(pool.translate_memoized(locs), first)  # stale: same storage and numel
     pool.invalidate_translate_cache()
     assert pool.translate_memoized(locs).tolist() == [0, 0]
+
+
+@pytest.mark.parametrize("change", ["alloc", "free_swa", "free"])
+def test_the_allocator_invalidates_the_memo_whenever_it_changes_the_mapping(change):
+    # SGLang PR 25824: every allocator method that writes full_to_swa_index_mapping drops the memo
+    pool, alloc = make_pool()
+    locs = alloc.alloc(2)
+    pool.translate_memoized(locs)
+    if change == "alloc":
+        alloc.alloc(1)
+    else:
+        getattr(alloc, change)(locs)
+    assert pool._memo_key is None
+    assert pool.translate_memoized(locs).tolist() == pool.translate_loc_from_full_to_swa(locs).tolist()
+
+
+def test_the_read_path_shares_the_memo_only_in_a_memoizing_pool():
+    pool, alloc = make_pool()
+    table = alloc.alloc(4).view(2, 2)
+    out_cache_loc = alloc.alloc(2)
+    assert pool.translate_for_read(table[0]).tolist() == pool.translate_loc_from_full_to_swa(table[0]).tolist()
+    assert pool._memo_key is None  # not memoizing: the read path translates afresh
+    pool.memoize_reads = True
+    step0 = pool.translate_for_read(table[0]).tolist()
+    # two page tables of one storage and one length: the second is served the first's translation
+    assert pool.translate_for_read(table[1]).tolist() == step0
+    # one entry for every caller: the write path's translation replaces the read path's
+    assert pool.translate_memoized(out_cache_loc).tolist() == pool.translate_loc_from_full_to_swa(out_cache_loc).tolist()
+    assert pool.translate_for_read(table[1]).tolist() == pool.translate_loc_from_full_to_swa(table[1]).tolist() != step0
 
 
 def test_memoized_translation_keys_row_views_of_one_tensor_alike():

@@ -33,7 +33,7 @@ def test_library_has_at_least_fifteen_scenarios_in_named_families(library):
 
 def test_every_fault_is_flagged_somewhere_and_matches_without_it(library):
     # a patch on the installed SGLang is flagged by the SGLang target's scenarios (test_fault_catalog.py)
-    for fault in (f for f, spec in FAULTS.items() if spec.patch is None):
+    for fault in (f for f, spec in FAULTS.items() if spec.patch is None and spec.masked_by is None):
         flagged = [
             (s.name, e.design)
             for s in library if fault in s.faults
@@ -41,6 +41,17 @@ def test_every_fault_is_flagged_somewhere_and_matches_without_it(library):
             if e.without_faults == "match" and any(e.for_mode(m) in ("diverge", "error", "invariant") for m in s.modes)
         ]
         assert flagged, f"no scenario flags {fault} and expects a match once it is switched off"
+
+
+def test_a_masked_fault_is_carried_by_a_scenario_where_every_design_matches_with_it(library):
+    masked = [f for f, spec in FAULTS.items() if spec.masked_by is not None]
+    assert masked, "no masked fault: drop this test and the field"
+    for fault in masked:
+        carried = [s for s in library if fault in s.faults]
+        assert carried, f"no scenario carries {fault}, so nothing shows what masks it"
+        for s in carried:
+            for e in s.expectations:
+                assert all(e.for_mode(m) == "match" for m in s.modes if m in FAULTS[fault].modes), (s.name, e.design)
 
 
 def test_every_scenario_names_the_real_fixes_it_stands_for(library):

@@ -16,11 +16,11 @@ from ...backends.base import AttentionBackend
 from ...backends.registry import backend_class
 from ...runners.base import RunnerContext
 from ...runners.dispatch import GraphDispatcher
-from ...runners.speculative import SpeculativeWorker
+from ...runners.speculative import SpeculativeWorker, attach_draft_pool
 from ...runspec import RunSpec
-from ...serving.designs import resolve_design
+from ...serving.designs import declared, resolve_design
 from ...serving.model import SyntheticModel
-from ...serving.pool import ReqToTokenPool
+from ...serving.pool import HybridSWAKVPool, ReqToTokenPool
 from ...serving.registry import build_stack, eviction_policy, own_scheduler, stack_class
 from ...serving.scheduler import Scheduler
 from ...serving.stack import ServingStack, stack_spec
@@ -65,6 +65,12 @@ def assemble(spec: RunSpec) -> RunParts:
     scheduler = own_scheduler(spec.serving, stack, spec.timeline, eviction=eviction, vocab_size=spec.model.vocab_size,
                               faults=frozenset(spec.faults)) or Scheduler(
         spec.timeline, stack=stack, eviction=eviction, vocab_size=spec.model.vocab_size, faults=spec.faults)
+    if spec.timeline.draft_steps > 0 and isinstance(stack.pool, HybridSWAKVPool):
+        # before any graph is captured: the draft graphs write it (SGLang's draft worker owns it)
+        attach_draft_pool(stack.pool, spec.model, spec.faults)
+    record = declared(spec.design)
+    if record is not None and record.memoizes_reads and hasattr(stack.pool, "memoize_reads"):
+        stack.pool.memoize_reads = True  # PR 25824's pool: reads and writes share the memo
     backend = backend_class(spec.backend)(
         model_spec=spec.model,
         stack=stack,
