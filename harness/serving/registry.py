@@ -37,11 +37,17 @@ stack and ``(timeline, eviction=, vocab_size=, faults=)`` and returns an object 
 ``scheduler.Scheduler``, or None where the harness's scheduler is to drive the stack"""
 
 
+STACK_AVAILABILITY: Registry[str] = Registry()
+"""stacks of an optional install, by name -> ``package.module:function``: a cheap check (it imports nothing of the
+install) returning why the stack cannot run on this machine, or None; the matrix skips its runs with that reason"""
+
+
 def register_stack(name: str, path: str, *, optional_install: str | None = None,
-                   scheduler: str | None = None) -> None:
+                   scheduler: str | None = None, unavailable: str | None = None) -> None:
     """Register a serving stack by name: ``path`` is its ``package.module:Class``; ``optional_install`` names
     what its module imports that a default install lacks (the dry run then stands the miniature in);
-    ``scheduler`` names the stack's own scheduler factory (``STACK_SCHEDULERS``)."""
+    ``scheduler`` names the stack's own scheduler factory (``STACK_SCHEDULERS``); ``unavailable`` its check
+    of the install (``STACK_AVAILABILITY``)."""
     if name in STACKS and STACKS[name] != path:
         raise ValueError(f"serving stack {name!r} is registered already, as {STACKS[name]}")
     STACKS[name] = path
@@ -49,6 +55,18 @@ def register_stack(name: str, path: str, *, optional_install: str | None = None,
         OPTIONAL_STACKS[name] = optional_install
     if scheduler is not None:
         STACK_SCHEDULERS[name] = scheduler
+    if unavailable is not None:
+        STACK_AVAILABILITY[name] = unavailable
+
+
+def stack_unavailable(name: str) -> str | None:
+    """Why the registered stack ``name`` cannot run on this machine (its install is missing), or None."""
+    path = STACK_AVAILABILITY.get(name)
+    if path is None:
+        return None
+    check = load_named(path, {}, kind="stack availability check",
+                       check=lambda obj: None if callable(obj) else "is not callable")
+    return check()  # type: ignore[operator]
 
 
 def own_scheduler(name: str, stack: ServingStack, timeline: object, *, eviction: object, vocab_size: int,

@@ -44,7 +44,8 @@ FAULTS: tuple[Fault, ...] = (
 def register() -> None:
     """What the entry point calls: the SGLang stack and this target's faults, into the harness's registries."""
     register_stack(STACK, "harness.sglang.stack:SGLangStack", optional_install="SGLang 0.5.23 (make sglang-venv)",
-                   scheduler="harness.sglang.schedule:own_scheduler")
+                   scheduler="harness.sglang.schedule:own_scheduler",
+                   unavailable="harness.sglang.installed:unavailable_reason")
     register_faults(*FAULTS)
     register_fuzz_property("sglang-differential", "harness.sglang.fuzz:main")
     register_fuzz_stack(STACK, "harness.sglang.library:fuzz_onto_sglang")

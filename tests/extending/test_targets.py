@@ -42,7 +42,8 @@ def _broken() -> None:
 @pytest.fixture
 def fresh_registries(monkeypatch):
     """The registries as before any target registered, and the entry points ``targets`` names (restored after)."""
-    for table in (registry.STACKS, registry.OPTIONAL_STACKS, registry.EVICTION_POLICIES, faults.FAULTS):
+    for table in (registry.STACKS, registry.OPTIONAL_STACKS, registry.STACK_AVAILABILITY, registry.EVICTION_POLICIES,
+                  faults.FAULTS):
         monkeypatch.setattr(table, "_entries", dict(table._entries))
 
     def use(*entries: tuple[str, str]) -> None:
@@ -62,9 +63,39 @@ def test_the_installed_harness_registers_the_sglang_target_by_entry_point():
         "sglang_skip_evict_mid_prefill"}
 
 
+def not_installed() -> str:
+    return "toyengine is not installed here (pip install toyengine)"
+
+
+def register_absent() -> None:
+    """A target whose stack needs an install this machine lacks, as the SGLang target's does without SGLang."""
+    registry.register_stack("highest_first_target", f"{__package__}.test_extension_points:HighestFirstStack",
+                            optional_install="toyengine", unavailable=f"{__name__}:not_installed")
+    faults.register_faults(_TOY_FAULT)
+
+
 def test_a_second_target_registers_a_stack_and_a_fault_a_scenario_runs_by_name(fresh_registries, tmp_path):
     fresh_registries(("toy", f"{__name__}:register"))
     assert "highest_first_target" in registry.STACKS and "toy_patched" in faults.FAULTS
+    path = _toy_scenario(tmp_path)
+    scenario = load_scenario(path)
+    entered.clear()
+    [case] = cases(scenario)
+    result = run_case(case)
+    assert result.ok, result.verdict.summary()
+    assert entered == ["toy"]
+    assert case.run_spec().serving == "highest_first_target"
+
+
+def test_a_stack_whose_install_is_missing_skips_its_runs_saying_why(fresh_registries, tmp_path):
+    # a scenario (a fuzz finding over SGLang, say) on a machine without the target's install: skipped, not an error
+    fresh_registries(("toy", f"{__name__}:register_absent"))
+    [case] = cases(load_scenario(_toy_scenario(tmp_path)))
+    assert case.unsupported == not_installed()
+    assert registry.stack_unavailable("miniature") is None
+
+
+def _toy_scenario(tmp_path):
     path = tmp_path / "toy_target.toml"
     path.write_text(textwrap.dedent("""\
         description = "the toy target's stack and fault, by name"
@@ -89,13 +120,7 @@ def test_a_second_target_registers_a_stack_and_a_fault_a_scenario_runs_by_name(f
         verdict = "match"
         why = "the patch changes nothing"
         """))
-    scenario = load_scenario(path)
-    entered.clear()
-    [case] = cases(scenario)
-    result = run_case(case)
-    assert result.ok, result.verdict.summary()
-    assert entered == ["toy"]
-    assert case.run_spec().serving == "highest_first_target"
+    return path
 
 
 def test_a_target_that_fails_to_register_is_a_warning_naming_it_and_the_rest_stand(fresh_registries):

@@ -20,7 +20,8 @@ from ...runspec import REFERENCE_DESIGN, TIMEOUT_DEFAULT_S, Device, Engine, Outc
 from ...scenario.spec import Expectation, ScenarioSpec
 from ...serving.designs import DESIGN_REGISTRY, declared
 from ...serving.kv_groups import hybrid_swa_groups
-from ...serving.registry import EVICTION_POLICIES, OPTIONAL_STACKS, STACKS, stack_class, stack_kv_groups
+from ...serving.registry import (EVICTION_POLICIES, OPTIONAL_STACKS, STACKS, stack_class, stack_kv_groups,
+                                  stack_unavailable)
 from ...serving.stack import stack_spec
 from .expect import (  # noqa: F401 - case's vocabulary too
     EXPECT_DEFAULT, INFORMATION, LIKE, NO_EXPECTATION, expect_problem, holds)
@@ -321,6 +322,8 @@ def cases(scenario: ScenarioSpec, selection: Selection = Selection(), *, expect:
     """
     by_default, expect = expect is None, EXPECT_DEFAULT if expect is None else expect
     limit = selection.timeout_s if selection.timeout_s is not None else scenario.timeout_s
+    # a stack whose optional install this machine lacks: its runs are skipped saying so, as a backend's are
+    absent = stack_unavailable(scenario.serving) if scenario.serving in STACKS else None
     out = []
     for cell in cells(scenario, selection):
         option = expect if cell.added else None
@@ -340,7 +343,8 @@ def cases(scenario: ScenarioSpec, selection: Selection = Selection(), *, expect:
             broken = cell.missing
             if broken is None:
                 try:
-                    unsupported = _unsupported(cell.declared, scenario, cell.mode, cell.device, with_faults=with_faults)
+                    unsupported = absent or _unsupported(cell.declared, scenario, cell.mode, cell.device,
+                                                         with_faults=with_faults)
                 except KeyError as exc:  # its unsupported() broke the contract for this case
                     broken = str(exc.args[0])
             if broken is not None:
