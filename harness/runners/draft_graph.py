@@ -38,14 +38,11 @@ from ..graphs.engine import GraphEngine, module_roots
 from ..graphs.registry import get_engine
 from ..runspec import CapturePolicy, RunSpec
 from ..serving.batch import ForwardBatch, ForwardMode
+from ..serving.draft_tree import DraftTree, request_order
 from ..serving.faults import Component
 from ..serving.loc_plan import KVLocPlan
 from .base import GraphRunner, Runner, RunnerContext, fill_static
 from .dispatch import GraphCover
-
-TOPK = 1
-"""draft tokens per request per step; a tree of drafts (top-k > 1) is not modelled yet"""
-
 
 class DraftGraphRunner(GraphRunner):
     component = Component.SPECULATIVE_WORKER
@@ -53,7 +50,8 @@ class DraftGraphRunner(GraphRunner):
     @classmethod
     def for_run(cls, ctx: RunnerContext, spec: RunSpec, *, eager: Runner) -> DraftGraphRunner:
         return cls(ctx, eager=eager, engine=get_engine(spec.engine), buckets=spec.graphs.decode_buckets,
-                   steps=spec.timeline.draft_steps, capture=spec.graphs.capture, faults=spec.faults)
+                   steps=spec.timeline.draft_steps, topk=spec.timeline.draft_topk, capture=spec.graphs.capture,
+                   faults=spec.faults)
 
     def __init__(
         self,
@@ -63,11 +61,14 @@ class DraftGraphRunner(GraphRunner):
         engine: GraphEngine,
         buckets: tuple[int, ...],
         steps: int,
+        topk: int = 1,
         capture: CapturePolicy = CapturePolicy.STARTUP,
         faults: Collection[str] = (),
     ) -> None:
         super().__init__(ctx, eager=eager, engine=engine, buckets=buckets, faults=faults)
         self.steps = steps
+        self.topk = topk
+        """draft rows per request per step (SGLang's ``speculative_eagle_topk``): a tree's branches"""
         # a run that does not speculate declares nothing and builds nothing
         self.covers = (GraphCover(forward_mode=ForwardMode.DRAFT, tokens_per_request=steps, buckets=self.buckets),
                        ) if steps > 0 else ()
@@ -75,15 +76,15 @@ class DraftGraphRunner(GraphRunner):
             self.backends: list[AttentionBackend] = []
             return
         max_bs, dev = self.buckets[-1], self.pool.device
-        rows = max_bs * TOPK
+        rows = max_bs * topk
         self.out_cache_loc = torch.zeros(rows * steps, dtype=torch.int64, device=dev)
         """every step's slots, request-major as allocated"""
         self.out_cache_loc_swa = torch.zeros(rows * steps, dtype=torch.int32, device=dev)
         self.input_ids = torch.zeros((steps, rows), dtype=torch.int64, device=dev)
         """the teacher-forced draft token of each step (SGLang's come from the previous step's top-k)"""
         self.positions = torch.zeros(rows, dtype=torch.int64, device=dev)
-        self.req_pool_indices = torch.zeros(max_bs, dtype=torch.int64, device=dev)
-        self.seq_lens = torch.ones((steps, max_bs), dtype=torch.int64, device=dev)
+        self.req_pool_indices = torch.zeros(rows, dtype=torch.int64, device=dev)
+        self.seq_lens = torch.ones((steps, rows), dtype=torch.int64, device=dev)
         self.step_out_cache_loc = torch.zeros((steps, rows), dtype=torch.int64, device=dev)
         """each step's slots again, for the metadata builders outside the graph"""
         self.plan_swa_ids = torch.zeros(rows * steps, dtype=torch.int32, device=dev)
@@ -91,7 +92,7 @@ class DraftGraphRunner(GraphRunner):
         # SGLang's multi-step draft backend: one backend, and so one metadata, per step
         self.backends = [self.backend.for_draft_step() for _ in range(steps)]
         for backend in self.backends:
-            backend.init_cuda_graph_state(max_bs)
+            backend.init_cuda_graph_state(rows)
         if CapturePolicy(capture) is CapturePolicy.STARTUP:
             for bs in reversed(self.buckets):
                 self._capture(bs)
@@ -100,7 +101,9 @@ class DraftGraphRunner(GraphRunner):
         return [self.out_cache_loc, self.out_cache_loc_swa, self.input_ids, self.positions, self.req_pool_indices,
                 self.seq_lens, self.step_out_cache_loc, self.plan_swa_ids]
 
-    def _attention_batch(self, step: int, bucket: int, num_real: int) -> AttentionBatch:
+    def _attention_batch(self, step: int, bucket: int, num_real: int, tree: DraftTree | None = None
+                         ) -> AttentionBatch:
+        """Step ``step``'s metadata batch over ``bucket`` rows (requests times branches), ``num_real`` real."""
         return attention_batch(
             forward_mode=ForwardMode.DRAFT,
             num_real=num_real,
@@ -109,10 +112,12 @@ class DraftGraphRunner(GraphRunner):
             out_cache_loc=self.step_out_cache_loc[step, :bucket],
             page_size=self.pool.page_size,
             spec_info=SpecInfo(draft_steps=self.steps),
+            tree=tree,
         )
 
     def _step_batch(self, step: int, bs: int, locs: torch.Tensor, swa: torch.Tensor) -> ForwardBatch:
-        """Draft step ``step``'s forward inside the graph: its rows of the step-major copies."""
+        """Draft step ``step``'s forward inside the graph: its rows of the step-major copies (``bs`` rows:
+        requests times branches)."""
         return ForwardBatch(
             forward_mode=ForwardMode.DRAFT,
             batch_size=bs,
@@ -125,7 +130,7 @@ class DraftGraphRunner(GraphRunner):
             extend_seq_lens_cpu=(1,) * bs,
             out_cache_loc=locs[step],
             # the fault: draft_forward rebinds out_cache_loc only, and the whole draft's SWA locations stay
-            out_cache_loc_swa=(self.out_cache_loc_swa[: self.steps * TOPK * bs]
+            out_cache_loc_swa=(self.out_cache_loc_swa[: self.steps * bs]
                                if "stale_swa_after_reassign" in self.faults else swa[step]),
             req_to_token_pool=self.req_to_token_pool,
             token_to_kv_pool=self.pool,
@@ -134,8 +139,9 @@ class DraftGraphRunner(GraphRunner):
             draft_step=step,
         )
 
-    def _capture(self, bs: int) -> None:
-        steps = self.steps
+    def _capture(self, bucket: int) -> None:
+        steps, topk = self.steps, self.topk
+        bs = bucket * topk  # the rows of every step
         for buffer in (self.out_cache_loc, self.out_cache_loc_swa, self.input_ids, self.positions,
                        self.req_pool_indices, self.step_out_cache_loc, self.plan_swa_ids):
             buffer.zero_()
@@ -149,8 +155,8 @@ class DraftGraphRunner(GraphRunner):
 
         def draft_forward() -> torch.Tensor:
             # SGLang's draft_forward: the flat allocation read as one row per step (a copy: permuted)
-            locs = self.out_cache_loc[: bs * TOPK * steps].view(bs, TOPK, steps).permute(2, 0, 1).reshape(steps, -1)
-            swa = self.out_cache_loc_swa[: bs * TOPK * steps].view(bs, TOPK, steps).permute(2, 0, 1).reshape(steps, -1)
+            locs = self.out_cache_loc[: bs * steps].view(bucket, topk, steps).permute(2, 0, 1).reshape(steps, -1)
+            swa = self.out_cache_loc_swa[: bs * steps].view(bucket, topk, steps).permute(2, 0, 1).reshape(steps, -1)
             outs = []
             for step in range(steps):
                 batch = self._step_batch(step, bs, locs, swa)
@@ -170,7 +176,7 @@ class DraftGraphRunner(GraphRunner):
 
         graph = self.engine.capture(
             draft_forward,
-            label=self.covers[0].key(bs).name,
+            label=self.covers[0].key(bucket).name,
             roots={"pool": self.pool, "backend": self.backends[0], "runner": self, "model": self.model,
                    **module_roots(self.backend.impl.design, self.backend.impl, self.backend, self)},
             static_inputs=[
@@ -182,33 +188,37 @@ class DraftGraphRunner(GraphRunner):
                 self.req_to_token_pool.req_to_token,
             ],
         )
-        self._keep(bs, graph, produced[-1])
+        self._keep(bucket, graph, produced[-1])
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         """Hidden states of every draft step, step-major ([steps * batch_size, hidden])."""
         if batch.forward_mode is not ForwardMode.DRAFT or batch.draft_steps != self.steps:
             raise ValueError(f"the draft graph runner takes whole {self.steps}-step drafts, got a batch of mode "
                              f"{batch.forward_mode.value} with {batch.draft_steps} draft steps")
-        bs = batch.batch_size
-        bucket = self.bucket_for(bs)
+        if batch.draft_topk != self.topk:
+            raise ValueError(f"the draft graph runner takes drafts of {self.topk} branches, got {batch.draft_topk}")
+        reqs, rows = batch.num_requests, batch.batch_size
+        bucket = self.bucket_for(reqs)
         if bucket is None:
-            raise ValueError(f"no draft graph holds a batch of {bs} (buckets {self.buckets})")
+            raise ValueError(f"no draft graph holds a batch of {reqs} (buckets {self.buckets})")
         captured = bucket not in self.graphs
         if captured:
             self._capture(bucket)
         self._fill(batch, bucket)
         self.pool.invalidate_translate_cache()
+        tree = batch.draft_tree.padded(bucket * self.topk) if batch.draft_tree is not None else None
         for step, backend in enumerate(self.backends):
-            backend.init_forward_metadata_replay_cuda_graph(self._attention_batch(step, bucket, bs))
-        self.log.replayed(self.graphs[bucket], self.graphs[bucket].replay(), bucket=bucket, rows=bs,
+            backend.init_forward_metadata_replay_cuda_graph(self._attention_batch(step, bucket * self.topk, rows, tree))
+        self.log.replayed(self.graphs[bucket], self.graphs[bucket].replay(), bucket=bucket, rows=reqs,
                           captured=captured)
-        return self.outputs[bucket][:, :bs].reshape(self.steps * bs, -1).clone()
+        return self.outputs[bucket][:, :rows].reshape(self.steps * rows, -1).clone()
 
     def _fill(self, batch: ForwardBatch, bucket: int) -> None:
         assert batch.draft_out_cache_loc is not None and batch.draft_input_ids is not None
-        steps, bs = self.steps, batch.batch_size
+        steps, bs = self.steps, batch.batch_size  # rows: requests times branches
+        bucket *= self.topk
         by_step = batch.draft_out_cache_loc  # [steps, bs]
-        flat = by_step.t().reshape(-1)  # request-major, as the worker allocated them
+        flat = request_order(by_step, topk=self.topk)  # request-major, as the worker allocated them
         fill_static(self.out_cache_loc, flat, bucket * steps, 0)
         swa = self.pool.translate_loc_from_full_to_swa(flat)
         fill_static(self.out_cache_loc_swa, swa, bucket * steps, 0)

@@ -51,6 +51,7 @@ class SpeculativeWorker:
                 outs.append(self.runner.forward(batch))
         if batch.verify is not None:
             outs.append(self.runner.forward(batch.verify.build()))
+            batch.verify.accept()
             if "skip_free_rejected" not in self.faults:
                 batch.verify.release_rejected(full="free_rejected_swa_only" not in self.faults)
         return outs

@@ -53,6 +53,8 @@ class Fault:
     """acts only in a run that speculates (``timeline.draft_steps`` > 0), whose radix keys are EAGLE's bigrams"""
     needs_verify: bool = False
     """acts only in a run that verifies its drafts (``timeline.accept_lens`` set)"""
+    needs_tree: bool = False
+    """acts only in a run that drafts trees (``timeline.draft_topk`` > 1)"""
     patch: str | None = None
     """``package.module:function``, a context manager that applies the fault to code the harness does not own;
     ``check/run/drive.execute`` enters it around the run, in the run's process (a forked child under ``harness run``
@@ -95,6 +97,12 @@ FAULTS: Registry[Fault] = Registry({
                       "the SWA pool at the full pool's slot ids",
               reference="SGLang PR 29858 (the SWA window indices hard-coded to none on a speculative path); "
                         "issue 22679"),
+        Fault(name="draft_tree_swa_untranslated", acts_on=Component.ATTENTION_BACKEND,
+              modes=("eager", "full", "piecewise"), needs_drafts=True, needs_verify=True, needs_tree=True,
+              summary="a tree draft's (top-k > 1) per-branch keys, in its draft steps and its verify, reach the SWA "
+                      "layers at full-pool slot ids: the request's own part of the table is translated, the "
+                      "branch part is not",
+              reference="SGLang PR 24617 (the top-k > 1 page table not translated for SWA layers)"),
         Fault(name="stale_swa_after_reassign", acts_on=Component.SPECULATIVE_WORKER,
               modes=("eager", "full", "piecewise"),
               summary="a draft step rebinds out_cache_loc to its row but keeps the draft batch's out_cache_loc_swa, "
