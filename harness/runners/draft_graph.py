@@ -17,6 +17,11 @@ draft backend holds one per step, each with its own metadata). Static buffers of
     positions                            [ p0 p1 0 ], += 1 in place before steps 1 and 2
     seq_lens[step]                       [ n0+step n1+step pad ]  one row per step's backend metadata
 
+A tree draft (``timeline.draft_topk`` > 1) has ``bs * topk`` rows per step, request-major and branch-minor: the
+graphs stay bucketed by requests and hold ``bucket * topk`` rows, and each step's backend is refreshed with the
+batch's ``DraftTree`` (``serving/draft_tree.py``), so each row reads its request's tokens and then its own
+branch's slots.
+
 Before each replay the runner fills the buffers from the batch (padding at the dummy slot), refreshes every
 step's backend metadata outside the graph and replays once; the graph writes every step's K/V. A batch no
 bucket holds, or of fewer steps than the graphs were captured for (a request drafting up to its end), is
