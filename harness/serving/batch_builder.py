@@ -97,6 +97,7 @@ class VerifyPlan:
         rejected = torch.ones(per, dtype=torch.bool)
         rejected[keep] = False
         depth = torch.tensor([0, *(i + 1 for _ in range(topk) for i in range(steps))])
+        vocab = b.book.vocab_size
         ids, positions = [], []
         for i, (req, pre) in enumerate(zip(self.reqs, self.prefix_lens, strict=True)):
             b.stack.write_req_to_token(req.row, pre, by_request[i])
@@ -105,7 +106,9 @@ class VerifyPlan:
             req.slots.extend(kept.tolist())
             req.seq_len = pre + len(keep)
             self.rejected.append(by_request[i, rejected.to(flat.device)])
-            ids.append(req.tokens[pre + depth])
+            ids.append(torch.cat([req.tokens[pre : pre + 1],
+                                  *(branch_tokens(req.tokens[pre + 1 : pre + 1 + steps], k, self.branch, vocab)
+                                    for k in range(topk))]))
             positions.append(pre + depth)
         device = b.book.device
         prefix = torch.tensor(self.prefix_lens, dtype=torch.int64, device=device)
@@ -144,6 +147,19 @@ class VerifyPlan:
             self.builder.stack.free(rejected)
         else:
             self.builder.stack.free_swa(rejected)  # the eviction's free: the full slots stay handed out
+
+
+def branch_tokens(own: torch.Tensor, branch: int, accepted: int, vocab_size: int) -> torch.Tensor:
+    """The tokens a tree draft's ``branch`` carries where the request's own are ``own``: those on the branch the
+    verify accepts, others elsewhere (each rejected branch its own shift of them), so a query that read another
+    branch's slots would attend over other K/V, which the KV diff and the dense oracle see."""
+    if branch == accepted:
+        return own
+    return (own + 1 + branch) % vocab_size
+
+
+def _owner(rid: str, pos: int, branch: int, accepted: int) -> TokenKey:
+    return TokenKey(rid, pos) if branch == accepted else TokenKey(rid, pos, branch=branch)
 
 
 class BatchBuilder:
@@ -270,24 +286,26 @@ class BatchBuilder:
         flat = self._alloc(prefix_lens=[r.seq_len for r in reqs], extend_lens=[topk * steps] * len(reqs),
                            last_locs=[r.last_loc for r in reqs])
         by_request = flat.view(len(reqs), topk * steps)
+        accepted_branch = self.timeline.accepted_branch(self._verifies) if topk > 1 else 0
         ids = torch.zeros((steps, len(reqs) * topk), dtype=torch.int64)
         for b, req in enumerate(reqs):
             self.stack.write_req_to_token(req.row, req.seq_len, by_request[b])
             # the request's positions hold the first branch's slots until a verify says which are kept
             req.slots.extend(by_request[b, :steps].tolist())
-            # every branch drafts the request's own teacher-forced tokens: the dense oracle certifies each
-            # branch's hidden states, and the branches differ in their slots
-            ids[:, b * topk : (b + 1) * topk] = req.tokens[req.seq_len : req.seq_len + steps, None]
-        forwards = tuple(tuple(TokenKey(r.spec.rid, r.seq_len + i) for r in reqs for _ in range(topk))
-                         for i in range(steps))
+            for k in range(topk):
+                ids[:, b * topk + k] = branch_tokens(req.tokens[req.seq_len : req.seq_len + steps], k,
+                                                     accepted_branch, self.book.vocab_size)
+        forwards = tuple(tuple(_owner(r.spec.rid, r.seq_len + i, k, accepted_branch) for r in reqs
+                               for k in range(topk)) for i in range(steps))
         verify = None
         if draft and self.timeline.verifies:
             verify = VerifyPlan(builder=self, reqs=reqs, prefix_lens=[r.seq_len for r in reqs], steps=steps,
                                 accepted=self.timeline.accepted(self._verifies, steps), draft_slots=flat,
-                                topk=topk, branch=self.timeline.accepted_branch(self._verifies))
+                                topk=topk, branch=accepted_branch)
             self._verifies += 1
-            depths = (0, *(i + 1 for _ in range(topk) for i in range(steps)))
-            forwards += (tuple(TokenKey(r.spec.rid, r.seq_len + d) for r in reqs for d in depths),)
+            nodes = ((0, accepted_branch), *((i + 1, k) for k in range(topk) for i in range(steps)))
+            forwards += (tuple(_owner(r.spec.rid, r.seq_len + d, k, accepted_branch) for r in reqs
+                               for d, k in nodes),)
         step_rows = tree_order(by_request, topk=topk, steps=steps)
         prefix_lens = [r.seq_len for r in reqs for _ in range(topk)]
         for req in reqs:

@@ -160,6 +160,9 @@ class TimelineSpec:
 class TokenKey:
     rid: str
     pos: int
+    branch: int | None = None
+    """None: the request's own token at ``pos``; a tree draft's branch (top-k > 1) that the verify rejects, whose
+    rows carry other tokens than the request's (no dense oracle stream holds them)"""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

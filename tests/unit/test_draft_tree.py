@@ -18,7 +18,7 @@ from harness.serving.miniature import MiniatureStack
 from harness.serving.pool import PoolSpec
 from harness.serving.scheduler import Scheduler
 from harness.serving.stack import StackSpec
-from harness.serving.timeline import RequestSpec, TimelineSpec
+from harness.serving.timeline import RequestSpec, TimelineSpec, TokenKey
 
 W = 8
 TWO = (RequestSpec(rid="a", prompt_len=5, output_len=10), RequestSpec(rid="b", prompt_len=3, output_len=10))
@@ -173,3 +173,17 @@ def test_a_bad_tree_in_a_file_names_the_file_and_key(tmp_path: Path, width, topk
     with pytest.raises(ScenarioError) as err:
         load_scenario(path)
     assert any(p.startswith(f"{path}: {problem}") for p in err.value.problems), err.value.problems
+
+
+def test_the_rejected_branches_draft_other_tokens_and_their_rows_are_owned_by_their_branch():
+    sched, _, step = _first_draft()  # iteration 0 accepts along branch 0
+    a, b = sched.book.running
+    ids = step.batch.draft_input_ids
+    assert torch.equal(ids[:, 0], a.tokens[5:8]) and torch.equal(ids[:, 2], b.tokens[3:6])
+    assert torch.equal(ids[:, 1], (a.tokens[5:8] + 2) % 256)  # branch 1: shifted by 1 + branch
+    assert step.forwards[0] == (TokenKey("a", 5), TokenKey("a", 5, branch=1), TokenKey("b", 3),
+                                TokenKey("b", 3, branch=1))
+    verify = step.batch.verify.build()
+    assert torch.equal(verify.input_ids[:4], a.tokens[5:9])  # the root and the accepted branch
+    assert torch.equal(verify.input_ids[4:7], (a.tokens[6:9] + 2) % 256)
+    assert [k.branch for k in step.forwards[-1][:7]] == [None, None, None, None, 1, 1, 1]
