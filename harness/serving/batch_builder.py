@@ -7,8 +7,9 @@ budget lasts; otherwise one decode batch of every running request (or a speculat
 worker lays them out). A timeline with ``accept_lens`` follows each draft with a target-verify forward
 (``VerifyPlan``): the draft's slots go back, ``1 + steps`` slots per request are allocated for the verify,
 and once it ran the rejected draft tokens' slots are freed in both pools. With ``draft_topk`` > 1 a draft is a
-tree of that many branches per request (``draft_tree.py``), its verify tree-masked and accepting along one branch. Slots, rows and the batch's SWA
-locations come from the run's serving stack (``ServingStack.translate``), never a pool directly.
+tree of that many branches per request (``draft_tree.py``), its verify tree-masked and accepting along one
+branch. Slots, rows and the batch's SWA locations come from the run's serving stack
+(``ServingStack.translate``), never a pool directly.
 """
 
 from __future__ import annotations
