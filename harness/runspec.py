@@ -157,6 +157,17 @@ def serving_problems(
         if needed > pool.max_context_len:
             out.append(Problem(f"timeline.requests[{i}]",
                                f"needs {needed} positions, pool.max_context_len is {pool.max_context_len}"))
+    if timeline.draft_topk > 1:
+        # a tree draft writes every branch's run after the request's tokens in req_to_token (SGLang's
+        # assign_draft_cache_locs), and its verify the root and every branch: (topk - 1) * steps columns past
+        # the request's own
+        extra = (timeline.draft_topk - 1) * timeline.draft_steps
+        for i, req in enumerate(timeline.requests):
+            needed = req.prompt_len + req.output_len + extra
+            if needed > pool.max_context_len:
+                out.append(Problem(f"timeline.requests[{i}]",
+                                   f"a tree draft needs {needed} req_to_token columns (its tokens and {extra} for "
+                                   f"the other branches), pool.max_context_len is {pool.max_context_len}"))
     if timeline.verifies and pool.page_size != 1:
         # the verify gives the draft's slots back and frees rejected ones token by token: a page the draft
         # continued would go back with them

@@ -37,6 +37,7 @@ import torch
 
 from ..runspec import Device, KVWrite, Mode
 from ..serving.batch import BackendMetadata, ForwardBatch, ForwardMode, SWALocDesign
+from ..serving.draft_tree import DraftTree
 from ..serving.faults import FAULTS, Component, faults_acting_on
 from ..serving.model import DTYPES, ModelSpec
 from ..serving.pool import quantize_fp8_fused
@@ -82,6 +83,9 @@ class AttentionBatch:
     """EXTEND only: the same on the host"""
     spec_info: SpecInfo | None = None
     """speculative decoding's part; None outside it"""
+    tree: DraftTree | None = None
+    """a tree draft's step or its verify (top-k > 1): per query row, which ``req_to_token`` columns its keys
+    are (``serving/draft_tree.py``); None for a chain of drafts and every other forward"""
 
     @property
     def tokens_per_request(self) -> int | None:
@@ -105,6 +109,7 @@ def attention_batch(
     extend_seq_lens: torch.Tensor | None = None,
     extend_seq_lens_cpu: tuple[int, ...] = (),
     spec_info: SpecInfo | None = None,
+    tree: DraftTree | None = None,
 ) -> AttentionBatch:
     """The batch over these tensors; its host-side lengths and counts are read from them here, once."""
     # The miniature's ForwardBatch carries no host copy of seq_lens (SGLang's scheduler hands one over), so
@@ -125,6 +130,7 @@ def attention_batch(
         extend_seq_lens=extend_seq_lens,
         extend_seq_lens_cpu=extend_seq_lens_cpu,
         spec_info=spec_info,
+        tree=tree,
     )
 
 
@@ -152,6 +158,7 @@ def from_forward_batch(forward_batch: ForwardBatch, *, page_size: int) -> Attent
         extend_seq_lens=fb.extend_seq_lens if extend else None,
         extend_seq_lens_cpu=fb.extend_seq_lens_cpu if extend else (),
         spec_info=spec_info_of(fb),
+        tree=fb.draft_tree,
     )
 
 
@@ -335,6 +342,9 @@ class AttentionBackend(ABC):
     """the pool layouts its kernel reads"""
     known_faults: ClassVar[frozenset[str]]
     """catalog faults whose switches this backend implements; no default, so none is claimed by accident"""
+    draft_trees: ClassVar[bool] = False
+    """its builders read a tree draft's per-branch keys (``AttentionBatch.tree``, top-k > 1); a backend without
+    it refuses such a forward by name rather than attend over another branch's slots"""
     pad_seq_len: ClassVar[int] = 1
     """seq_len of a graph batch's padding rows: one token (the dummy slot) reads no garbage and plans as a
     one-token request where a planner needs a last page of at least one token, as FlashInfer's does"""
@@ -429,7 +439,15 @@ class AttentionBackend(ABC):
 
     def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:
         """Metadata for one eager forward (or a piecewise replay's attention island) of ``forward_batch``."""
-        self.forward_metadata = self.builder.build(from_forward_batch(forward_batch, page_size=self.pool.page_size))
+        batch = from_forward_batch(forward_batch, page_size=self.pool.page_size)
+        self._check_tree(batch)
+        self.forward_metadata = self.builder.build(batch)
+
+    def _check_tree(self, batch: AttentionBatch) -> None:
+        if batch.tree is not None and not self.draft_trees:
+            raise NotImplementedError(f"backend {self.name} does not read a tree of drafts (timeline.draft_topk "
+                                      f"{batch.tree.topk}): its metadata has no per-branch keys; torch_native "
+                                      f"and torch_gather do")
 
     def init_cuda_graph_state(self, max_bs: int) -> None:
         self.builder.init_graph_state(max_bs)
@@ -444,6 +462,7 @@ class AttentionBackend(ABC):
         self.forward_metadata = self.builder.build_for_graph_capture(batch)
 
     def init_forward_metadata_replay_cuda_graph(self, batch: AttentionBatch) -> None:
+        self._check_tree(batch)
         # eager steps in between rebound forward_metadata; the graph's own object comes back
         self.forward_metadata = self.builder.refresh_for_graph_replay(batch)
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from ..serving.draft_tree import DraftTree
 from ..serving.pool import in_bounds
 
 
@@ -69,3 +70,25 @@ def extend_token_kv_lens(
     starts = torch.cumsum(extend_seq_lens, 0) - extend_seq_lens
     index_in_extend = torch.arange(token_rows.numel(), device=token_rows.device) - starts[token_rows]
     return seq_lens[token_rows] - extend_seq_lens[token_rows] + index_in_extend + 1
+
+
+def tree_slot_table(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, tree: DraftTree,
+                    kv_lens: torch.Tensor, width: int) -> torch.Tensor:
+    """[rows, width] int64 full-pool slot of each key of each query row of a tree draft or its verify (pages
+    of one token): the request's own columns, then its branch's run (``serving/draft_tree.py``), 0 past the
+    row's ``kv_lens``. Every op is a gather, so a graph's replay refresh can run it."""
+    pos = torch.arange(width, device=req_to_token.device)
+    cols = pos[None, :] + tree.shift[:, None] * (pos[None, :] >= tree.branch_from[:, None])
+    slots = req_to_token[req_pool_indices.long()].long().gather(1, cols.clamp(max=width - 1))
+    return torch.where(pos[None, :] < kv_lens[:, None], slots, torch.zeros_like(slots))
+
+
+def tree_swa_slot_table(slots: torch.Tensor, swa_slots: torch.Tensor, tree: DraftTree, *,
+                        untranslated: bool) -> torch.Tensor:
+    """The SWA layers' table of a tree: ``swa_slots`` (``slots`` translated), or, for the fault
+    ``draft_tree_swa_untranslated`` (SGLang PR 24617's family), the tree's own keys (the branch part, from each
+    row's ``prefix`` on) left at their full-pool ids while the request's own part is translated."""
+    if not untranslated:
+        return swa_slots
+    pos = torch.arange(slots.shape[1], device=slots.device)
+    return torch.where(pos[None, :] >= tree.prefix[:, None], slots, swa_slots)

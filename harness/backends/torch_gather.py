@@ -47,6 +47,8 @@ from .page_table import (
     page_table_slots,
     swa_page_translation,
     translate_pages,
+    tree_slot_table,
+    tree_swa_slot_table,
 )
 
 
@@ -95,6 +97,8 @@ class TorchGatherMetadataBuilder(AttentionMetadataBuilder):
     def _page_tables(self, batch: AttentionBatch, *, graph: bool) -> tuple[torch.Tensor, torch.Tensor]:
         """[bs, width] full-pool and SWA-pool slot of every position of each request, through its pages."""
         p = batch.page_size
+        if batch.tree is not None:
+            return self._tree_tables(batch, graph=graph)
         pages = build_page_table(self.req_to_token, batch.req_pool_indices, batch.seq_lens, self.width, page_size=p)
         swa_pages = self._swa_pages(pages, p, graph=graph)
         if batch.forward_mode is ForwardMode.TARGET_VERIFY and "verify_without_swa_window" in self.faults:
@@ -106,6 +110,22 @@ class TorchGatherMetadataBuilder(AttentionMetadataBuilder):
             lens = (lens + p - 1) // p * p
         return (page_table_slots(pages, lens, self.width, page_size=p),
                 page_table_slots(swa_pages, lens, self.width, page_size=p))
+
+    def _tree_tables(self, batch: AttentionBatch, *, graph: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """A tree draft step's or verify's tables: one row per query, its request's keys then its branch's
+        (pages of one token, so a slot is its page and ``_swa_pages`` translates it)."""
+        tree = batch.tree
+        assert tree is not None
+        rows = batch.req_pool_indices
+        kv_lens = batch.seq_lens
+        if not batch.forward_mode.is_decode_like:
+            assert tree.kv_lens is not None
+            rows, kv_lens = rows[extend_token_rows(batch.extend_seq_lens_cpu, self.device)], tree.kv_lens
+        full = tree_slot_table(self.req_to_token, rows, tree, kv_lens, self.width)
+        swa = self._swa_pages(full, 1, graph=graph)
+        if batch.forward_mode is ForwardMode.TARGET_VERIFY and "verify_without_swa_window" in self.faults:
+            swa = full
+        return full, tree_swa_slot_table(full, swa, tree, untranslated="draft_tree_swa_untranslated" in self.faults)
 
     def _swa_pages(self, pages: torch.Tensor, p: int, *, graph: bool) -> torch.Tensor:
         """The SWA page id of every full page id of ``pages`` (0 where evicted): the SWA page table."""
@@ -149,7 +169,10 @@ class TorchGatherMetadataBuilder(AttentionMetadataBuilder):
     def build(self, batch: AttentionBatch) -> TorchGatherMetadata:
         token_rows: torch.Tensor | None = None  # a decode-shaped batch: one token per request, in order
         kv_lens = batch.seq_lens
-        if not batch.forward_mode.is_decode_like:
+        if batch.tree is not None and not batch.forward_mode.is_decode_like:
+            assert batch.tree.kv_lens is not None
+            kv_lens = batch.tree.kv_lens  # a tree verify: its tables are one row per token already
+        elif not batch.forward_mode.is_decode_like:
             assert batch.extend_seq_lens is not None
             token_rows = extend_token_rows(batch.extend_seq_lens_cpu, self.device)
             kv_lens = extend_token_kv_lens(batch.seq_lens, batch.extend_seq_lens, token_rows)
@@ -244,6 +267,8 @@ class TorchGatherBackend(AttentionBackend):
     kv_layouts = frozenset({KVLayout.NHD})
     known_faults = frozenset({"rebind_metadata", "baked_scalar", "window_from_wrong_layer", "read_page_tail",
                               "swa_read_untranslated", "page_ids_translated_as_slots",
-                              "swa_table_sized_by_swa_pages", "fused_fp8_scale_dropped", "verify_without_swa_window"})
+                              "swa_table_sized_by_swa_pages", "fused_fp8_scale_dropped", "verify_without_swa_window",
+                              "draft_tree_swa_untranslated"})
+    draft_trees = True
     builder_cls = TorchGatherMetadataBuilder
     impl_cls = TorchGatherImpl

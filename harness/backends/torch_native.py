@@ -28,7 +28,14 @@ from .base import (
     GraphSupport,
     KVLayout,
 )
-from .page_table import build_page_table, extend_token_kv_lens, extend_token_rows, page_table_slots
+from .page_table import (
+    build_page_table,
+    extend_token_kv_lens,
+    extend_token_rows,
+    page_table_slots,
+    tree_slot_table,
+    tree_swa_slot_table,
+)
 
 
 @dataclass(slots=True, kw_only=True)
@@ -58,7 +65,10 @@ class TorchNativeMetadataBuilder(AttentionMetadataBuilder):
         self._graph_metadata: dict[int, TorchNativeMetadata] = {}
 
     def _slot_table(self, batch: AttentionBatch) -> torch.Tensor:
-        """[bs, width] full-pool slot of every position, read through each request's pages."""
+        """[bs, width] full-pool slot of every position, read through each request's pages (a tree draft step's
+        rows: their request's, then their branch's)."""
+        if batch.tree is not None:
+            return tree_slot_table(self.req_to_token, batch.req_pool_indices, batch.tree, batch.seq_lens, self.width)
         pages = build_page_table(self.req_to_token, batch.req_pool_indices, batch.seq_lens, self.width,
                                  page_size=batch.page_size)
         lens = batch.seq_lens
@@ -68,17 +78,33 @@ class TorchNativeMetadataBuilder(AttentionMetadataBuilder):
             lens = (lens + batch.page_size - 1) // batch.page_size * batch.page_size
         return page_table_slots(pages, lens, self.width, page_size=batch.page_size)
 
+    def _swa_table(self, batch: AttentionBatch, page_table: torch.Tensor) -> torch.Tensor:
+        # the read path's translation: through the memo in a run of the memoized design (SGLang PR 25824's pool)
+        swa_page_table = self.translate_for_read(page_table).long()
+        if batch.tree is not None:
+            swa_page_table = tree_swa_slot_table(page_table, swa_page_table, batch.tree,
+                                                 untranslated="draft_tree_swa_untranslated" in self.faults)
+        return swa_page_table
+
     def build(self, batch: AttentionBatch) -> TorchNativeMetadata:
-        page_table = self._slot_table(batch)
         if batch.forward_mode.is_decode_like:
+            page_table = self._slot_table(batch)
             token_rows = torch.arange(batch.bs, device=self.device)
             token_kv_lens = batch.seq_lens
         else:
             assert batch.extend_seq_lens is not None
             token_rows = extend_token_rows(batch.extend_seq_lens_cpu, self.device)
-            token_kv_lens = extend_token_kv_lens(batch.seq_lens, batch.extend_seq_lens, token_rows)
-        # the read path's translation: through the memo in a run of the memoized design (SGLang PR 25824's pool)
-        swa_page_table = self.translate_for_read(page_table).long()
+            if batch.tree is not None:
+                # a tree verify: one table row per token, over its ancestors only (the tree mask)
+                assert batch.tree.kv_lens is not None
+                token_kv_lens = batch.tree.kv_lens
+                page_table = tree_slot_table(self.req_to_token, batch.req_pool_indices[token_rows], batch.tree,
+                                             token_kv_lens, self.width)
+                token_rows = torch.arange(token_rows.shape[0], device=self.device)
+            else:
+                page_table = self._slot_table(batch)
+                token_kv_lens = extend_token_kv_lens(batch.seq_lens, batch.extend_seq_lens, token_rows)
+        swa_page_table = self._swa_table(batch, page_table)
         if batch.forward_mode is ForwardMode.TARGET_VERIFY and "verify_without_swa_window" in self.faults:
             # SGLang PR 29858's family: the window's page table left out on this path, so the SWA layers read
             # the full table's slot ids in the SWA pool
@@ -136,13 +162,13 @@ class TorchNativeMetadataBuilder(AttentionMetadataBuilder):
             # SGLang PR 26019 review: new tensors bound to the metadata object; the graph keeps reading
             # the static buffers it captured, which still hold whatever they held before.
             md.page_table = page_table
-            md.swa_page_table = self.translate_for_read(page_table).long()
+            md.swa_page_table = self._swa_table(batch, page_table)
             md.token_kv_lens = batch.seq_lens.clone()
         else:
             # the static table is translated, as SGLang's backends translate their graph buffers: one storage and
             # one length for every replay of this bucket, which only the memo's invalidation tells apart
             self._cg_page_table[:bs].copy_(page_table)
-            self._cg_swa_page_table[:bs].copy_(self.translate_for_read(self._cg_page_table[:bs]))
+            self._cg_swa_page_table[:bs].copy_(self._swa_table(batch, self._cg_page_table[:bs]))
         self._refill_swa_loc(self._cg_swa_loc, out_cache_loc, num_real)
 
 
@@ -208,7 +234,8 @@ class TorchNativeBackend(AttentionBackend):
     page_sizes = None
     kv_layouts = frozenset({KVLayout.NHD})
     known_faults = frozenset({"rebind_metadata", "baked_scalar", "window_from_wrong_layer", "read_page_tail",
-                              "fused_fp8_scale_dropped", "verify_without_swa_window"})
+                              "fused_fp8_scale_dropped", "verify_without_swa_window", "draft_tree_swa_untranslated"})
+    draft_trees = True
     builder_cls = TorchNativeMetadataBuilder
     impl_cls = TorchNativeImpl
 

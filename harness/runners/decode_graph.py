@@ -103,6 +103,8 @@ class DecodeGraphRunner(GraphRunner):
             out_cache_loc=self.out_cache_loc[:bucket],
             page_size=self.pool.page_size,
             spec_info=spec_info_of(batch),
+            # a stepped tree draft's step: each row's branch, padding rows reading their own columns
+            tree=batch.draft_tree.padded(bucket) if batch.draft_tree is not None else None,
         )
 
     def _capture(self, bs: int) -> None:

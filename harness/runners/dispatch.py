@@ -60,8 +60,9 @@ class BatchDescriptor:
     @classmethod
     def of(cls, batch: ForwardBatch) -> BatchDescriptor:
         if batch.forward_mode is ForwardMode.DRAFT and batch.draft_step is None:
+            # a tree draft's rows are topk per request; its graphs are bucketed by requests, as SGLang's are
             return cls(forward_mode=ForwardMode.DRAFT, tokens_per_request=batch.draft_steps,
-                       num_reqs=batch.batch_size, num_tokens=batch.batch_size * batch.draft_steps)
+                       num_reqs=batch.num_requests, num_tokens=batch.batch_size * batch.draft_steps)
         mode = (batch.forward_mode if batch.forward_mode in (ForwardMode.EXTEND, ForwardMode.TARGET_VERIFY)
                 else ForwardMode.DECODE)
         lengths = set(batch.extend_seq_lens_cpu)

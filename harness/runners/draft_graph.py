@@ -17,6 +17,11 @@ draft backend holds one per step, each with its own metadata). Static buffers of
     positions                            [ p0 p1 0 ], += 1 in place before steps 1 and 2
     seq_lens[step]                       [ n0+step n1+step pad ]  one row per step's backend metadata
 
+A tree draft (``timeline.draft_topk`` > 1) has ``bs * topk`` rows per step, request-major and branch-minor: the
+graphs stay bucketed by requests and hold ``bucket * topk`` rows, and each step's backend is refreshed with the
+batch's ``DraftTree`` (``serving/draft_tree.py``), so each row reads its request's tokens and then its own
+branch's slots.
+
 Before each replay the runner fills the buffers from the batch (padding at the dummy slot), refreshes every
 step's backend metadata outside the graph and replays once; the graph writes every step's K/V. A batch no
 bucket holds, or of fewer steps than the graphs were captured for (a request drafting up to its end), is
@@ -39,14 +44,11 @@ from ..graphs.engine import GraphEngine, module_roots
 from ..graphs.registry import get_engine
 from ..runspec import CapturePolicy, RunSpec
 from ..serving.batch import ForwardBatch, ForwardMode
+from ..serving.draft_tree import DraftTree, request_order
 from ..serving.faults import Component
 from ..serving.loc_plan import KVLocPlan
 from .base import GraphRunner, Runner, RunnerContext, fill_static
 from .dispatch import GraphCover
-
-TOPK = 1
-"""draft tokens per request per step; a tree of drafts (top-k > 1) is not modelled yet"""
-
 
 class DraftGraphRunner(GraphRunner):
     component = Component.SPECULATIVE_WORKER
@@ -54,7 +56,8 @@ class DraftGraphRunner(GraphRunner):
     @classmethod
     def for_run(cls, ctx: RunnerContext, spec: RunSpec, *, eager: Runner) -> DraftGraphRunner:
         return cls(ctx, eager=eager, engine=get_engine(spec.engine), buckets=spec.graphs.decode_buckets,
-                   steps=spec.timeline.draft_steps, capture=spec.graphs.capture, faults=spec.faults)
+                   steps=spec.timeline.draft_steps, topk=spec.timeline.draft_topk, capture=spec.graphs.capture,
+                   faults=spec.faults)
 
     def __init__(
         self,
@@ -64,11 +67,14 @@ class DraftGraphRunner(GraphRunner):
         engine: GraphEngine,
         buckets: tuple[int, ...],
         steps: int,
+        topk: int = 1,
         capture: CapturePolicy = CapturePolicy.STARTUP,
         faults: Collection[str] = (),
     ) -> None:
         super().__init__(ctx, eager=eager, engine=engine, buckets=buckets, faults=faults)
         self.steps = steps
+        self.topk = topk
+        """draft rows per request per step (SGLang's ``speculative_eagle_topk``): a tree's branches"""
         # a run that does not speculate declares nothing and builds nothing
         self.covers = (GraphCover(forward_mode=ForwardMode.DRAFT, tokens_per_request=steps, buckets=self.buckets),
                        ) if steps > 0 else ()
@@ -76,22 +82,22 @@ class DraftGraphRunner(GraphRunner):
             self.backends: list[AttentionBackend] = []
             return
         max_bs, dev = self.buckets[-1], self.pool.device
-        rows = max_bs * TOPK
+        rows = max_bs * topk
         self.out_cache_loc = torch.zeros(rows * steps, dtype=torch.int64, device=dev)
         """every step's slots, request-major as allocated"""
         self.out_cache_loc_swa = torch.zeros(rows * steps, dtype=torch.int32, device=dev)
         self.input_ids = torch.zeros((steps, rows), dtype=torch.int64, device=dev)
         """the teacher-forced draft token of each step (SGLang's come from the previous step's top-k)"""
         self.positions = torch.zeros(rows, dtype=torch.int64, device=dev)
-        self.req_pool_indices = torch.zeros(max_bs, dtype=torch.int64, device=dev)
-        self.seq_lens = torch.ones((steps, max_bs), dtype=torch.int64, device=dev)
+        self.req_pool_indices = torch.zeros(rows, dtype=torch.int64, device=dev)
+        self.seq_lens = torch.ones((steps, rows), dtype=torch.int64, device=dev)
         self.step_out_cache_loc = torch.zeros((steps, rows), dtype=torch.int64, device=dev)
         """each step's slots again, for the metadata builders outside the graph"""
         self.plan_swa_ids = torch.zeros(rows * steps, dtype=torch.int32, device=dev)
         """the location plan's SWA ids, step-major with a stride of the bucket"""
         # SGLang's multi-step draft backend: one backend, and so one metadata, per step
         self.backends = [self.backend.for_draft_step() for _ in range(steps)]
-        self.backend.init_draft_cuda_graph_state(self.backends, max_bs)
+        self.backend.init_draft_cuda_graph_state(self.backends, rows)
         if CapturePolicy(capture) is CapturePolicy.STARTUP:
             for bs in reversed(self.buckets):
                 self._capture(bs)
@@ -100,7 +106,9 @@ class DraftGraphRunner(GraphRunner):
         return [self.out_cache_loc, self.out_cache_loc_swa, self.input_ids, self.positions, self.req_pool_indices,
                 self.seq_lens, self.step_out_cache_loc, self.plan_swa_ids]
 
-    def _attention_batch(self, step: int, bucket: int, num_real: int) -> AttentionBatch:
+    def _attention_batch(self, step: int, bucket: int, num_real: int, tree: DraftTree | None = None
+                         ) -> AttentionBatch:
+        """Step ``step``'s metadata batch over ``bucket`` rows (requests times branches), ``num_real`` real."""
         return attention_batch(
             forward_mode=ForwardMode.DRAFT,
             num_real=num_real,
@@ -109,10 +117,12 @@ class DraftGraphRunner(GraphRunner):
             out_cache_loc=self.step_out_cache_loc[step, :bucket],
             page_size=self.pool.page_size,
             spec_info=SpecInfo(draft_steps=self.steps),
+            tree=tree,
         )
 
     def _step_batch(self, step: int, bs: int, locs: torch.Tensor, swa: torch.Tensor) -> ForwardBatch:
-        """Draft step ``step``'s forward inside the graph: its rows of the step-major copies."""
+        """Draft step ``step``'s forward inside the graph: its rows of the step-major copies (``bs`` rows:
+        requests times branches)."""
         return ForwardBatch(
             forward_mode=ForwardMode.DRAFT,
             batch_size=bs,
@@ -125,7 +135,7 @@ class DraftGraphRunner(GraphRunner):
             extend_seq_lens_cpu=(1,) * bs,
             out_cache_loc=locs[step],
             # the fault: draft_forward rebinds out_cache_loc only, and the whole draft's SWA locations stay
-            out_cache_loc_swa=(self.out_cache_loc_swa[: self.steps * TOPK * bs]
+            out_cache_loc_swa=(self.out_cache_loc_swa[: self.steps * bs]
                                if "stale_swa_after_reassign" in self.faults else swa[step]),
             req_to_token_pool=self.req_to_token_pool,
             token_to_kv_pool=self.pool,
@@ -134,8 +144,9 @@ class DraftGraphRunner(GraphRunner):
             draft_step=step,
         )
 
-    def _capture(self, bs: int) -> None:
-        steps = self.steps
+    def _capture(self, bucket: int) -> None:
+        steps, topk = self.steps, self.topk
+        bs = bucket * topk  # the rows of every step
         for buffer in (self.out_cache_loc, self.out_cache_loc_swa, self.input_ids, self.positions,
                        self.req_pool_indices, self.step_out_cache_loc, self.plan_swa_ids):
             buffer.zero_()
@@ -150,8 +161,8 @@ class DraftGraphRunner(GraphRunner):
 
         def draft_forward() -> torch.Tensor:
             # SGLang's draft_forward: the flat allocation read as one row per step (a copy: permuted)
-            locs = self.out_cache_loc[: bs * TOPK * steps].view(bs, TOPK, steps).permute(2, 0, 1).reshape(steps, -1)
-            swa = self.out_cache_loc_swa[: bs * TOPK * steps].view(bs, TOPK, steps).permute(2, 0, 1).reshape(steps, -1)
+            locs = self.out_cache_loc[: bs * steps].view(bucket, topk, steps).permute(2, 0, 1).reshape(steps, -1)
+            swa = self.out_cache_loc_swa[: bs * steps].view(bucket, topk, steps).permute(2, 0, 1).reshape(steps, -1)
             outs = []
             for step in range(steps):
                 batch = self._step_batch(step, bs, locs, swa)
@@ -171,7 +182,7 @@ class DraftGraphRunner(GraphRunner):
 
         graph = self.engine.capture(
             draft_forward,
-            label=self.covers[0].key(bs).name,
+            label=self.covers[0].key(bucket).name,
             roots={"pool": self.pool, "backend": self.backends[0], "runner": self, "model": self.model,
                    **module_roots(self.backend.impl.design, self.backend.impl, self.backend, self)},
             static_inputs=[
@@ -183,27 +194,30 @@ class DraftGraphRunner(GraphRunner):
                 self.req_to_token_pool.req_to_token,
             ],
         )
-        self._keep(bs, graph, produced[-1])
+        self._keep(bucket, graph, produced[-1])
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         """Hidden states of every draft step, step-major ([steps * batch_size, hidden])."""
         if batch.forward_mode is not ForwardMode.DRAFT or batch.draft_steps != self.steps:
             raise ValueError(f"the draft graph runner takes whole {self.steps}-step drafts, got a batch of mode "
                              f"{batch.forward_mode.value} with {batch.draft_steps} draft steps")
-        bs = batch.batch_size
-        bucket = self.bucket_for(bs)
+        if batch.draft_topk != self.topk:
+            raise ValueError(f"the draft graph runner takes drafts of {self.topk} branches, got {batch.draft_topk}")
+        reqs, rows = batch.num_requests, batch.batch_size
+        bucket = self.bucket_for(reqs)
         if bucket is None:
-            raise ValueError(f"no draft graph holds a batch of {bs} (buckets {self.buckets})")
+            raise ValueError(f"no draft graph holds a batch of {reqs} (buckets {self.buckets})")
         captured = bucket not in self.graphs
         if captured:
             self._capture(bucket)
         self._fill(batch, bucket)
+        tree = batch.draft_tree.padded(bucket * self.topk) if batch.draft_tree is not None else None
         for step, backend in enumerate(self.backends):
             self._invalidate_before_metadata(step)
-            backend.init_forward_metadata_replay_cuda_graph(self._attention_batch(step, bucket, bs))
-        self.log.replayed(self.graphs[bucket], self.graphs[bucket].replay(), bucket=bucket, rows=bs,
+            backend.init_forward_metadata_replay_cuda_graph(self._attention_batch(step, bucket * self.topk, rows, tree))
+        self.log.replayed(self.graphs[bucket], self.graphs[bucket].replay(), bucket=bucket, rows=reqs,
                           captured=captured)
-        return self.outputs[bucket][:, :bs].reshape(self.steps * bs, -1).clone()
+        return self.outputs[bucket][:, :rows].reshape(self.steps * rows, -1).clone()
 
     def _invalidate_before_metadata(self, step: int) -> None:
         """SGLang PR 26184: invalidate the memo before every step backend's metadata init. The steps' page tables
@@ -214,9 +228,10 @@ class DraftGraphRunner(GraphRunner):
 
     def _fill(self, batch: ForwardBatch, bucket: int) -> None:
         assert batch.draft_out_cache_loc is not None and batch.draft_input_ids is not None
-        steps, bs = self.steps, batch.batch_size
+        steps, bs = self.steps, batch.batch_size  # rows: requests times branches
+        bucket *= self.topk
         by_step = batch.draft_out_cache_loc  # [steps, bs]
-        flat = by_step.t().reshape(-1)  # request-major, as the worker allocated them
+        flat = request_order(by_step, topk=self.topk)  # request-major, as the worker allocated them
         fill_static(self.out_cache_loc, flat, bucket * steps, 0)
         swa = self.pool.translate_loc_from_full_to_swa(flat)
         fill_static(self.out_cache_loc_swa, swa, bucket * steps, 0)

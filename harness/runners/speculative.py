@@ -15,7 +15,9 @@ A draft batch with a ``verify`` (a timeline with ``accept_lens``) is followed by
 the plan gives the draft's slots back and allocates the verify's, the verify runs through the dispatcher (no
 graph covers it: eagerly), and the slots of the rejected draft tokens are freed in both pools, as SGLang's
 ``EagleVerifyInput.verify`` frees them. ``skip_free_rejected`` keeps them and ``free_rejected_swa_only``
-frees their SWA slots only: pages no token owns, which the ``leaked`` pool invariant names.
+frees their SWA slots only: pages no token owns, which the ``leaked`` pool invariant names. A tree draft's
+verify (top-k > 1) also moves the kept slots of its accepted branch to the request's next positions of
+``req_to_token`` once it ran (``accept``), before the rejected ones are freed.
 
 The draft model has a KV pool of its own (``attach_draft_pool``), which every draft forward writes at the
 target's full-pool slot ids; ``draft_pool_sized_before_swa_adjustment`` sizes it below the full pool (before
@@ -66,6 +68,7 @@ class SpeculativeWorker:
                 outs.append(self.runner.forward(batch))
         if batch.verify is not None:
             outs.append(self.runner.forward(batch.verify.build()))
+            batch.verify.accept()
             if "skip_free_rejected" not in self.faults:
                 batch.verify.release_rejected(full="free_rejected_swa_only" not in self.faults)
         return outs

@@ -310,7 +310,7 @@ def _read_graphs(r: Reader, table: dict) -> tuple[GraphSpec, tuple[Mode, ...]]:
     return graphs, tuple(_as_enum(Mode, m) for m in (tuple(Mode) if modes is None else modes))
 
 
-_TIMELINE_KEYS = ("seed", "chunk_size", "draft_steps", "accept_lens", "max_steps", "requests")
+_TIMELINE_KEYS = ("seed", "chunk_size", "draft_steps", "draft_topk", "accept_lens", "max_steps", "requests")
 _REQUEST_KEYS = ("rid", "arrive", "prompt_len", "output_len", "abort", "prefix_of", "shared_len")
 
 
@@ -321,7 +321,7 @@ def _read_timeline(r: Reader, table: dict | None) -> TimelineSpec | None:
     defaults = TimelineSpec(requests=())
     fields = {
         name: r.value(table, "timeline", name, integer(), getattr(defaults, name))
-        for name in ("seed", "chunk_size", "draft_steps", "max_steps")
+        for name in ("seed", "chunk_size", "draft_steps", "draft_topk", "max_steps")
     }
     accept_lens = r.array(table, "timeline", "accept_lens", integer(), ())
     raw = table.get("requests")

@@ -213,6 +213,9 @@ class ScenarioSpec:
             return Problem(key, f"{name} acts only in a run that speculates; timeline.draft_steps is 0")
         if fault.needs_verify and not self.timeline.verifies:
             return Problem(key, f"{name} acts only in a run that verifies its drafts; timeline.accept_lens is empty")
+        if fault.needs_tree and self.timeline.draft_topk < 2:
+            return Problem(key, f"{name} acts only in a run that drafts trees; timeline.draft_topk is "
+                                f"{self.timeline.draft_topk}")
         return None
 
     def _expectation_problems(self) -> list[Problem]:

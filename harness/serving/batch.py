@@ -9,6 +9,7 @@ from typing import Protocol
 
 import torch
 
+from .draft_tree import DraftTree
 from .loc_plan import KVLocPlan
 from .pool import HybridSWAKVPool, ReqToTokenPool
 
@@ -40,6 +41,9 @@ class VerifyStep(Protocol):
 
     def build(self) -> ForwardBatch:
         """Give the draft's slots back, allocate the verify's, and return its batch."""
+
+    def accept(self) -> None:
+        """After the verify ran: the kept tokens' slots at their positions of ``req_to_token``."""
 
     def release_rejected(self, *, full: bool = True, swa: bool = True) -> None:
         """Free the slots of the draft tokens the verify rejected: in both pools, the SWA pool only
@@ -85,6 +89,22 @@ class ForwardBatch:
     while the batch stands for the whole multi-step draft (what a draft graph runner takes as one graph)"""
     verify: VerifyStep | None = None
     """DRAFT only: the target-verify forward that follows the draft; None when drafts are kept unverified"""
+    draft_tree: DraftTree | None = None
+    """a tree draft (top-k > 1) and its verify: which keys each row reads (its request's, then its branch's);
+    its rows are the batch's (``batch_size`` counts ``requests * topk`` rows in a draft step). None for a chain"""
+
+    @property
+    def draft_topk(self) -> int:
+        """Branches per request: the rows of a draft step are ``requests * draft_topk``."""
+        return 1 if self.draft_tree is None else self.draft_tree.topk
+
+    @property
+    def num_requests(self) -> int:
+        """Requests of the batch: a tree draft's rows are ``draft_topk`` per request; a verify's batch_size is
+        its requests already."""
+        if self.forward_mode is ForwardMode.DRAFT:
+            return self.batch_size // self.draft_topk
+        return self.batch_size
 
     @property
     def num_tokens(self) -> int:

@@ -6,8 +6,10 @@ budget lasts; otherwise one decode batch of every running request (or a speculat
 ``draft_steps`` forwards, its slots allocated at once per request and read step-major, as SGLang's EAGLE
 worker lays them out). A timeline with ``accept_lens`` follows each draft with a target-verify forward
 (``VerifyPlan``): the draft's slots go back, ``1 + steps`` slots per request are allocated for the verify,
-and once it ran the rejected draft tokens' slots are freed in both pools. Slots, rows and the batch's SWA
-locations come from the run's serving stack (``ServingStack.translate``), never a pool directly.
+and once it ran the rejected draft tokens' slots are freed in both pools. With ``draft_topk`` > 1 a draft is a
+tree of that many branches per request (``draft_tree.py``), its verify tree-masked and accepting along one
+branch. Slots, rows and the batch's SWA locations come from the run's serving stack
+(``ServingStack.translate``), never a pool directly.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .batch import ForwardBatch, ForwardMode, make_forward_batch
+from .draft_tree import draft_step_tree, tree_order, verify_tree
 from .eviction_driver import EvictionDriver
 from .loc_plan import KVIndexTranslator
 from .pool import PoolExhausted
@@ -51,6 +54,13 @@ class VerifyPlan:
     first ``1 + accepted`` tokens of each request are kept as its tokens and the rest are freed in both pools
     (SGLang's ``evict_mask`` over ``out_cache_loc``). Pages of one token only: a draft continuing a page
     would give that page back with it.
+
+    A tree draft (``topk`` > 1) verifies ``1 + topk * steps`` tokens per request: the root, then each branch's
+    run, written in that order to ``req_to_token`` and attended with the tree mask (each token's keys its
+    ancestors only, ``draft_tree.verify_tree``). The verify accepts along one branch (``branch``): the root and
+    that branch's first ``accepted`` tokens are kept, rewritten to ``req_to_token`` at the request's next
+    positions once the verify has run (SGLang re-assigns the accepted slots the same way), and every other
+    slot, the other branches' included, is rejected.
     """
 
     builder: BatchBuilder
@@ -60,6 +70,12 @@ class VerifyPlan:
     accepted: int
     draft_slots: torch.Tensor
     """the draft's whole allocation, request-major"""
+    topk: int = 1
+    """branches of the draft"""
+    branch: int = 0
+    """the branch the verify accepts along"""
+    kept: list[torch.Tensor] = field(default_factory=list)
+    """per request, the verify slots it keeps (filled by ``build``)"""
     rejected: list[torch.Tensor] = field(default_factory=list)
     """per request, the verify slots of its rejected draft tokens (filled by ``build``)"""
 
@@ -71,21 +87,33 @@ class VerifyPlan:
         for req, pre in zip(self.reqs, self.prefix_lens, strict=True):
             del req.slots[pre:]
             req.seq_len = pre
-        per = 1 + self.steps
+        steps, topk = self.steps, self.topk
+        per = 1 + topk * steps
         flat = b._alloc(prefix_lens=self.prefix_lens, extend_lens=[per] * len(self.reqs),
                         last_locs=[r.last_loc for r in self.reqs])
         by_request = flat.view(len(self.reqs), per)
-        keep = 1 + self.accepted
+        # the tree's nodes: the root, then each branch's run; the kept ones are the root and the accepted
+        # branch's first tokens (for a chain: the first 1 + accepted)
+        keep = torch.tensor([0, *range(1 + self.branch * steps, 1 + self.branch * steps + self.accepted)])
+        rejected = torch.ones(per, dtype=torch.bool)
+        rejected[keep] = False
+        depth = torch.tensor([0, *(i + 1 for _ in range(topk) for i in range(steps))])
+        vocab = b.book.vocab_size
         ids, positions = [], []
         for i, (req, pre) in enumerate(zip(self.reqs, self.prefix_lens, strict=True)):
             b.stack.write_req_to_token(req.row, pre, by_request[i])
-            req.slots.extend(by_request[i, :keep].tolist())
-            req.seq_len = pre + keep
-            self.rejected.append(by_request[i, keep:])
-            ids.append(req.tokens[pre : pre + per])
-            positions.append(torch.arange(pre, pre + per))
+            kept = by_request[i, keep.to(flat.device)]
+            self.kept.append(kept)
+            req.slots.extend(kept.tolist())
+            req.seq_len = pre + len(keep)
+            self.rejected.append(by_request[i, rejected.to(flat.device)])
+            ids.append(torch.cat([req.tokens[pre : pre + 1],
+                                  *(branch_tokens(req.tokens[pre + 1 : pre + 1 + steps], k, self.branch, vocab)
+                                    for k in range(topk))]))
+            positions.append(pre + depth)
         device = b.book.device
-        return make_forward_batch(
+        prefix = torch.tensor(self.prefix_lens, dtype=torch.int64, device=device)
+        batch = make_forward_batch(
             forward_mode=ForwardMode.TARGET_VERIFY,
             input_ids=torch.cat(ids).to(device),
             positions=torch.cat(positions).to(device),
@@ -98,6 +126,17 @@ class VerifyPlan:
             translate=b._translate,
             kv_loc_plan=b.translator.own_plan(b.book.step, flat),
         )
+        if topk > 1:
+            batch.draft_tree = verify_tree(prefix, topk=topk, steps=steps)
+        return batch
+
+    def accept(self) -> None:
+        """After the verify: the kept slots at each request's next positions of ``req_to_token`` (a chain's
+        are there already; a tree's accepted branch may not be the first)."""
+        if self.topk == 1:
+            return
+        for req, pre, kept in zip(self.reqs, self.prefix_lens, self.kept, strict=True):
+            self.builder.stack.write_req_to_token(req.row, pre, kept)
 
     def release_rejected(self, *, full: bool = True, swa: bool = True) -> None:
         if full and not swa:
@@ -109,6 +148,19 @@ class VerifyPlan:
             self.builder.stack.free(rejected)
         else:
             self.builder.stack.free_swa(rejected)  # the eviction's free: the full slots stay handed out
+
+
+def branch_tokens(own: torch.Tensor, branch: int, accepted: int, vocab_size: int) -> torch.Tensor:
+    """The tokens a tree draft's ``branch`` carries where the request's own are ``own``: those on the branch the
+    verify accepts, others elsewhere (each rejected branch its own shift of them), so a query that read another
+    branch's slots would attend over other K/V, which the KV diff and the dense oracle see."""
+    if branch == accepted:
+        return own
+    return (own + 1 + branch) % vocab_size
+
+
+def _owner(rid: str, pos: int, branch: int, accepted: int) -> TokenKey:
+    return TokenKey(rid, pos) if branch == accepted else TokenKey(rid, pos, branch=branch)
 
 
 class BatchBuilder:
@@ -139,7 +191,8 @@ class BatchBuilder:
             return sum(opening(req.seq_len if req.row >= 0 else self.driver.matched(req), n)
                        for req, n in self._plan_extend(prefilling))
         steps = self._decode_steps(self.book.running) if self.book.running else 0
-        return sum(opening(r.seq_len + i, 1) for i in range(steps) for r in self.book.running)
+        topk = self.timeline.draft_topk if steps > 0 else 1
+        return sum(opening(r.seq_len + i, 1) for i in range(steps * topk) for r in self.book.running)
 
     def _alloc(self, *, prefix_lens: list[int], extend_lens: list[int], last_locs: list[int]) -> torch.Tensor:
         """Slots from the stack; when a pool runs out with a prefix cache, the cache gives some back first."""
@@ -227,26 +280,35 @@ class BatchBuilder:
         # a verify writes one token past the draft, so a request one token from its end decodes plainly
         draft = self.timeline.draft_steps > 0 and (steps > 0 or not self.timeline.verifies)
         steps = max(steps, 1)
-        # SGLang's EAGLE worker allocates every draft step's slots at once (bs * topk * steps, topk 1 here),
-        # each request's run of them contiguous in req_to_token (``assign_draft_cache_locs``); the draft loop
-        # then reads them step-major, one row per step: [steps, bs] = flat.view(bs, steps).T
-        flat = self._alloc(prefix_lens=[r.seq_len for r in reqs], extend_lens=[steps] * len(reqs),
+        topk = self.timeline.draft_topk if draft else 1
+        # SGLang's EAGLE worker allocates every draft step's slots at once (bs * topk * steps), each request's
+        # run of them contiguous in req_to_token, branch after branch (``assign_draft_cache_locs``); the draft
+        # loop then reads them step-major, one row of bs * topk per step (``draft_tree.tree_order``)
+        flat = self._alloc(prefix_lens=[r.seq_len for r in reqs], extend_lens=[topk * steps] * len(reqs),
                            last_locs=[r.last_loc for r in reqs])
-        by_request = flat.view(len(reqs), steps)
-        ids = torch.zeros((steps, len(reqs)), dtype=torch.int64)
+        by_request = flat.view(len(reqs), topk * steps)
+        accepted_branch = self.timeline.accepted_branch(self._verifies) if topk > 1 else 0
+        ids = torch.zeros((steps, len(reqs) * topk), dtype=torch.int64)
         for b, req in enumerate(reqs):
             self.stack.write_req_to_token(req.row, req.seq_len, by_request[b])
-            req.slots.extend(by_request[b].tolist())
-            ids[:, b] = req.tokens[req.seq_len : req.seq_len + steps]
-        forwards = tuple(tuple(TokenKey(r.spec.rid, r.seq_len + i) for r in reqs) for i in range(steps))
+            # the request's positions hold the first branch's slots until a verify says which are kept
+            req.slots.extend(by_request[b, :steps].tolist())
+            for k in range(topk):
+                ids[:, b * topk + k] = branch_tokens(req.tokens[req.seq_len : req.seq_len + steps], k,
+                                                     accepted_branch, self.book.vocab_size)
+        forwards = tuple(tuple(_owner(r.spec.rid, r.seq_len + i, k, accepted_branch) for r in reqs
+                               for k in range(topk)) for i in range(steps))
         verify = None
         if draft and self.timeline.verifies:
             verify = VerifyPlan(builder=self, reqs=reqs, prefix_lens=[r.seq_len for r in reqs], steps=steps,
-                                accepted=self.timeline.accepted(self._verifies, steps), draft_slots=flat)
+                                accepted=self.timeline.accepted(self._verifies, steps), draft_slots=flat,
+                                topk=topk, branch=accepted_branch)
             self._verifies += 1
-            forwards += (tuple(TokenKey(r.spec.rid, r.seq_len + i) for r in reqs for i in range(1 + steps)),)
-        step_rows = by_request.t().contiguous()
-        prefix_lens = [r.seq_len for r in reqs]
+            nodes = ((0, accepted_branch), *((i + 1, k) for k in range(topk) for i in range(steps)))
+            forwards += (tuple(_owner(r.spec.rid, r.seq_len + d, k, accepted_branch) for r in reqs
+                               for d, k in nodes),)
+        step_rows = tree_order(by_request, topk=topk, steps=steps)
+        prefix_lens = [r.seq_len for r in reqs for _ in range(topk)]
         for req in reqs:
             req.seq_len += steps
             req.decoded += 1
@@ -254,9 +316,10 @@ class BatchBuilder:
             forward_mode=ForwardMode.DRAFT if draft else ForwardMode.DECODE,
             input_ids=ids[0].to(self.book.device),
             positions=torch.tensor(prefix_lens, dtype=torch.int64, device=self.book.device),
-            req_pool_indices=torch.tensor([r.row for r in reqs], dtype=torch.int64, device=self.book.device),
+            req_pool_indices=torch.tensor([r.row for r in reqs for _ in range(topk)], dtype=torch.int64,
+                                          device=self.book.device),
             prefix_lens=prefix_lens,
-            extend_lens=[1] * len(reqs),
+            extend_lens=[1] * len(prefix_lens),
             out_cache_loc=step_rows[0],
             req_to_token_pool=self.stack.req_to_token_pool,
             pool=self.stack.pool,
@@ -266,6 +329,9 @@ class BatchBuilder:
             kv_loc_plan=self.translator.own_plan(self.book.step, step_rows.reshape(-1)),
         )
         batch.verify = verify
+        if topk > 1:
+            batch.draft_tree = draft_step_tree(torch.tensor(prefix_lens[::topk], dtype=torch.int64,
+                                                            device=self.book.device), topk=topk, steps=steps)
         if draft and self._translate is not None:
             # SGLang builds the draft's ForwardBatch over the whole allocation, so its out_cache_loc_swa holds
             # every step's SWA slots (request-major, as allocated) until a draft step replaces it

@@ -56,6 +56,8 @@ class Fault:
     masked_by: str | None = None
     """why the shipped code masks it, for a switch that can no longer change a verdict: its scenario shows every
     design matching with it on (a regression of what masks it would diverge there); None: it is flagged"""
+    needs_tree: bool = False
+    """acts only in a run that drafts trees (``timeline.draft_topk`` > 1)"""
     patch: str | None = None
     """``package.module:function``, a context manager that applies the fault to code the harness does not own;
     ``check/run/drive.execute`` enters it around the run, in the run's process (a forked child under ``harness run``
@@ -98,6 +100,12 @@ FAULTS: Registry[Fault] = Registry({
                       "the SWA pool at the full pool's slot ids",
               reference="SGLang PR 29858 (the SWA window indices hard-coded to none on a speculative path); "
                         "issue 22679"),
+        Fault(name="draft_tree_swa_untranslated", acts_on=Component.ATTENTION_BACKEND,
+              modes=("eager", "full", "piecewise"), needs_drafts=True, needs_verify=True, needs_tree=True,
+              summary="a tree draft's (top-k > 1) per-branch keys, in its draft steps and its verify, reach the SWA "
+                      "layers at full-pool slot ids: the request's own part of the table is translated, the "
+                      "branch part is not",
+              reference="SGLang PR 24617 (the top-k > 1 page table not translated for SWA layers)"),
         Fault(name="stale_swa_after_reassign", acts_on=Component.SPECULATIVE_WORKER,
               modes=("eager", "full", "piecewise"),
               summary="a draft step rebinds out_cache_loc to its row but keeps the draft batch's out_cache_loc_swa, "

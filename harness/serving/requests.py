@@ -59,6 +59,7 @@ class RequestBook:
         self.stack = stack
         self.cache = cache
         self.device = stack.device
+        self.vocab_size = vocab_size
         tokens = request_tokens(timeline, vocab_size)
         self.pending = [Req(spec=r, tokens=tokens[r.rid]) for r in sorted(timeline.requests, key=lambda r: r.arrive)]
         self.waiting: list[Req] = []

@@ -15,6 +15,8 @@ if TYPE_CHECKING:  # plain data: only the token streams are tensors, drawn where
 # Counts past this are typos for a harness whose timelines are tiny; honouring them would make the load-time
 # dry run spin through millions of empty steps.
 _LIMIT = 1 << 20
+_TOPK_LIMIT = 64
+"""branches per request past this are typos: every branch is a row of every draft step"""
 SEED_MAX = (1 << 63) - 1
 """seeds go to torch.Generator.manual_seed, which takes a signed 64-bit integer"""
 
@@ -69,6 +71,9 @@ class TimelineSpec:
     """token budget of one extend batch; None prefills whole prompts"""
     draft_steps: int = 0
     """>0: decode runs as speculative drafts of this many forwards per step"""
+    draft_topk: int = 1
+    """draft branches per request (SGLang's ``speculative_eagle_topk``): >1 drafts a tree of that many branches
+    of ``draft_steps`` tokens each, verified with a tree mask; needs ``accept_lens``"""
     accept_lens: tuple[int, ...] = ()
     """draft tokens the target-verify forward accepts, one entry per decode iteration (the list cycles), the
     same for every request of the iteration and capped at the draft's steps; empty: no verify forward and
@@ -85,6 +90,13 @@ class TimelineSpec:
             out.append(f"chunk_size: expected an integer from 1 to {_LIMIT}, got {self.chunk_size}")
         if not 0 <= self.draft_steps <= _LIMIT:
             out.append(f"draft_steps: expected an integer from 0 to {_LIMIT}, got {self.draft_steps}")
+        if not 1 <= self.draft_topk <= _TOPK_LIMIT:
+            out.append(f"draft_topk: expected an integer from 1 to {_TOPK_LIMIT}, got {self.draft_topk}")
+        elif self.draft_topk > 1 and not (self.draft_steps and self.accept_lens):
+            # the branches that are not accepted are freed by the verify only: kept unverified they would leak
+            out.append(f"draft_topk: a tree of drafts needs draft_steps and accept_lens (its verify frees the "
+                       f"branches it rejects); got draft_topk {self.draft_topk} with draft_steps {self.draft_steps} "
+                       f"and accept_lens {list(self.accept_lens)}")
         if self.accept_lens and not self.draft_steps:
             out.append(f"accept_lens: a verify needs drafts to accept; set draft_steps (got accept_lens "
                        f"{list(self.accept_lens)} with draft_steps 0)")
@@ -138,11 +150,19 @@ class TimelineSpec:
         """Draft tokens the verify of decode iteration ``iteration`` (0-based) accepts of ``steps`` drafted."""
         return min(self.accept_lens[iteration % len(self.accept_lens)], steps)
 
+    def accepted_branch(self, iteration: int) -> int:
+        """The branch of a tree draft whose tokens the verify of iteration ``iteration`` accepts: each in turn
+        (``iteration % draft_topk``), so the kept slots are not always the first branch's; 0 for a chain."""
+        return iteration % self.draft_topk
+
 
 @dataclass(frozen=True, slots=True)
 class TokenKey:
     rid: str
     pos: int
+    branch: int | None = None
+    """None: the request's own token at ``pos``; a tree draft's branch (top-k > 1) that the verify rejects, whose
+    rows carry other tokens than the request's (no dense oracle stream holds them)"""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

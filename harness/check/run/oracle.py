@@ -163,12 +163,15 @@ def certify(
                     f"step {snap.step} {snap.groups.groups[g_index].title} pool layer {layer} slot {slot} ({tok.rid}@{tok.pos}) {'kv'[which]}: "
                     f"max |diff| {float(err[t, e]):.3g} (atol {atol}, rtol {rtol})"
                 )
-        if snap.hidden_owners:
-            rows = torch.tensor([start[key.rid] + key.pos for key in snap.hidden_owners], dtype=torch.int64)
-            bad, err = errors(snap.hidden.double(), all_hidden[rows])
+        # a rejected tree branch's rows carry other tokens than the request's stream: no oracle row is theirs
+        own = [i for i, key in enumerate(snap.hidden_owners) if key.branch is None]
+        if own:
+            rows = torch.tensor([start[snap.hidden_owners[i].rid] + snap.hidden_owners[i].pos for i in own],
+                                dtype=torch.int64)
+            bad, err = errors(snap.hidden[own].double(), all_hidden[rows])
             worst_hidden = max(worst_hidden, float(err.nan_to_num(float("inf")).max()))
             for r in bad.nonzero().flatten().tolist()[: max(0, max_problems - len(problems))]:
-                key = snap.hidden_owners[r]
+                key = snap.hidden_owners[own[r]]
                 problems.append(
                     f"step {snap.step} hidden state of {key.rid}@{key.pos}: max |diff| {float(err[r]):.3g} "
                     f"(atol {atol}, rtol {rtol})"
