@@ -59,5 +59,20 @@ def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.shape == b.shape and torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8))
 
 
+def graph_equals_eager_bitwise(spec: RunSpec) -> None:
+    """``spec`` in full mode leaves the hidden states and the target's KV as its eager twin does, bit for bit, at
+    every step. The draft model's pool (last in ``pool.buffers()``) is left out: a draft stepped on the decode
+    graphs, which are the target's, does not write it (docs/speculative.md, "Not yet"), while an eager one does."""
+    graph_hidden, graph_pools, _ = drive(spec, poison_outputs=True)
+    eager_hidden, eager_pools, _ = drive(replace(spec, mode="eager"))
+    assert len(graph_hidden) == len(eager_hidden)
+    for step, (g, e) in enumerate(zip(graph_hidden, eager_hidden)):
+        assert bitwise_equal(g, e), f"hidden states differ at step {step}"
+    target = len(graph_pools[0]) - len(assemble(spec).pool.draft.buffers())
+    for step, (gp, ep) in enumerate(zip(graph_pools, eager_pools)):
+        for i, (gb, eb) in enumerate(zip(gp[:target], ep[:target])):
+            assert bitwise_equal(gb[1:], eb[1:]), f"pool buffer {i} differs at step {step}"
+
+
 def replace(spec: RunSpec, **kw) -> RunSpec:
     return dataclasses.replace(spec, **kw)

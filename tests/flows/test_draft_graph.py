@@ -13,7 +13,7 @@ from workloads import draft_after_prefill, heterogeneous_drafts
 
 from harness.runspec import GraphSpec
 
-from ._flows import bitwise_equal, drive, replace, spec_for
+from ._flows import graph_equals_eager_bitwise, replace, spec_for
 
 
 def _spec(timeline_fn, mode, buckets=(2, 4), **kw):
@@ -41,17 +41,7 @@ def _steps_of(spec):
 @pytest.mark.parametrize("backend", ["torch_native", "torch_gather"])
 def test_draft_graph_replays_equal_eager_draft_steps_bitwise(backend):
     spec = _spec(heterogeneous_drafts, "full", backend=backend)
-    graph_hidden, graph_pools, _ = drive(spec, poison_outputs=True)
-    eager_hidden, eager_pools, _ = drive(replace(spec, mode="eager"))
-    assert len(graph_hidden) == len(eager_hidden)
-    for step, (g, e) in enumerate(zip(graph_hidden, eager_hidden)):
-        assert bitwise_equal(g, e), f"hidden states differ at step {step}"
-    # the target's buffers: the draft model's pool (last) is not written by a draft stepped on the decode graphs,
-    # which are the target's (docs/speculative.md, "Not yet"), while an eager draft step writes it
-    target = len(graph_pools[0]) - len(assemble(spec).pool.draft.buffers())
-    for step, (gp, ep) in enumerate(zip(graph_pools, eager_pools)):
-        for i, (gb, eb) in enumerate(zip(gp[:target], ep[:target])):
-            assert bitwise_equal(gb[1:], eb[1:]), f"pool buffer {i} differs at step {step}"
+    graph_equals_eager_bitwise(spec)
 
 
 def test_a_whole_draft_is_one_replay_and_a_shorter_draft_is_stepped_on_decode_graphs():

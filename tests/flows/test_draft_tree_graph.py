@@ -11,7 +11,7 @@ from harness.runspec import GraphSpec
 from harness.serving.batch import ForwardMode
 from harness.serving.timeline import RequestSpec, TimelineSpec
 
-from ._flows import bitwise_equal, drive, replace, spec_for
+from ._flows import graph_equals_eager_bitwise, replace, spec_for
 
 
 def tree_drafts(window: int) -> TimelineSpec:
@@ -34,14 +34,7 @@ def _spec(mode, **kw):
 @pytest.mark.parametrize("backend", ["torch_native", "torch_gather"])
 def test_tree_draft_graph_replays_equal_stepped_tree_drafts_bitwise(backend):
     spec = _spec("full", backend=backend)
-    graph_hidden, graph_pools, _ = drive(spec, poison_outputs=True)
-    eager_hidden, eager_pools, _ = drive(replace(spec, mode="eager"))
-    assert len(graph_hidden) == len(eager_hidden)
-    for step, (g, e) in enumerate(zip(graph_hidden, eager_hidden)):
-        assert bitwise_equal(g, e), f"hidden states differ at step {step}"
-    for step, (gp, ep) in enumerate(zip(graph_pools, eager_pools)):
-        for i, (gb, eb) in enumerate(zip(gp, ep)):
-            assert bitwise_equal(gb[1:], eb[1:]), f"pool buffer {i} differs at step {step}"
+    graph_equals_eager_bitwise(spec)
 
 
 def test_a_tree_draft_is_one_replay_bucketed_by_requests():
