@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from ..runspec import Device
-from ..serving.batch import ForwardBatch, ForwardMode
+from ..serving.batch import ForwardBatch
 from .base import (
     AttentionBackend,
     AttentionBatch,
@@ -26,6 +26,7 @@ from .base import (
     AttentionMetadataBuilder,
     GraphSupport,
     KVLayout,
+    swa_window_left_out,
 )
 from .page_table import build_page_table, extend_token_kv_lens, extend_token_rows, page_table_slots
 
@@ -77,7 +78,7 @@ class TorchNativeMetadataBuilder(AttentionMetadataBuilder):
             token_rows = extend_token_rows(batch.extend_seq_lens_cpu, self.device)
             token_kv_lens = extend_token_kv_lens(batch.seq_lens, batch.extend_seq_lens, token_rows)
         swa_page_table = self.pool.translate_loc_from_full_to_swa(page_table).long()
-        if batch.forward_mode is ForwardMode.TARGET_VERIFY and "verify_without_swa_window" in self.faults:
+        if swa_window_left_out(batch.forward_mode, self.faults):
             # SGLang PR 29858's family: the window's page table left out on this path, so the SWA layers read
             # the full table's slot ids in the SWA pool
             swa_page_table = page_table
@@ -202,6 +203,7 @@ class TorchNativeBackend(AttentionBackend):
     page_sizes = None
     kv_layouts = frozenset({KVLayout.NHD})
     known_faults = frozenset({"rebind_metadata", "baked_scalar", "window_from_wrong_layer", "read_page_tail",
-                              "fused_fp8_scale_dropped", "verify_without_swa_window"})
+                              "fused_fp8_scale_dropped", "verify_without_swa_window",
+                              "draft_extend_without_swa_window"})
     builder_cls = TorchNativeMetadataBuilder
     impl_cls = TorchNativeImpl

@@ -49,8 +49,8 @@ class BatchDescriptor:
 
     forward_mode: ForwardMode
     """``EXTEND``, ``DECODE`` (a draft step is a decode forward), ``DRAFT`` (a whole multi-step draft, before
-    the speculative worker steps into it) or ``TARGET_VERIFY`` (1 + draft tokens per request; no graph
-    runner covers it yet, so it runs eagerly)"""
+    the speculative worker steps into it), ``TARGET_VERIFY`` (1 + draft tokens per request) or
+    ``DRAFT_EXTEND`` (the tokens a target forward kept); no graph runner covers the last two yet: eagerly"""
     tokens_per_request: int | None
     """tokens every request adds when they all add the same number (a whole draft: its steps); None for a mixed
     extend batch"""
@@ -62,8 +62,7 @@ class BatchDescriptor:
         if batch.forward_mode is ForwardMode.DRAFT and batch.draft_step is None:
             return cls(forward_mode=ForwardMode.DRAFT, tokens_per_request=batch.draft_steps,
                        num_reqs=batch.batch_size, num_tokens=batch.batch_size * batch.draft_steps)
-        mode = (batch.forward_mode if batch.forward_mode in (ForwardMode.EXTEND, ForwardMode.TARGET_VERIFY)
-                else ForwardMode.DECODE)
+        mode = (batch.forward_mode if batch.forward_mode.is_extend_like else ForwardMode.DECODE)
         lengths = set(batch.extend_seq_lens_cpu)
         if not lengths and batch.batch_size and batch.num_tokens % batch.batch_size == 0:
             lengths = {batch.num_tokens // batch.batch_size}  # a batch built without host-side lengths

@@ -16,6 +16,12 @@ the plan gives the draft's slots back and allocates the verify's, the verify run
 graph covers it: eagerly), and the slots of the rejected draft tokens are freed in both pools, as SGLang's
 ``EagleVerifyInput.verify`` frees them. ``skip_free_rejected`` keeps them and ``free_rejected_swa_only``
 frees their SWA slots only: pages no token owns, which the ``leaked`` pool invariant names.
+
+A target forward with a ``draft_extend`` (a timeline with ``draft_extend``: a prefill chunk, or a verify once
+its rejected drafts went back) is followed by that draft-extend forward over the tokens the target kept, as
+SGLang's EAGLE worker runs ``forward_draft_extend`` and ``forward_draft_extend_after_decode``; the next draft
+then runs ``draft_steps - 1`` forwards (``ForwardBatch.draft_forwards``), its first token the draft-extend's.
+The draft-extend runs through the dispatcher too (no graph covers it: eagerly).
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from collections.abc import Collection
 
 import torch
 
-from ..serving.batch import ForwardBatch, ForwardMode
+from ..serving.batch import ForwardBatch, ForwardMode, VerifyStep
 from ..serving.faults import Component, faults_acting_on
 from .base import Runner
 
@@ -40,24 +46,31 @@ class SpeculativeWorker:
     def run(self, batch: ForwardBatch) -> list[torch.Tensor]:
         """Hidden states of every forward the batch takes: one, or one per speculative draft step."""
         if batch.forward_mode is not ForwardMode.DRAFT:
-            return [self.runner.forward(batch)]
+            return self._target(batch)
         if self._graph_takes_whole(batch):
-            # the draft graph's hidden states, step-major: one [batch_size, hidden] block per draft step
+            # the draft graph's hidden states, step-major: one [batch_size, hidden] block per draft forward
             outs = list(self.runner.forward(batch).split(batch.batch_size))
         else:
             outs = []
-            for step in range(batch.draft_steps):
+            for step in range(batch.draft_forwards):
                 self._enter_draft_step(batch, step)
                 outs.append(self.runner.forward(batch))
         if batch.verify is not None:
-            outs.append(self.runner.forward(batch.verify.build()))
-            if "skip_free_rejected" not in self.faults:
-                batch.verify.release_rejected(full="free_rejected_swa_only" not in self.faults)
+            outs.extend(self._target(batch.verify.build(), verify=batch.verify))
+        return outs
+
+    def _target(self, batch: ForwardBatch, verify: VerifyStep | None = None) -> list[torch.Tensor]:
+        """A target forward, the rejected drafts freed after a verify, then its draft-extend if it has one."""
+        outs = [self.runner.forward(batch)]
+        if verify is not None and "skip_free_rejected" not in self.faults:
+            verify.release_rejected(full="free_rejected_swa_only" not in self.faults)
+        if batch.draft_extend is not None:
+            outs.append(self.runner.forward(batch.draft_extend.build()))
         return outs
 
     def _graph_takes_whole(self, batch: ForwardBatch) -> bool:
         dispatch = getattr(self.runner, "dispatch", None)  # a dispatcher; a bare runner steps every draft
-        if dispatch is None or batch.draft_step is not None:
+        if dispatch is None or batch.draft_step is not None or batch.draft_forwards == 0:
             return False
         key = dispatch(batch).key
         return key is not None and key.forward_mode is ForwardMode.DRAFT

@@ -213,6 +213,8 @@ class ScenarioSpec:
             return Problem(key, f"{name} acts only in a run that speculates; timeline.draft_steps is 0")
         if fault.needs_verify and not self.timeline.verifies:
             return Problem(key, f"{name} acts only in a run that verifies its drafts; timeline.accept_lens is empty")
+        if fault.needs_draft_extend and not self.timeline.draft_extend:
+            return Problem(key, f"{name} acts only in a run with draft-extend forwards; timeline.draft_extend is off")
         return None
 
     def _expectation_problems(self) -> list[Problem]:

@@ -6,7 +6,9 @@ budget lasts; otherwise one decode batch of every running request (or a speculat
 ``draft_steps`` forwards, its slots allocated at once per request and read step-major, as SGLang's EAGLE
 worker lays them out). A timeline with ``accept_lens`` follows each draft with a target-verify forward
 (``VerifyPlan``): the draft's slots go back, ``1 + steps`` slots per request are allocated for the verify,
-and once it ran the rejected draft tokens' slots are freed in both pools. Slots, rows and the batch's SWA
+and once it ran the rejected draft tokens' slots are freed in both pools. With ``draft_extend`` every target
+forward (a prefill chunk, a verify) is followed by a draft-extend forward over the tokens it kept
+(``DraftExtend``), and each draft runs one forward fewer than its steps. Slots, rows and the batch's SWA
 locations come from the run's serving stack (``ServingStack.translate``), never a pool directly.
 """
 
@@ -37,6 +39,43 @@ class ScheduledStep:
     @property
     def kind(self) -> str:
         return self.batch.forward_mode.value
+
+
+@dataclass(slots=True, kw_only=True)
+class DraftExtend:
+    """The draft-extend forward after a target forward, as SGLang's EAGLE worker runs it: the draft model over
+    the tokens the target kept, at the slots the target wrote them to, which gives the next draft its first
+    token. After a prefill chunk that is the chunk (``forward_draft_extend``); after a verify, each request's
+    last token and its accepted drafts (``forward_draft_extend_after_decode``: ``accept_length + 1`` tokens per
+    request, positions ``prefix .. prefix + accepted``). The batch is built afresh, so its ``out_cache_loc_swa``
+    is translated at creation, as ``ForwardBatch.init_new`` does for SGLang's draft-extend batch. The
+    miniature's draft model is the target, so a correct draft-extend rewrites the K/V the target wrote."""
+
+    builder: BatchBuilder
+    reqs: list[Req]
+    prefix_lens: list[int]
+    extend_lens: list[int]
+    slots: torch.Tensor
+    """the kept tokens' full slots, request-major"""
+
+    def build(self) -> ForwardBatch:
+        b, device = self.builder, self.builder.book.device
+        ids = [req.tokens[pre : pre + n] for req, pre, n in zip(self.reqs, self.prefix_lens, self.extend_lens,
+                                                                  strict=True)]
+        positions = [torch.arange(pre, pre + n) for pre, n in zip(self.prefix_lens, self.extend_lens, strict=True)]
+        return make_forward_batch(
+            forward_mode=ForwardMode.DRAFT_EXTEND,
+            input_ids=torch.cat(ids).to(device),
+            positions=torch.cat(positions).to(device),
+            req_pool_indices=torch.tensor([r.row for r in self.reqs], dtype=torch.int64, device=device),
+            prefix_lens=self.prefix_lens,
+            extend_lens=self.extend_lens,
+            out_cache_loc=self.slots,
+            req_to_token_pool=b.stack.req_to_token_pool,
+            pool=b.stack.pool,
+            translate=b._translate,
+            kv_loc_plan=b.translator.own_plan(b.book.step, self.slots),
+        )
 
 
 @dataclass(slots=True, kw_only=True)
@@ -85,7 +124,7 @@ class VerifyPlan:
             ids.append(req.tokens[pre : pre + per])
             positions.append(torch.arange(pre, pre + per))
         device = b.book.device
-        return make_forward_batch(
+        batch = make_forward_batch(
             forward_mode=ForwardMode.TARGET_VERIFY,
             input_ids=torch.cat(ids).to(device),
             positions=torch.cat(positions).to(device),
@@ -98,6 +137,11 @@ class VerifyPlan:
             translate=b._translate,
             kv_loc_plan=b.translator.own_plan(b.book.step, flat),
         )
+        if b.timeline.draft_extend:
+            batch.draft_extend = DraftExtend(builder=b, reqs=self.reqs, prefix_lens=self.prefix_lens,
+                                             extend_lens=[keep] * len(self.reqs),
+                                             slots=by_request[:, :keep].reshape(-1))
+        return batch
 
     def release_rejected(self, *, full: bool = True, swa: bool = True) -> None:
         if full and not swa:
@@ -218,7 +262,12 @@ class BatchBuilder:
             translate=self._translate,
             kv_loc_plan=self.translator.own_plan(self.book.step, out_cache_loc),
         )
-        return ScheduledStep(index=self.book.step, batch=batch, forwards=(tuple(owners),))
+        if not self.timeline.draft_extend:
+            return ScheduledStep(index=self.book.step, batch=batch, forwards=(tuple(owners),))
+        # EAGLE's draft model extends over the chunk the target prefilled, at the same slots
+        batch.draft_extend = DraftExtend(builder=self, reqs=[req for req, _ in chosen], prefix_lens=prefix_lens,
+                                         extend_lens=extend_lens, slots=out_cache_loc)
+        return ScheduledStep(index=self.book.step, batch=batch, forwards=(tuple(owners), tuple(owners)))
 
     def _build_decode(self) -> ScheduledStep:
         reqs = list(self.book.running)
@@ -238,13 +287,18 @@ class BatchBuilder:
             self.stack.write_req_to_token(req.row, req.seq_len, by_request[b])
             req.slots.extend(by_request[b].tolist())
             ids[:, b] = req.tokens[req.seq_len : req.seq_len + steps]
-        forwards = tuple(tuple(TokenKey(r.spec.rid, r.seq_len + i) for r in reqs) for i in range(steps))
+        # after a draft-extend the draft's first token is given, so its last row of slots is never written
+        runs = self.timeline.draft_forwards(steps) if draft else steps
+        forwards = tuple(tuple(TokenKey(r.spec.rid, r.seq_len + i) for r in reqs) for i in range(runs))
         verify = None
         if draft and self.timeline.verifies:
             verify = VerifyPlan(builder=self, reqs=reqs, prefix_lens=[r.seq_len for r in reqs], steps=steps,
                                 accepted=self.timeline.accepted(self._verifies, steps), draft_slots=flat)
             self._verifies += 1
             forwards += (tuple(TokenKey(r.spec.rid, r.seq_len + i) for r in reqs for i in range(1 + steps)),)
+            if self.timeline.draft_extend:
+                forwards += (tuple(TokenKey(r.spec.rid, r.seq_len + i) for r in reqs
+                                   for i in range(1 + verify.accepted)),)
         step_rows = by_request.t().contiguous()
         prefix_lens = [r.seq_len for r in reqs]
         for req in reqs:
@@ -266,6 +320,7 @@ class BatchBuilder:
             kv_loc_plan=self.translator.own_plan(self.book.step, step_rows.reshape(-1)),
         )
         batch.verify = verify
+        batch.draft_from_extend = draft and self.timeline.draft_extend
         if draft and self._translate is not None:
             # SGLang builds the draft's ForwardBatch over the whole allocation, so its out_cache_loc_swa holds
             # every step's SWA slots (request-major, as allocated) until a draft step replaces it

@@ -53,6 +53,8 @@ class Fault:
     """acts only in a run that speculates (``timeline.draft_steps`` > 0), whose radix keys are EAGLE's bigrams"""
     needs_verify: bool = False
     """acts only in a run that verifies its drafts (``timeline.accept_lens`` set)"""
+    needs_draft_extend: bool = False
+    """acts only in a run with draft-extend forwards (``timeline.draft_extend``)"""
     patch: str | None = None
     """``package.module:function``, a context manager that applies the fault to code the harness does not own;
     ``check/run/drive.execute`` enters it around the run, in the run's process (a forked child under ``harness run``
@@ -95,6 +97,11 @@ FAULTS: Registry[Fault] = Registry({
                       "the SWA pool at the full pool's slot ids",
               reference="SGLang PR 29858 (the SWA window indices hard-coded to none on a speculative path); "
                         "issue 22679"),
+        Fault(name="draft_extend_without_swa_window", acts_on=Component.ATTENTION_BACKEND,
+              modes=("eager", "full", "piecewise"), needs_draft_extend=True,
+              summary="draft-extend forwards are built without the SWA window's page table (that path alone): the "
+                      "SWA layers of the draft-extend read the SWA pool at the full pool's slot ids",
+              reference="SGLang PR 29858 (the SWA window indices hard-coded to none on the draft-extend path only)"),
         Fault(name="stale_swa_after_reassign", acts_on=Component.SPECULATIVE_WORKER,
               modes=("eager", "full", "piecewise"),
               summary="a draft step rebinds out_cache_loc to its row but keeps the draft batch's out_cache_loc_swa, "
