@@ -29,7 +29,7 @@ from collections.abc import Collection
 
 import torch
 
-from ..backends.base import AttentionBatch, SpecInfo, attention_batch
+from ..backends.base import AttentionBatch, GraphSupport, SpecInfo, attention_batch
 from ..graphs.engine import GraphEngine, module_roots
 from ..graphs.registry import get_engine
 from ..runspec import CapturePolicy, RunSpec
@@ -59,17 +59,22 @@ class VerifyGraphRunner(GraphRunner):
         engine: GraphEngine,
         buckets: tuple[int, ...],
         tokens_per_request: int,
+        forward_mode: ForwardMode = ForwardMode.TARGET_VERIFY,
         capture: CapturePolicy = CapturePolicy.STARTUP,
         faults: Collection[str] = (),
     ) -> None:
         super().__init__(ctx, eager=eager, engine=engine, buckets=buckets, faults=faults)
         n = self.per = tokens_per_request
-        # a run that does not verify, or a backend whose graphs cannot take n tokens per request, has nothing
-        # for these graphs: they declare nothing and capture nothing
-        if n < 2 or not self.backend.graph_support.covers_shape(n):
+        self.forward_mode = forward_mode
+        """``TARGET_VERIFY``, or ``DRAFT_EXTEND`` for the draft-extend graphs of one length (``draft_extend_graph.py``)"""
+        # a run that does not verify, or a backend whose graphs cannot take extend-shaped batches of n tokens per
+        # request (a decode-only one, even at one token: its graph path builds decode metadata), has nothing for
+        # these graphs: they declare nothing and capture nothing
+        least = 2 if forward_mode is ForwardMode.TARGET_VERIFY else 1
+        if n < least or self.backend.graph_support < GraphSupport.UNIFORM_BATCH:
             self.covers: tuple[GraphCover, ...] = ()
             return
-        self.covers = (GraphCover(forward_mode=ForwardMode.TARGET_VERIFY, tokens_per_request=n, buckets=self.buckets),)
+        self.covers = (GraphCover(forward_mode=forward_mode, tokens_per_request=n, buckets=self.buckets),)
         self.backend = self.backend.for_draft_step()  # its own metadata and graph state
         max_bs, dev = self.buckets[-1], self.pool.device
         tokens = max_bs * n
@@ -93,7 +98,7 @@ class VerifyGraphRunner(GraphRunner):
     def _static_batch(self, bs: int) -> ForwardBatch:
         t = bs * self.per
         return ForwardBatch(
-            forward_mode=ForwardMode.TARGET_VERIFY,
+            forward_mode=self.forward_mode,
             batch_size=bs,
             input_ids=self.input_ids[:t],
             positions=self.positions[:t],
@@ -111,8 +116,9 @@ class VerifyGraphRunner(GraphRunner):
         )
 
     def _attention_batch(self, bucket: int, num_real: int) -> AttentionBatch:
+        verify = self.forward_mode is ForwardMode.TARGET_VERIFY
         return attention_batch(
-            forward_mode=ForwardMode.TARGET_VERIFY,
+            forward_mode=self.forward_mode,
             num_real=num_real,
             req_pool_indices=self.req_pool_indices[:bucket],
             seq_lens=self.seq_lens[:bucket],
@@ -120,7 +126,8 @@ class VerifyGraphRunner(GraphRunner):
             page_size=self.pool.page_size,
             extend_seq_lens=self.extend_seq_lens[:bucket],
             extend_seq_lens_cpu=(self.per,) * bucket,
-            spec_info=SpecInfo(draft_steps=self.per - 1, tokens_per_request=self.per),
+            # what an eager forward's batch carries (``spec_info_of``): a draft-extend's length is its extend's
+            spec_info=SpecInfo(draft_steps=self.per - 1, tokens_per_request=self.per) if verify else None,
         )
 
     def _capture(self, bs: int) -> None:
@@ -159,9 +166,9 @@ class VerifyGraphRunner(GraphRunner):
         self._keep(bs, graph, produced[-1])
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
-        """Hidden states of the verify's tokens, request-major ([batch_size * n, hidden])."""
+        """Hidden states of the forward's tokens, request-major ([batch_size * n, hidden])."""
         bs = batch.batch_size
-        if batch.forward_mode is not ForwardMode.TARGET_VERIFY or batch.num_tokens != bs * self.per:
+        if batch.forward_mode is not self.forward_mode or set(batch.extend_seq_lens_cpu) != {self.per}:
             return self._run_eagerly(batch, batch.num_tokens, fallback=False)
         bucket = self.bucket_for(bs)
         if bucket is None:

@@ -74,3 +74,23 @@ def test_no_verify_graphs_where_the_backend_cannot_capture_them_or_nothing_verif
         step = session.scheduler.next_step()
     session.run_batch(step.batch)
     assert "target_verify" not in " ".join(f.graph or "" for f in session.runner.forward_log())
+
+
+def test_each_draft_extend_after_a_verify_replays_the_graphs_of_its_length_and_the_prefills_run_eagerly():
+    session = assemble(_spec("full", draft_extend=True))
+    runner = _verify_runner(session)
+    seen = []
+    while (step := session.scheduler.next_step()) is not None:
+        mark = len(session.runner.forward_log())
+        session.run_batch(step.batch)
+        ran = session.runner.forward_log()[mark:]
+        if step.batch.verify is not None:
+            accepted = step.batch.verify.accepted
+            seen.append((1 + accepted, step.batch.batch_size, ran[-1].graph))
+        else:
+            assert ran[-1].graph == "eager" or step.batch.forward_mode is not ForwardMode.EXTEND
+        session.scheduler.finish_step()
+    assert runner.covers and seen
+    for n, bs, graph in seen:
+        bucket = 2 if bs <= 2 else 4
+        assert graph == f"draft_extend/bs{bucket}" + (f"x{n}" if n > 1 else ""), (n, bs, graph)
