@@ -18,7 +18,10 @@ covers (``covers_shape``): a two-token decode graph needs ``UNIFORM_BATCH``.
 A draft batch is first described whole (``DRAFT``, its steps as the tokens each request adds): a draft graph
 runner (``draft_graph.py``) takes the whole multi-step loop as one graph, as SGLang's EAGLE draft graph runner
 does. When none takes it, the speculative worker (``speculative.py``) steps the loop and dispatches each step
-as a decode forward.
+as a decode forward. The verify after it (``TARGET_VERIFY``, ``1 + steps`` tokens per request) and the
+draft-extend after the verify (``DRAFT_EXTEND``, ``1 + accepted``) are uniform extend-shaped forwards: their
+graph runners (``verify_graph.py``, ``draft_extend_graph.py``) declare covers only over a backend of
+``UNIFORM_BATCH`` graph support.
 """
 
 from __future__ import annotations
@@ -50,7 +53,8 @@ class BatchDescriptor:
     forward_mode: ForwardMode
     """``EXTEND``, ``DECODE`` (a draft step is a decode forward), ``DRAFT`` (a whole multi-step draft, before
     the speculative worker steps into it), ``TARGET_VERIFY`` (1 + draft tokens per request) or
-    ``DRAFT_EXTEND`` (the tokens a target forward kept); no graph runner covers the last two yet: eagerly"""
+    ``DRAFT_EXTEND`` (the tokens a target forward kept), whose graphs (``verify_graph.py``,
+    ``draft_extend_graph.py``) need a backend that captures uniform batches"""
     tokens_per_request: int | None
     """tokens every request adds when they all add the same number (a whole draft: its steps); None for a mixed
     extend batch"""

@@ -12,8 +12,8 @@ locations for ``batch_size`` rows) that fails the write, except for a batch of o
 is broadcast over every step's slots and the later steps overwrite the earlier ones silently.
 
 A draft batch with a ``verify`` (a timeline with ``accept_lens``) is followed by its target-verify forward:
-the plan gives the draft's slots back and allocates the verify's, the verify runs through the dispatcher (no
-graph covers it: eagerly), and the slots of the rejected draft tokens are freed in both pools, as SGLang's
+the plan gives the draft's slots back and allocates the verify's, the verify runs through the dispatcher (the
+verify graphs, ``verify_graph.py``, where the backend captures uniform batches; eagerly otherwise), and the slots of the rejected draft tokens are freed in both pools, as SGLang's
 ``EagleVerifyInput.verify`` frees them. ``skip_free_rejected`` keeps them and ``free_rejected_swa_only``
 frees their SWA slots only: pages no token owns, which the ``leaked`` pool invariant names.
 
@@ -21,7 +21,8 @@ A target forward with a ``draft_extend`` (a timeline with ``draft_extend``: a pr
 its rejected drafts went back) is followed by that draft-extend forward over the tokens the target kept, as
 SGLang's EAGLE worker runs ``forward_draft_extend`` and ``forward_draft_extend_after_decode``; the next draft
 then runs ``draft_steps - 1`` forwards (``ForwardBatch.draft_forwards``), its first token the draft-extend's.
-The draft-extend runs through the dispatcher too (no graph covers it: eagerly).
+The draft-extend runs through the dispatcher too: after a verify on the draft-extend graphs of its length
+(``draft_extend_graph.py``) where the backend captures uniform batches, eagerly otherwise and after a prefill.
 """
 
 from __future__ import annotations
