@@ -45,7 +45,6 @@ def test_whole_verifies_replay_their_bucket_padded_ones_too_and_shorter_ones_run
     session = assemble(_spec("full", design="metadata"))
     verifies = []
     while (step := session.scheduler.next_step()) is not None:
-        mark = len(session.runner.forward_log())
         session.run_batch(step.batch)
         if step.batch.verify is not None:
             verifies.append((step.batch.draft_steps, step.batch.batch_size, session.runner.forward_log()[-1].graph))
