@@ -41,15 +41,15 @@ from .dispatch import GraphCover
 
 
 class VerifyGraphRunner(GraphRunner):
-    # SGLang's verify graphs are its decode graph runner's (captured with num_tokens_per_bs = 1 + steps); the
-    # decode runner's fault switches stay with the decode graphs, and this runner keeps their behaviours right
+    # SGLang's verify graphs are its decode graph runner's (captured with num_tokens_per_bs = 1 + steps): of that
+    # runner's fault switches this one has the padded tail of the static SWA locations (``no_zero_swa_pad``)
     component = Component.DECODE_GRAPH_RUNNER
 
     @classmethod
     def for_run(cls, ctx: RunnerContext, spec: RunSpec, *, eager: Runner) -> VerifyGraphRunner:
         steps = spec.timeline.draft_steps if spec.timeline.verifies else 0
         return cls(ctx, eager=eager, engine=get_engine(spec.engine), buckets=spec.graphs.decode_buckets,
-                   tokens_per_request=1 + steps if steps else 0, capture=spec.graphs.capture, faults=())
+                   tokens_per_request=1 + steps if steps else 0, capture=spec.graphs.capture, faults=spec.faults)
 
     def __init__(
         self,
@@ -64,6 +64,8 @@ class VerifyGraphRunner(GraphRunner):
         faults: Collection[str] = (),
     ) -> None:
         super().__init__(ctx, eager=eager, engine=engine, buckets=buckets, faults=faults)
+        # of the decode runner's switches, the one of its static buffers this runner shares the layout of
+        self.faults = self.faults & {"no_zero_swa_pad"}
         n = self.per = tokens_per_request
         self.forward_mode = forward_mode
         """``TARGET_VERIFY``, or ``DRAFT_EXTEND`` for the draft-extend graphs of one length (``draft_extend_graph.py``)"""
@@ -188,7 +190,11 @@ class VerifyGraphRunner(GraphRunner):
         fill_static(self.input_ids, batch.input_ids, t, 0)
         fill_static(self.positions, batch.positions, t, 0)
         fill_static(self.out_cache_loc, batch.out_cache_loc, t, 0)
-        fill_static(self.out_cache_loc_swa, swa_out_cache_loc(batch, self.pool), t, 0)  # padded tail zeroed
+        swa = swa_out_cache_loc(batch, self.pool)
+        if "no_zero_swa_pad" in self.faults:
+            self.out_cache_loc_swa[: swa.shape[0]].copy_(swa)  # SGLang PR 24743: the padded tail keeps old slots
+        else:
+            fill_static(self.out_cache_loc_swa, swa, t, 0)
         fill_static(self.req_pool_indices, batch.req_pool_indices, bucket, 0)
         fill_static(self.seq_lens, batch.seq_lens, bucket, self.per)
         if batch.kv_loc_plan is not None:
