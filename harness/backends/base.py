@@ -145,6 +145,19 @@ def spec_info_of(forward_batch: ForwardBatch) -> SpecInfo | None:
     return SpecInfo(draft_steps=forward_batch.draft_steps)
 
 
+_WINDOW_LEFT_OUT = {ForwardMode.TARGET_VERIFY: "verify_without_swa_window",
+                    ForwardMode.DRAFT_EXTEND: "draft_extend_without_swa_window"}
+"""the speculative forward kinds whose metadata a fault builds without the SWA window's page table"""
+
+
+def swa_window_left_out(forward_mode: ForwardMode, faults: Collection[str]) -> bool:
+    """Whether a forward of this kind is built without the SWA window's page table, so its SWA layers read the
+    SWA pool at full slot ids: SGLang PR 29858's family (the window indices hard-coded to none on one
+    speculative path only), ``verify_without_swa_window`` on the verify, ``draft_extend_without_swa_window``
+    on the draft-extend."""
+    return _WINDOW_LEFT_OUT.get(forward_mode) in faults
+
+
 def from_forward_batch(forward_batch: ForwardBatch, *, page_size: int) -> AttentionBatch:
     """The batch an eager forward of ``forward_batch`` builds its metadata from."""
     fb = forward_batch

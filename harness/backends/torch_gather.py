@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from ..runspec import Device
-from ..serving.batch import ForwardBatch, ForwardMode
+from ..serving.batch import ForwardBatch
 from ..serving.pool import in_bounds
 from .base import (
     AttentionBackend,
@@ -39,6 +39,7 @@ from .base import (
     AttentionMetadataBuilder,
     GraphSupport,
     KVLayout,
+    swa_window_left_out,
 )
 from .page_table import (
     build_page_table,
@@ -101,8 +102,8 @@ class TorchGatherMetadataBuilder(AttentionMetadataBuilder):
             return self._tree_tables(batch, graph=graph)
         pages = build_page_table(self.req_to_token, batch.req_pool_indices, batch.seq_lens, self.width, page_size=p)
         swa_pages = self._swa_pages(pages, p, graph=graph)
-        if batch.forward_mode is ForwardMode.TARGET_VERIFY and "verify_without_swa_window" in self.faults:
-            swa_pages = pages  # SGLang PR 29858's family: the window's page table left out of the verify
+        if swa_window_left_out(batch.forward_mode, self.faults):
+            swa_pages = pages  # SGLang PR 29858's family: the window's page table left out of this path
         lens = batch.seq_lens
         if "read_page_tail" in self.faults:
             # vLLM PR 47574's family: the last page expanded whole, its unwritten tail included; the lists
@@ -268,7 +269,7 @@ class TorchGatherBackend(AttentionBackend):
     known_faults = frozenset({"rebind_metadata", "baked_scalar", "window_from_wrong_layer", "read_page_tail",
                               "swa_read_untranslated", "page_ids_translated_as_slots",
                               "swa_table_sized_by_swa_pages", "fused_fp8_scale_dropped", "verify_without_swa_window",
-                              "draft_tree_swa_untranslated"})
+                              "draft_tree_swa_untranslated", "draft_extend_without_swa_window"})
     draft_trees = True
     builder_cls = TorchGatherMetadataBuilder
     impl_cls = TorchGatherImpl

@@ -4,6 +4,12 @@ The builder is the part that differs between an eager step (``build`` makes fres
 (``build_for_graph_capture`` points the metadata at static buffers) and replay
 (``refresh_for_graph_replay`` refreshes those buffers in place, outside the graph).
 
+Graphs capture a batch whose requests all add the same number of tokens (``GraphSupport.UNIFORM_BATCH``): a
+decode (one each) or a target verify (``1 + draft steps`` each). For ``n`` tokens per request the token rows
+are ``arange(bs * n) // n``, the same for every replay of a bucket, and each token's kv length comes from
+``seq_lens`` outside the graph, into a static buffer; only a mixed extend batch sizes a tensor from host
+lengths (``extend_token_rows``), so prefill graphs keep attention an island.
+
 The kernel reads a whole page-table row per token, expanded to one slot per position (so any page size
 works), ``max_context_len`` wide in every mode, and masks by
 kv length and window. The fixed width keeps eager and graph runs bitwise equal; the masking is dense
@@ -19,7 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from ..runspec import Device
-from ..serving.batch import ForwardBatch, ForwardMode
+from ..serving.batch import ForwardBatch
 from .base import (
     AttentionBackend,
     AttentionBatch,
@@ -27,6 +33,7 @@ from .base import (
     AttentionMetadataBuilder,
     GraphSupport,
     KVLayout,
+    swa_window_left_out,
 )
 from .page_table import (
     build_page_table,
@@ -79,6 +86,10 @@ class TorchNativeMetadataBuilder(AttentionMetadataBuilder):
         return page_table_slots(pages, lens, self.width, page_size=batch.page_size)
 
     def _swa_table(self, batch: AttentionBatch, page_table: torch.Tensor) -> torch.Tensor:
+        if swa_window_left_out(batch.forward_mode, self.faults):
+            # SGLang PR 29858's family: the window's page table left out on this path, so the SWA layers read
+            # the full table's slot ids in the SWA pool
+            return page_table
         # the read path's translation: through the memo in a run of the memoized design (SGLang PR 25824's pool)
         swa_page_table = self.translate_for_read(page_table).long()
         if batch.tree is not None:
@@ -105,10 +116,6 @@ class TorchNativeMetadataBuilder(AttentionMetadataBuilder):
                 page_table = self._slot_table(batch)
                 token_kv_lens = extend_token_kv_lens(batch.seq_lens, batch.extend_seq_lens, token_rows)
         swa_page_table = self._swa_table(batch, page_table)
-        if batch.forward_mode is ForwardMode.TARGET_VERIFY and "verify_without_swa_window" in self.faults:
-            # SGLang PR 29858's family: the window's page table left out on this path, so the SWA layers read
-            # the full table's slot ids in the SWA pool
-            swa_page_table = page_table
         return TorchNativeMetadata(
             page_table=page_table,
             swa_page_table=swa_page_table,
@@ -128,11 +135,41 @@ class TorchNativeMetadataBuilder(AttentionMetadataBuilder):
         self._cg_swa_page_table = torch.zeros(shape, dtype=torch.int64, device=self.device)
         self._cg_token_rows = torch.arange(max_bs, device=self.device)
         self._cg_swa_loc = torch.zeros(max_bs, dtype=torch.int32, device=self.device)
+        self._cg_max_bs = max_bs
+        self._cg_uniform: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+        """per tokens-per-request n > 1: the token rows (arange // n), kv lengths and SWA locations of
+        max_bs * n tokens"""
 
     def static_tensors(self) -> list[torch.Tensor]:
-        return [self._cg_page_table, self._cg_swa_page_table, self._cg_token_rows, self._cg_swa_loc, self._key_pos]
+        uniform = [t for shape in self._cg_uniform.values() for t in shape]
+        return [self._cg_page_table, self._cg_swa_page_table, self._cg_token_rows, self._cg_swa_loc, self._key_pos,
+                *uniform]
+
+    def _uniform_buffers(self, per: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The static token rows, kv lengths and SWA locations of batches of ``per`` tokens per request (the
+        one-token shape's are the decode buffers), made at the first capture of that shape, before its graph
+        starts, and shared by its buckets."""
+        if per == 1:
+            return self._cg_token_rows, self._cg_token_rows, self._cg_swa_loc  # kv lengths: the batch's seq_lens
+        if per not in self._cg_uniform:
+            rows = self._cg_max_bs * per
+            self._cg_uniform[per] = (torch.arange(rows, device=self.device) // per,
+                                     torch.ones(rows, dtype=torch.int64, device=self.device),
+                                     torch.zeros(rows, dtype=torch.int32, device=self.device))
+        return self._cg_uniform[per]
+
+    @staticmethod
+    def _uniform_tokens(batch: AttentionBatch) -> int:
+        """Tokens every request of a graph batch adds: 1 for a decode, ``1 + steps`` for a verify."""
+        per = batch.tokens_per_request if batch.forward_mode.is_extend_like else 1
+        if per is None:
+            raise ValueError("torch_native graphs capture batches whose requests all add the same number of tokens; "
+                             f"got a {batch.forward_mode.value} batch of lengths {batch.extend_seq_lens_cpu}")
+        return per
 
     def build_for_graph_capture(self, batch: AttentionBatch) -> TorchNativeMetadata:
+        per = self._uniform_tokens(batch)
+        token_rows, token_kv_lens, swa_loc = self._uniform_buffers(per)
         self._fill_graph_buffers(batch)
         bs = batch.bs
         kv_width = self.width
@@ -142,9 +179,9 @@ class TorchNativeMetadataBuilder(AttentionMetadataBuilder):
         md = self._graph_metadata[bs] = TorchNativeMetadata(
             page_table=self._cg_page_table[:bs],
             swa_page_table=self._cg_swa_page_table[:bs],
-            token_rows=self._cg_token_rows[:bs],
-            token_kv_lens=batch.seq_lens,
-            out_cache_loc_swa=self._cg_swa_loc[:bs],
+            token_rows=token_rows[: bs * per],
+            token_kv_lens=token_kv_lens[: bs * per] if per > 1 else batch.seq_lens,
+            out_cache_loc_swa=swa_loc[: bs * per],
             kv_width=kv_width,
             key_pos=self._key_pos,
         )
@@ -156,20 +193,29 @@ class TorchNativeMetadataBuilder(AttentionMetadataBuilder):
 
     def _fill_graph_buffers(self, batch: AttentionBatch) -> None:
         bs, num_real, out_cache_loc = batch.bs, batch.num_real, batch.out_cache_loc
+        per = self._uniform_tokens(batch)
         page_table = self._slot_table(batch)
+        token_rows, token_kv_lens, swa_loc = self._uniform_buffers(per)
+        kv_lens = batch.seq_lens
+        if per > 1:
+            # outside the graph: each token's keys, its request's prefix and the new tokens up to itself
+            assert batch.extend_seq_lens is not None
+            kv_lens = extend_token_kv_lens(batch.seq_lens, batch.extend_seq_lens, token_rows[: bs * per])
         md = self._graph_metadata.get(bs)
         if "rebind_metadata" in self.faults and md is not None:
             # SGLang PR 26019 review: new tensors bound to the metadata object; the graph keeps reading
             # the static buffers it captured, which still hold whatever they held before.
             md.page_table = page_table
             md.swa_page_table = self._swa_table(batch, page_table)
-            md.token_kv_lens = batch.seq_lens.clone()
+            md.token_kv_lens = kv_lens.clone()
         else:
             # the static table is translated, as SGLang's backends translate their graph buffers: one storage and
             # one length for every replay of this bucket, which only the memo's invalidation tells apart
             self._cg_page_table[:bs].copy_(page_table)
             self._cg_swa_page_table[:bs].copy_(self._swa_table(batch, self._cg_page_table[:bs]))
-        self._refill_swa_loc(self._cg_swa_loc, out_cache_loc, num_real)
+            if per > 1:
+                token_kv_lens[: bs * per].copy_(kv_lens)
+        self._refill_swa_loc(swa_loc, out_cache_loc, num_real * per)
 
 
 class TorchNativeImpl(AttentionImpl):
@@ -223,18 +269,20 @@ class TorchNativeImpl(AttentionImpl):
 
 
 class TorchNativeBackend(AttentionBackend):
-    """Paged attention in plain torch ops: runs anywhere, and graphs capture decode batches whole."""
+    """Paged attention in plain torch ops: runs anywhere, and graphs capture uniform batches (decode, verify)
+    whole."""
 
     name = "torch_native"
-    # the extend path sizes a tensor from Python ints (repeat_interleave with output_size): eager only, so
-    # prefill graphs keep attention an island
-    graph_support = GraphSupport.DECODE_ONLY
+    # a mixed extend sizes a tensor from Python ints (repeat_interleave with output_size): prefill graphs keep
+    # attention an island; a batch of n tokens per request has static token rows, so its graphs capture it
+    graph_support = GraphSupport.UNIFORM_BATCH
     devices = frozenset({Device.CPU, Device.CUDA})
     # the kernel gathers token rows through each request's pages, so any page size works; rows are NHD
     page_sizes = None
     kv_layouts = frozenset({KVLayout.NHD})
     known_faults = frozenset({"rebind_metadata", "baked_scalar", "window_from_wrong_layer", "read_page_tail",
-                              "fused_fp8_scale_dropped", "verify_without_swa_window", "draft_tree_swa_untranslated"})
+                              "fused_fp8_scale_dropped", "verify_without_swa_window", "draft_tree_swa_untranslated",
+                              "draft_extend_without_swa_window"})
     draft_trees = True
     builder_cls = TorchNativeMetadataBuilder
     impl_cls = TorchNativeImpl

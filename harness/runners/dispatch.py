@@ -18,7 +18,10 @@ covers (``covers_shape``): a two-token decode graph needs ``UNIFORM_BATCH``.
 A draft batch is first described whole (``DRAFT``, its steps as the tokens each request adds): a draft graph
 runner (``draft_graph.py``) takes the whole multi-step loop as one graph, as SGLang's EAGLE draft graph runner
 does. When none takes it, the speculative worker (``speculative.py``) steps the loop and dispatches each step
-as a decode forward.
+as a decode forward. The verify after it (``TARGET_VERIFY``, ``1 + steps`` tokens per request) and the
+draft-extend after the verify (``DRAFT_EXTEND``, ``1 + accepted``) are uniform extend-shaped forwards: their
+graph runners (``verify_graph.py``, ``draft_extend_graph.py``) declare covers only over a backend of
+``UNIFORM_BATCH`` graph support.
 """
 
 from __future__ import annotations
@@ -49,8 +52,9 @@ class BatchDescriptor:
 
     forward_mode: ForwardMode
     """``EXTEND``, ``DECODE`` (a draft step is a decode forward), ``DRAFT`` (a whole multi-step draft, before
-    the speculative worker steps into it) or ``TARGET_VERIFY`` (1 + draft tokens per request; no graph
-    runner covers it yet, so it runs eagerly)"""
+    the speculative worker steps into it), ``TARGET_VERIFY`` (1 + draft tokens per request) or
+    ``DRAFT_EXTEND`` (the tokens a target forward kept), whose graphs (``verify_graph.py``,
+    ``draft_extend_graph.py``) need a backend that captures uniform batches"""
     tokens_per_request: int | None
     """tokens every request adds when they all add the same number (a whole draft: its steps); None for a mixed
     extend batch"""
@@ -63,8 +67,7 @@ class BatchDescriptor:
             # a tree draft's rows are topk per request; its graphs are bucketed by requests, as SGLang's are
             return cls(forward_mode=ForwardMode.DRAFT, tokens_per_request=batch.draft_steps,
                        num_reqs=batch.num_requests, num_tokens=batch.batch_size * batch.draft_steps)
-        mode = (batch.forward_mode if batch.forward_mode in (ForwardMode.EXTEND, ForwardMode.TARGET_VERIFY)
-                else ForwardMode.DECODE)
+        mode = (batch.forward_mode if batch.forward_mode.is_extend_like else ForwardMode.DECODE)
         lengths = set(batch.extend_seq_lens_cpu)
         if not lengths and batch.batch_size and batch.num_tokens % batch.batch_size == 0:
             lengths = {batch.num_tokens // batch.batch_size}  # a batch built without host-side lengths

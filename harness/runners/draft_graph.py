@@ -23,8 +23,10 @@ batch's ``DraftTree`` (``serving/draft_tree.py``), so each row reads its request
 branch's slots.
 
 Before each replay the runner fills the buffers from the batch (padding at the dummy slot), refreshes every
-step's backend metadata outside the graph and replays once; the graph writes every step's K/V. A batch no
-bucket holds, or of fewer steps than the graphs were captured for (a request drafting up to its end), is
+step's backend metadata outside the graph and replays once; the graph writes every step's K/V. In a run with
+a draft-extend (``timeline.draft_extend``) the draft's first token is the draft-extend's, so the graph runs
+``steps - 1`` forwards over rows 0 .. steps - 2 and the last row is allocated but never written, as SGLang's
+``draft_forward`` breaks before the last step's forward. A batch no bucket holds, or of fewer steps than the graphs were captured for (a request drafting up to its end), is
 stepped by the speculative worker instead.
 
 Faults that act here (the speculative worker's): ``stale_swa_after_reassign`` (each step keeps the whole
@@ -56,8 +58,8 @@ class DraftGraphRunner(GraphRunner):
     @classmethod
     def for_run(cls, ctx: RunnerContext, spec: RunSpec, *, eager: Runner) -> DraftGraphRunner:
         return cls(ctx, eager=eager, engine=get_engine(spec.engine), buckets=spec.graphs.decode_buckets,
-                   steps=spec.timeline.draft_steps, topk=spec.timeline.draft_topk, capture=spec.graphs.capture,
-                   faults=spec.faults)
+                   steps=spec.timeline.draft_steps, topk=spec.timeline.draft_topk,
+                   from_extend=spec.timeline.draft_extend, capture=spec.graphs.capture, faults=spec.faults)
 
     def __init__(
         self,
@@ -68,6 +70,7 @@ class DraftGraphRunner(GraphRunner):
         buckets: tuple[int, ...],
         steps: int,
         topk: int = 1,
+        from_extend: bool = False,
         capture: CapturePolicy = CapturePolicy.STARTUP,
         faults: Collection[str] = (),
     ) -> None:
@@ -75,10 +78,13 @@ class DraftGraphRunner(GraphRunner):
         self.steps = steps
         self.topk = topk
         """draft rows per request per step (SGLang's ``speculative_eagle_topk``): a tree's branches"""
+        self.from_extend = from_extend
+        self.runs = steps - 1 if from_extend else steps
+        """forwards inside the graph: one fewer than the steps when a draft-extend gave the first token"""
         # a run that does not speculate declares nothing and builds nothing
         self.covers = (GraphCover(forward_mode=ForwardMode.DRAFT, tokens_per_request=steps, buckets=self.buckets),
-                       ) if steps > 0 else ()
-        if steps <= 0:
+                       ) if self.runs > 0 else ()
+        if self.runs <= 0:
             self.backends: list[AttentionBackend] = []
             return
         max_bs, dev = self.buckets[-1], self.pool.device
@@ -164,7 +170,7 @@ class DraftGraphRunner(GraphRunner):
             locs = self.out_cache_loc[: bs * steps].view(bucket, topk, steps).permute(2, 0, 1).reshape(steps, -1)
             swa = self.out_cache_loc_swa[: bs * steps].view(bucket, topk, steps).permute(2, 0, 1).reshape(steps, -1)
             outs = []
-            for step in range(steps):
+            for step in range(self.runs):
                 batch = self._step_batch(step, bs, locs, swa)
                 if step > 0:
                     batch.positions.add_(1)  # in place, as draft_forward advances them
@@ -197,10 +203,12 @@ class DraftGraphRunner(GraphRunner):
         self._keep(bucket, graph, produced[-1])
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
-        """Hidden states of every draft step, step-major ([steps * batch_size, hidden])."""
-        if batch.forward_mode is not ForwardMode.DRAFT or batch.draft_steps != self.steps:
+        """Hidden states of every draft forward, step-major ([forwards * batch_size, hidden])."""
+        if (batch.forward_mode is not ForwardMode.DRAFT or batch.draft_steps != self.steps
+                or batch.draft_forwards != self.runs):
             raise ValueError(f"the draft graph runner takes whole {self.steps}-step drafts, got a batch of mode "
-                             f"{batch.forward_mode.value} with {batch.draft_steps} draft steps")
+                             f"{batch.forward_mode.value} with {batch.draft_steps} draft steps ({batch.draft_forwards} "
+                             f"forwards; its graphs run {self.runs})")
         if batch.draft_topk != self.topk:
             raise ValueError(f"the draft graph runner takes drafts of {self.topk} branches, got {batch.draft_topk}")
         reqs, rows = batch.num_requests, batch.batch_size
@@ -217,7 +225,7 @@ class DraftGraphRunner(GraphRunner):
             backend.init_forward_metadata_replay_cuda_graph(self._attention_batch(step, bucket * self.topk, rows, tree))
         self.log.replayed(self.graphs[bucket], self.graphs[bucket].replay(), bucket=bucket, rows=reqs,
                           captured=captured)
-        return self.outputs[bucket][:, :rows].reshape(self.steps * rows, -1).clone()
+        return self.outputs[bucket][:, :rows].reshape(self.runs * rows, -1).clone()
 
     def _invalidate_before_metadata(self, step: int) -> None:
         """SGLang PR 26184: invalidate the memo before every step backend's metadata init. The steps' page tables

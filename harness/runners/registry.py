@@ -26,7 +26,8 @@ RUNNERS: dict[str, str] = {
 
 GRAPH_RUNNERS: dict[str, tuple[str, ...]] = {
     Mode.EAGER: (),
-    Mode.FULL: (Mode.FULL, "harness.runners.draft_graph:DraftGraphRunner"),
+    Mode.FULL: (Mode.FULL, "harness.runners.draft_graph:DraftGraphRunner", "harness.runners.verify_graph:VerifyGraphRunner",
+                "harness.runners.draft_extend_graph:DraftExtendGraphRunner"),
     Mode.PIECEWISE: (Mode.PIECEWISE,),
 }
 """the graph runners each mode registers with the dispatcher (``dispatch.py``), by registered name or

@@ -12,8 +12,8 @@ locations for ``batch_size`` rows) that fails the write, except for a batch of o
 is broadcast over every step's slots and the later steps overwrite the earlier ones silently.
 
 A draft batch with a ``verify`` (a timeline with ``accept_lens``) is followed by its target-verify forward:
-the plan gives the draft's slots back and allocates the verify's, the verify runs through the dispatcher (no
-graph covers it: eagerly), and the slots of the rejected draft tokens are freed in both pools, as SGLang's
+the plan gives the draft's slots back and allocates the verify's, the verify runs through the dispatcher (the
+verify graphs, ``verify_graph.py``, where the backend captures uniform batches; eagerly otherwise), and the slots of the rejected draft tokens are freed in both pools, as SGLang's
 ``EagleVerifyInput.verify`` frees them. ``skip_free_rejected`` keeps them and ``free_rejected_swa_only``
 frees their SWA slots only: pages no token owns, which the ``leaked`` pool invariant names. A tree draft's
 verify (top-k > 1) also moves the kept slots of its accepted branch to the request's next positions of
@@ -22,6 +22,13 @@ verify (top-k > 1) also moves the kept slots of its accepted branch to the reque
 The draft model has a KV pool of its own (``attach_draft_pool``), which every draft forward writes at the
 target's full-pool slot ids; ``draft_pool_sized_before_swa_adjustment`` sizes it below the full pool (before
 SGLang PR 17630), and the first draft token given a full slot past it fails the write.
+
+A target forward with a ``draft_extend`` (a timeline with ``draft_extend``: a prefill chunk, or a verify once
+its rejected drafts went back) is followed by that draft-extend forward over the tokens the target kept, as
+SGLang's EAGLE worker runs ``forward_draft_extend`` and ``forward_draft_extend_after_decode``; the next draft
+then runs ``draft_steps - 1`` forwards (``ForwardBatch.draft_forwards``), its first token the draft-extend's.
+The draft-extend runs through the dispatcher too: after a verify on the draft-extend graphs of its length
+(``draft_extend_graph.py``) where the backend captures uniform batches, eagerly otherwise and after a prefill.
 """
 
 from __future__ import annotations
@@ -30,7 +37,7 @@ from collections.abc import Collection
 
 import torch
 
-from ..serving.batch import ForwardBatch, ForwardMode
+from ..serving.batch import ForwardBatch, ForwardMode, VerifyStep
 from ..serving.faults import Component, faults_acting_on
 from ..serving.model import DTYPES, ModelSpec
 from ..serving.pool import DraftKVPool, HybridSWAKVPool, draft_pool_size
@@ -57,25 +64,34 @@ class SpeculativeWorker:
     def run(self, batch: ForwardBatch) -> list[torch.Tensor]:
         """Hidden states of every forward the batch takes: one, or one per speculative draft step."""
         if batch.forward_mode is not ForwardMode.DRAFT:
-            return [self.runner.forward(batch)]
+            return self._target(batch)
         if self._graph_takes_whole(batch):
-            # the draft graph's hidden states, step-major: one [batch_size, hidden] block per draft step
+            # the draft graph's hidden states, step-major: one [batch_size, hidden] block per draft forward
             outs = list(self.runner.forward(batch).split(batch.batch_size))
         else:
             outs = []
-            for step in range(batch.draft_steps):
+            for step in range(batch.draft_forwards):
                 self._enter_draft_step(batch, step)
                 outs.append(self.runner.forward(batch))
         if batch.verify is not None:
-            outs.append(self.runner.forward(batch.verify.build()))
-            batch.verify.accept()
+            outs.extend(self._target(batch.verify.build(), verify=batch.verify))
+        return outs
+
+    def _target(self, batch: ForwardBatch, verify: VerifyStep | None = None) -> list[torch.Tensor]:
+        """A target forward, the accepted branch kept and the rejected drafts freed after a verify, then its
+        draft-extend if it has one."""
+        outs = [self.runner.forward(batch)]
+        if verify is not None:
+            verify.accept()
             if "skip_free_rejected" not in self.faults:
-                batch.verify.release_rejected(full="free_rejected_swa_only" not in self.faults)
+                verify.release_rejected(full="free_rejected_swa_only" not in self.faults)
+        if batch.draft_extend is not None:
+            outs.append(self.runner.forward(batch.draft_extend.build()))
         return outs
 
     def _graph_takes_whole(self, batch: ForwardBatch) -> bool:
         dispatch = getattr(self.runner, "dispatch", None)  # a dispatcher; a bare runner steps every draft
-        if dispatch is None or batch.draft_step is not None:
+        if dispatch is None or batch.draft_step is not None or batch.draft_forwards == 0:
             return False
         key = dispatch(batch).key
         return key is not None and key.forward_mode is ForwardMode.DRAFT

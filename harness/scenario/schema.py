@@ -310,7 +310,8 @@ def _read_graphs(r: Reader, table: dict) -> tuple[GraphSpec, tuple[Mode, ...]]:
     return graphs, tuple(_as_enum(Mode, m) for m in (tuple(Mode) if modes is None else modes))
 
 
-_TIMELINE_KEYS = ("seed", "chunk_size", "draft_steps", "draft_topk", "accept_lens", "max_steps", "requests")
+_TIMELINE_KEYS = ("seed", "chunk_size", "draft_steps", "draft_topk", "accept_lens", "draft_extend", "max_steps",
+                  "requests")
 _REQUEST_KEYS = ("rid", "arrive", "prompt_len", "output_len", "abort", "prefix_of", "shared_len")
 
 
@@ -324,6 +325,7 @@ def _read_timeline(r: Reader, table: dict | None) -> TimelineSpec | None:
         for name in ("seed", "chunk_size", "draft_steps", "draft_topk", "max_steps")
     }
     accept_lens = r.array(table, "timeline", "accept_lens", integer(), ())
+    draft_extend = r.value(table, "timeline", "draft_extend", boolean(), defaults.draft_extend)
     raw = table.get("requests")
     if raw is None:
         r.add("timeline.requests", "missing required key; expected an array of tables ([[timeline.requests]])")
@@ -344,6 +346,7 @@ def _read_timeline(r: Reader, table: dict | None) -> TimelineSpec | None:
     if len(requests) != len(raw):
         return None
     return TimelineSpec(requests=tuple(requests), accept_lens=() if accept_lens is None else accept_lens,
+                        draft_extend=defaults.draft_extend if draft_extend is None else draft_extend,
                         **{k: (getattr(defaults, k) if v is None and k != "chunk_size" else v)
                            for k, v in fields.items()})
 

@@ -216,6 +216,8 @@ class ScenarioSpec:
         if fault.needs_tree and self.timeline.draft_topk < 2:
             return Problem(key, f"{name} acts only in a run that drafts trees; timeline.draft_topk is "
                                 f"{self.timeline.draft_topk}")
+        if fault.needs_draft_extend and not self.timeline.draft_extend:
+            return Problem(key, f"{name} acts only in a run with draft-extend forwards; timeline.draft_extend is off")
         return None
 
     def _expectation_problems(self) -> list[Problem]:

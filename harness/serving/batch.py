@@ -24,6 +24,10 @@ class ForwardMode(enum.Enum):
     TARGET_VERIFY = "target_verify"
     """the target model's forward over each request's last token and its draft tokens (``1 + draft_steps`` per
     request): extend-shaped for attention (causal over the new tokens, after the request's prefix)"""
+    DRAFT_EXTEND = "draft_extend"
+    """the draft model's forward over the tokens the target just kept (a prefill chunk's, or a verify's last
+    token and accepted drafts), at the target's slots; it gives the next draft its first token, as SGLang's
+    EAGLE worker runs it (``forward_draft_extend``, ``forward_draft_extend_after_decode``): extend-shaped"""
 
     @property
     def is_decode_like(self) -> bool:
@@ -48,6 +52,14 @@ class VerifyStep(Protocol):
     def release_rejected(self, *, full: bool = True, swa: bool = True) -> None:
         """Free the slots of the draft tokens the verify rejected: in both pools, the SWA pool only
         (``full=False``), or none."""
+
+
+class DraftExtendStep(Protocol):
+    """The draft-extend forward that follows a target forward (``batch_builder.DraftExtend``): built once the
+    target ran (and, after a verify, once its rejected drafts went back), over the tokens the target kept."""
+
+    def build(self) -> ForwardBatch:
+        """The draft-extend batch: the kept tokens, their slots and a fresh ``out_cache_loc_swa``."""
 
 
 @dataclass(slots=True, kw_only=True)
@@ -89,6 +101,12 @@ class ForwardBatch:
     while the batch stands for the whole multi-step draft (what a draft graph runner takes as one graph)"""
     verify: VerifyStep | None = None
     """DRAFT only: the target-verify forward that follows the draft; None when drafts are kept unverified"""
+    draft_extend: DraftExtendStep | None = None
+    """EXTEND and TARGET_VERIFY: the draft-extend forward that follows this target forward; None without one"""
+    draft_from_extend: bool = False
+    """DRAFT only: the draft's first token came from the draft-extend before it, so the draft runs
+    ``draft_steps - 1`` forwards over its ``draft_steps`` rows of slots (SGLang's ``draft_forward`` skips the
+    last step's forward): the last row is allocated and never written"""
     draft_tree: DraftTree | None = None
     """a tree draft (top-k > 1) and its verify: which keys each row reads (its request's, then its branch's);
     its rows are the batch's (``batch_size`` counts ``requests * topk`` rows in a draft step). None for a chain"""
@@ -117,6 +135,11 @@ class ForwardBatch:
     @property
     def draft_steps(self) -> int:
         return 0 if self.draft_out_cache_loc is None else int(self.draft_out_cache_loc.shape[0])
+
+    @property
+    def draft_forwards(self) -> int:
+        """Forwards the whole draft runs: its steps, one fewer when a draft-extend gave its first token."""
+        return max(self.draft_steps - 1, 0) if self.draft_from_extend else self.draft_steps
 
     def reassign_out_cache_loc(self, loc: torch.Tensor) -> None:
         """Point the batch at new write locations, as a speculative draft step does.

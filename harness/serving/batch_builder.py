@@ -8,8 +8,10 @@ worker lays them out). A timeline with ``accept_lens`` follows each draft with a
 (``VerifyPlan``): the draft's slots go back, ``1 + steps`` slots per request are allocated for the verify,
 and once it ran the rejected draft tokens' slots are freed in both pools. With ``draft_topk`` > 1 a draft is a
 tree of that many branches per request (``draft_tree.py``), its verify tree-masked and accepting along one
-branch. Slots, rows and the batch's SWA locations come from the run's serving stack
-(``ServingStack.translate``), never a pool directly.
+branch. With ``draft_extend`` every target forward (a prefill chunk, a verify) is followed by a draft-extend
+forward over the tokens it kept (``DraftExtend``), and each draft runs one forward fewer than its steps. Slots,
+rows and the batch's SWA locations come from the run's serving stack (``ServingStack.translate``), never a pool
+directly.
 """
 
 from __future__ import annotations
@@ -40,6 +42,43 @@ class ScheduledStep:
     @property
     def kind(self) -> str:
         return self.batch.forward_mode.value
+
+
+@dataclass(slots=True, kw_only=True)
+class DraftExtend:
+    """The draft-extend forward after a target forward, as SGLang's EAGLE worker runs it: the draft model over
+    the tokens the target kept, at the slots the target wrote them to, which gives the next draft its first
+    token. After a prefill chunk that is the chunk (``forward_draft_extend``); after a verify, each request's
+    last token and its accepted drafts (``forward_draft_extend_after_decode``: ``accept_length + 1`` tokens per
+    request, positions ``prefix .. prefix + accepted``). The batch is built afresh, so its ``out_cache_loc_swa``
+    is translated at creation, as ``ForwardBatch.init_new`` does for SGLang's draft-extend batch. The
+    miniature's draft model is the target, so a correct draft-extend rewrites the K/V the target wrote."""
+
+    builder: BatchBuilder
+    reqs: list[Req]
+    prefix_lens: list[int]
+    extend_lens: list[int]
+    slots: torch.Tensor
+    """the kept tokens' full slots, request-major"""
+
+    def build(self) -> ForwardBatch:
+        b, device = self.builder, self.builder.book.device
+        ids = [req.tokens[pre : pre + n] for req, pre, n in zip(self.reqs, self.prefix_lens, self.extend_lens,
+                                                                  strict=True)]
+        positions = [torch.arange(pre, pre + n) for pre, n in zip(self.prefix_lens, self.extend_lens, strict=True)]
+        return make_forward_batch(
+            forward_mode=ForwardMode.DRAFT_EXTEND,
+            input_ids=torch.cat(ids).to(device),
+            positions=torch.cat(positions).to(device),
+            req_pool_indices=torch.tensor([r.row for r in self.reqs], dtype=torch.int64, device=device),
+            prefix_lens=self.prefix_lens,
+            extend_lens=self.extend_lens,
+            out_cache_loc=self.slots,
+            req_to_token_pool=b.stack.req_to_token_pool,
+            pool=b.stack.pool,
+            translate=b._translate,
+            kv_loc_plan=b.translator.own_plan(b.book.step, self.slots),
+        )
 
 
 @dataclass(slots=True, kw_only=True)
@@ -128,6 +167,9 @@ class VerifyPlan:
         )
         if topk > 1:
             batch.draft_tree = verify_tree(prefix, topk=topk, steps=steps)
+        if b.timeline.draft_extend:
+            batch.draft_extend = DraftExtend(builder=b, reqs=self.reqs, prefix_lens=self.prefix_lens,
+                                             extend_lens=[len(keep)] * len(self.reqs), slots=torch.cat(self.kept))
         return batch
 
     def accept(self) -> None:
@@ -271,7 +313,12 @@ class BatchBuilder:
             translate=self._translate,
             kv_loc_plan=self.translator.own_plan(self.book.step, out_cache_loc),
         )
-        return ScheduledStep(index=self.book.step, batch=batch, forwards=(tuple(owners),))
+        if not self.timeline.draft_extend:
+            return ScheduledStep(index=self.book.step, batch=batch, forwards=(tuple(owners),))
+        # EAGLE's draft model extends over the chunk the target prefilled, at the same slots
+        batch.draft_extend = DraftExtend(builder=self, reqs=[req for req, _ in chosen], prefix_lens=prefix_lens,
+                                         extend_lens=extend_lens, slots=out_cache_loc)
+        return ScheduledStep(index=self.book.step, batch=batch, forwards=(tuple(owners), tuple(owners)))
 
     def _build_decode(self) -> ScheduledStep:
         reqs = list(self.book.running)
@@ -296,8 +343,10 @@ class BatchBuilder:
             for k in range(topk):
                 ids[:, b * topk + k] = branch_tokens(req.tokens[req.seq_len : req.seq_len + steps], k,
                                                      accepted_branch, self.book.vocab_size)
+        # after a draft-extend the draft's first token is given, so its last row of slots is never written
+        runs = self.timeline.draft_forwards(steps) if draft else steps
         forwards = tuple(tuple(_owner(r.spec.rid, r.seq_len + i, k, accepted_branch) for r in reqs
-                               for k in range(topk)) for i in range(steps))
+                               for k in range(topk)) for i in range(runs))
         verify = None
         if draft and self.timeline.verifies:
             verify = VerifyPlan(builder=self, reqs=reqs, prefix_lens=[r.seq_len for r in reqs], steps=steps,
@@ -307,6 +356,9 @@ class BatchBuilder:
             nodes = ((0, accepted_branch), *((i + 1, k) for k in range(topk) for i in range(steps)))
             forwards += (tuple(_owner(r.spec.rid, r.seq_len + d, k, accepted_branch) for r in reqs
                                for d, k in nodes),)
+            if self.timeline.draft_extend:  # a chain's (a tree has no draft-extend: TimelineSpec.problems)
+                forwards += (tuple(TokenKey(r.spec.rid, r.seq_len + i) for r in reqs
+                                   for i in range(1 + verify.accepted)),)
         step_rows = tree_order(by_request, topk=topk, steps=steps)
         prefix_lens = [r.seq_len for r in reqs for _ in range(topk)]
         for req in reqs:
@@ -332,6 +384,7 @@ class BatchBuilder:
         if topk > 1:
             batch.draft_tree = draft_step_tree(torch.tensor(prefix_lens[::topk], dtype=torch.int64,
                                                             device=self.book.device), topk=topk, steps=steps)
+        batch.draft_from_extend = draft and self.timeline.draft_extend
         if draft and self._translate is not None:
             # SGLang builds the draft's ForwardBatch over the whole allocation, so its out_cache_loc_swa holds
             # every step's SWA slots (request-major, as allocated) until a draft step replaces it

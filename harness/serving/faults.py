@@ -58,6 +58,8 @@ class Fault:
     design matching with it on (a regression of what masks it would diverge there); None: it is flagged"""
     needs_tree: bool = False
     """acts only in a run that drafts trees (``timeline.draft_topk`` > 1)"""
+    needs_draft_extend: bool = False
+    """acts only in a run with draft-extend forwards (``timeline.draft_extend``)"""
     patch: str | None = None
     """``package.module:function``, a context manager that applies the fault to code the harness does not own;
     ``check/run/drive.execute`` enters it around the run, in the run's process (a forked child under ``harness run``
@@ -106,6 +108,11 @@ FAULTS: Registry[Fault] = Registry({
                       "layers at full-pool slot ids: the request's own part of the table is translated, the "
                       "branch part is not",
               reference="SGLang PR 24617 (the top-k > 1 page table not translated for SWA layers)"),
+        Fault(name="draft_extend_without_swa_window", acts_on=Component.ATTENTION_BACKEND,
+              modes=("eager", "full", "piecewise"), needs_draft_extend=True,
+              summary="draft-extend forwards are built without the SWA window's page table (that path alone): the "
+                      "SWA layers of the draft-extend read the SWA pool at the full pool's slot ids",
+              reference="SGLang PR 29858 (the SWA window indices hard-coded to none on the draft-extend path only)"),
         Fault(name="stale_swa_after_reassign", acts_on=Component.SPECULATIVE_WORKER,
               modes=("eager", "full", "piecewise"),
               summary="a draft step rebinds out_cache_loc to its row but keeps the draft batch's out_cache_loc_swa, "

@@ -78,6 +78,10 @@ class TimelineSpec:
     """draft tokens the target-verify forward accepts, one entry per decode iteration (the list cycles), the
     same for every request of the iteration and capped at the draft's steps; empty: no verify forward and
     every draft kept as it was written (the flow without target-verify)"""
+    draft_extend: bool = False
+    """after each target forward (a prefill chunk, a verify) a draft-extend forward over the tokens the target
+    kept, which gives the next draft its first token: each draft then runs ``draft_steps - 1`` forwards, as
+    SGLang's EAGLE worker runs them; needs ``accept_lens`` and two draft steps or more"""
     seed: int = 0
     max_steps: int = 512
 
@@ -107,6 +111,15 @@ class TimelineSpec:
                 if not 0 <= n <= self.draft_steps:
                     out.append(f"accept_lens[{i}]: expected an integer from 0 to draft_steps ({self.draft_steps}), "
                                f"got {n}")
+        if self.draft_extend and self.draft_topk > 1:
+            # the draft-extend covers a chain's kept tokens; a tree's accepted branch moves its slots first
+            out.append(f"draft_extend: tree drafts (draft_topk {self.draft_topk}) with a draft-extend are not "
+                       "modelled; set draft_topk to 1 or draft_extend to false")
+        elif self.draft_extend and not self.verifies:
+            out.append("draft_extend: a draft-extend runs over the tokens a verify kept; set accept_lens")
+        elif self.draft_extend and self.draft_steps < 2:
+            # the draft-extend gives the first draft token, so a one-step draft would run no forward at all
+            out.append(f"draft_extend: expected draft_steps of 2 or more, got {self.draft_steps}")
         if not 1 <= self.max_steps <= _LIMIT:
             out.append(f"max_steps: expected an integer from 1 to {_LIMIT}, got {self.max_steps}")
         if not self.requests:
@@ -145,6 +158,10 @@ class TimelineSpec:
     def verifies(self) -> bool:
         """Each draft is followed by a target-verify forward that accepts ``accept_lens`` of its tokens."""
         return bool(self.accept_lens)
+
+    def draft_forwards(self, steps: int) -> int:
+        """Forwards a draft of ``steps`` tokens runs: one fewer after a draft-extend, which gave the first."""
+        return steps - 1 if self.draft_extend else steps
 
     def accepted(self, iteration: int, steps: int) -> int:
         """Draft tokens the verify of decode iteration ``iteration`` (0-based) accepts of ``steps`` drafted."""

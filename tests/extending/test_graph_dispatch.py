@@ -65,8 +65,8 @@ class FullTwoTokenDecodeRunner(TwoTokenDecodeRunner):
     captures_attention = True
 
 
-class UniformBatchBackend(backend_class("torch_native")):
-    """The torch-native backend declaring full graphs for uniform batches."""
+class UniformBatchBackend(backend_class("torch_gather")):
+    """The torch-gather backend (decode-only graphs) declaring full graphs for uniform batches."""
 
     name = "uniform_batch"
     graph_support = GraphSupport.UNIFORM_BATCH
@@ -134,7 +134,7 @@ def test_without_the_registration_a_two_token_decode_runs_eagerly():
     assert isinstance(chosen.runner, EagerRunner) and chosen.key is None and not chosen.fallback
 
 
-@pytest.mark.parametrize("backend, taken", [("torch_native", False), ("uniform_batch", True)])
+@pytest.mark.parametrize("backend, taken", [("torch_gather", False), ("uniform_batch", True)])
 def test_a_full_two_token_graph_is_picked_only_over_a_backend_whose_graph_support_covers_it(monkeypatch, backend,
                                                                                               taken):
     monkeypatch.setitem(GRAPH_RUNNERS, Mode.FULL,

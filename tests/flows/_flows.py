@@ -46,7 +46,9 @@ def drive(spec: RunSpec, *, poison_outputs: bool = False):
     session = assemble(spec)
     if poison_outputs:
         for runner in session.runner.runners:
-            nan_before_replay(runner)
+            # a runner of several graph sets (the draft-extend's, one per length) poisons each set's outputs
+            for part in getattr(runner, "by_length", {}).values() or (runner,):
+                nan_before_replay(part)
     hidden, pools = [], []
     while (step := session.scheduler.next_step()) is not None:
         hidden.append(torch.cat(session.run_batch(step.batch)))

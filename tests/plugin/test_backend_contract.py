@@ -31,12 +31,14 @@ TOY_BACKENDS = (SAMPLES / "toy_backends.py").read_text()
 
 def test_torch_native_declares_what_it_supports():
     cls = backend_class("torch_native")
-    assert (cls.name, cls.graph_support) == ("torch_native", GraphSupport.DECODE_ONLY)
+    # uniform batches: a verify's n tokens per request have static token rows (tests/flows/test_verify_graph.py)
+    assert (cls.name, cls.graph_support) == ("torch_native", GraphSupport.UNIFORM_BATCH)
     assert cls.devices == {Device.CPU, Device.CUDA}
     assert cls.kv_write_paths == {KVWrite.PLAIN, KVWrite.FUSED_FP8}
     assert (cls.page_sizes, cls.kv_layouts) == (None, {KVLayout.NHD})  # it gathers token rows: any page size
     assert cls.known_faults == {"rebind_metadata", "baked_scalar", "window_from_wrong_layer", "read_page_tail",
-                                "fused_fp8_scale_dropped", "verify_without_swa_window", "draft_tree_swa_untranslated"}
+                                "fused_fp8_scale_dropped", "verify_without_swa_window", "draft_tree_swa_untranslated",
+                                "draft_extend_without_swa_window"}
     assert cls.missing_declarations() == ()
     assert all(cls.unsupported(mode=m, device="cpu", page_size=p) == () for m in Mode for p in (1, 16, 64))
 
@@ -44,8 +46,10 @@ def test_torch_native_declares_what_it_supports():
 def test_torch_gather_declares_what_torch_native_does_and_the_index_space_faults_of_its_page_tables():
     cls, native = backend_class("torch_gather"), backend_class("torch_native")
     assert BACKENDS["torch_gather"] == "harness.backends.torch_gather:TorchGatherBackend"
-    for declared in ("graph_support", "devices", "kv_write_paths", "page_sizes", "kv_layouts"):
+    for declared in ("devices", "kv_write_paths", "page_sizes", "kv_layouts"):
         assert getattr(cls, declared) == getattr(native, declared), declared
+    # its graph path has no static buffers for a verify's token rows (torch_native's has): decode graphs only
+    assert (cls.graph_support, native.graph_support) == (GraphSupport.DECODE_ONLY, GraphSupport.UNIFORM_BATCH)
     assert cls.known_faults - native.known_faults == {"swa_read_untranslated", "page_ids_translated_as_slots",
                                                       "swa_table_sized_by_swa_pages"}
     assert native.known_faults <= cls.known_faults  # every library scenario of a dense-kernel fault runs it too

@@ -1,0 +1,95 @@
+"""The target-verify graph runner: the verify of 1 + draft steps tokens per request as one full graph per bucket,
+over a backend whose graphs capture uniform batches (torch_native), bitwise equal to the eager verify."""
+
+import dataclasses
+
+import pytest
+
+from harness.check.run.assemble import assemble
+from harness.runners.verify_graph import VerifyGraphRunner
+from harness.runspec import GraphSpec
+from harness.serving.batch import ForwardMode
+from workloads import heterogeneous_drafts
+
+from ._flows import bitwise_equal, drive, replace, spec_for
+
+
+def _verified(window: int, draft_extend: bool = False):
+    return dataclasses.replace(heterogeneous_drafts(window), accept_lens=(1, 0, 2), draft_extend=draft_extend)
+
+
+def _spec(mode, backend="torch_native", draft_extend=False, design="forward_batch"):
+    spec = spec_for("gpt-oss-mini", lambda w: _verified(w, draft_extend), mode, design=design, backend=backend)
+    return replace(spec, graphs=GraphSpec(decode_buckets=(2, 4)))
+
+
+def _verify_runner(session) -> VerifyGraphRunner:
+    (runner,) = [r for r in session.runner.runners if isinstance(r, VerifyGraphRunner)]
+    return runner
+
+
+@pytest.mark.parametrize("draft_extend", [False, True])
+def test_verify_graph_replays_equal_the_eager_verify_bitwise(draft_extend):
+    spec = _spec("full", draft_extend=draft_extend)
+    graph_hidden, graph_pools, _ = drive(spec, poison_outputs=True)
+    eager_hidden, eager_pools, _ = drive(replace(spec, mode="eager"))
+    assert len(graph_hidden) == len(eager_hidden)
+    for step, (g, e) in enumerate(zip(graph_hidden, eager_hidden)):
+        assert bitwise_equal(g, e), f"hidden states differ at step {step}"
+    for step, (gp, ep) in enumerate(zip(graph_pools, eager_pools)):
+        for i, (gb, eb) in enumerate(zip(gp, ep)):
+            assert bitwise_equal(gb[1:], eb[1:]), f"pool buffer {i} differs at step {step}"
+
+
+def test_whole_verifies_replay_their_bucket_padded_ones_too_and_shorter_ones_run_eagerly():
+    session = assemble(_spec("full", design="metadata"))
+    verifies = []
+    while (step := session.scheduler.next_step()) is not None:
+        session.run_batch(step.batch)
+        if step.batch.verify is not None:
+            verifies.append((step.batch.draft_steps, step.batch.batch_size, session.runner.forward_log()[-1].graph))
+        session.scheduler.finish_step()
+    whole = {(bs, graph) for steps, bs, graph in verifies if steps == 2}
+    # three requests in the bucket of four, then one in the bucket of two: both padded
+    assert whole == {(3, "target_verify/bs4x3"), (1, "target_verify/bs2x3")}
+    assert {graph for steps, _, graph in verifies if steps < 2} == {"eager"}
+    runner = _verify_runner(session)
+    assert runner.log.captures == 2 and runner.log.padded_replays >= 2
+    assert session.runner.observations().findings == ()
+
+
+@pytest.mark.parametrize("backend, verifies", [("torch_gather", True), ("torch_native", False)])
+def test_no_verify_graphs_where_the_backend_cannot_capture_them_or_nothing_verifies(backend, verifies):
+    spec = _spec("full", backend=backend)
+    if not verifies:
+        spec = replace(spec, timeline=heterogeneous_drafts(spec.model.window))
+    session = assemble(spec)
+    # the runner covers nothing, so the dispatcher keeps none of it
+    assert not [r for r in session.runner.runners if isinstance(r, VerifyGraphRunner)]
+    step = session.scheduler.next_step()
+    while step.batch.forward_mode is not ForwardMode.DRAFT:
+        session.run_batch(step.batch)
+        session.scheduler.finish_step()
+        step = session.scheduler.next_step()
+    session.run_batch(step.batch)
+    assert "target_verify" not in " ".join(f.graph or "" for f in session.runner.forward_log())
+
+
+def test_each_draft_extend_after_a_verify_replays_the_graphs_of_its_length_and_the_prefills_run_eagerly():
+    session = assemble(_spec("full", draft_extend=True))
+    runner = _verify_runner(session)
+    seen = []
+    while (step := session.scheduler.next_step()) is not None:
+        mark = len(session.runner.forward_log())
+        session.run_batch(step.batch)
+        ran = session.runner.forward_log()[mark:]
+        if step.batch.verify is not None:
+            accepted = step.batch.verify.accepted
+            seen.append((1 + accepted, step.batch.batch_size, ran[-1].graph))
+        else:
+            assert ran[-1].graph == "eager" or step.batch.forward_mode is not ForwardMode.EXTEND
+        session.scheduler.finish_step()
+    assert runner.covers and seen
+    for n, bs, graph in seen:
+        bucket = 2 if bs <= 2 else 4
+        assert graph == f"draft_extend/bs{bucket}" + (f"x{n}" if n > 1 else ""), (n, bs, graph)
