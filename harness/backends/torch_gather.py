@@ -124,7 +124,7 @@ class TorchGatherMetadataBuilder(AttentionMetadataBuilder):
             rows, kv_lens = rows[extend_token_rows(batch.extend_seq_lens_cpu, self.device)], tree.kv_lens
         full = tree_slot_table(self.req_to_token, rows, tree, kv_lens, self.width)
         swa = self._swa_pages(full, 1, graph=graph)
-        if batch.forward_mode is ForwardMode.TARGET_VERIFY and "verify_without_swa_window" in self.faults:
+        if swa_window_left_out(batch.forward_mode, self.faults):
             swa = full
         return full, tree_swa_slot_table(full, swa, tree, untranslated="draft_tree_swa_untranslated" in self.faults)
 

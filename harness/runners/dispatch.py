@@ -60,6 +60,9 @@ class BatchDescriptor:
     extend batch"""
     num_reqs: int
     num_tokens: int
+    tree_mask: bool = False
+    """the forward attends under a tree mask (a top-k > 1 verify): no graph is captured with one, so none takes
+    it, even where its token count equals a chain verify's"""
 
     @classmethod
     def of(cls, batch: ForwardBatch) -> BatchDescriptor:
@@ -72,7 +75,8 @@ class BatchDescriptor:
         if not lengths and batch.batch_size and batch.num_tokens % batch.batch_size == 0:
             lengths = {batch.num_tokens // batch.batch_size}  # a batch built without host-side lengths
         return cls(forward_mode=mode, tokens_per_request=lengths.pop() if len(lengths) == 1 else None,
-                   num_reqs=batch.batch_size, num_tokens=batch.num_tokens)
+                   num_reqs=batch.batch_size, num_tokens=batch.num_tokens,
+                   tree_mask=batch.forward_mode is ForwardMode.TARGET_VERIFY and batch.draft_tree is not None)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -114,7 +118,7 @@ class GraphCover:
 
     def takes(self, batch: BatchDescriptor) -> bool:
         """Whether the forward is of the kind these graphs are for, whatever its size."""
-        return batch.forward_mode is self.forward_mode and (
+        return batch.forward_mode is self.forward_mode and not batch.tree_mask and (
             self.tokens_per_request is None or batch.tokens_per_request == self.tokens_per_request)
 
     def size(self, batch: BatchDescriptor) -> int:

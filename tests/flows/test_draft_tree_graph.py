@@ -71,3 +71,15 @@ def test_a_backend_that_reads_no_trees_refuses_a_tree_draft_by_name():
         session.run_batch(step.batch)
         session.scheduler.finish_step()
     pytest.fail("the timeline drafted no tree")
+
+
+def test_a_tree_verify_is_never_replayed_on_a_chain_verify_graph():
+    # near a request's end a tree of 2 branches drafts 1 step: its verify adds 1 + 2 * 1 = 3 tokens per request,
+    # a 2-step chain verify's count, which the verify graphs were captured for without the tree mask
+    from harness.runners.dispatch import BatchDescriptor, GraphCover
+
+    cover = GraphCover(forward_mode=ForwardMode.TARGET_VERIFY, tokens_per_request=3, buckets=(2, 4))
+    chain = BatchDescriptor(forward_mode=ForwardMode.TARGET_VERIFY, tokens_per_request=3, num_reqs=1, num_tokens=3)
+    tree = BatchDescriptor(forward_mode=ForwardMode.TARGET_VERIFY, tokens_per_request=3, num_reqs=1, num_tokens=3,
+                           tree_mask=True)
+    assert cover.key_for(chain) is not None and cover.key_for(tree) is None

@@ -11,7 +11,7 @@ from harness.runspec import GraphSpec
 from harness.serving.batch import ForwardMode
 from workloads import heterogeneous_drafts
 
-from ._flows import bitwise_equal, drive, replace, spec_for
+from ._flows import graph_equals_eager_bitwise, replace, spec_for
 
 
 def _verified(window: int, draft_extend: bool = False):
@@ -30,15 +30,7 @@ def _verify_runner(session) -> VerifyGraphRunner:
 
 @pytest.mark.parametrize("draft_extend", [False, True])
 def test_verify_graph_replays_equal_the_eager_verify_bitwise(draft_extend):
-    spec = _spec("full", draft_extend=draft_extend)
-    graph_hidden, graph_pools, _ = drive(spec, poison_outputs=True)
-    eager_hidden, eager_pools, _ = drive(replace(spec, mode="eager"))
-    assert len(graph_hidden) == len(eager_hidden)
-    for step, (g, e) in enumerate(zip(graph_hidden, eager_hidden)):
-        assert bitwise_equal(g, e), f"hidden states differ at step {step}"
-    for step, (gp, ep) in enumerate(zip(graph_pools, eager_pools)):
-        for i, (gb, eb) in enumerate(zip(gp, ep)):
-            assert bitwise_equal(gb[1:], eb[1:]), f"pool buffer {i} differs at step {step}"
+    graph_equals_eager_bitwise(_spec("full", draft_extend=draft_extend))
 
 
 def test_whole_verifies_replay_their_bucket_padded_ones_too_and_shorter_ones_run_eagerly():
