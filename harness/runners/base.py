@@ -6,14 +6,14 @@ from __future__ import annotations
 import bisect
 import re
 from collections import Counter
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import ClassVar, Protocol
 
 import torch
 
 from ..backends.base import AttentionBackend
-from ..graphs.engine import CapturedGraph, GraphEngine, StaleInput
+from ..graphs.engine import CapturedGraph, GraphEngine, StaleInput, module_roots
 from ..serving.batch import ForwardBatch
 from ..serving.faults import Component, faults_acting_on
 from ..serving.model import SyntheticModel
@@ -169,6 +169,37 @@ class GraphRunner:
         """The smallest bucket that holds ``size`` rows or tokens; None when none does."""
         index = bisect.bisect_left(self.buckets, size)
         return self.buckets[index] if index < len(self.buckets) else None
+
+    def _capture_whole(self, bucket: int, forward: Callable[[], torch.Tensor], *,
+                       backends: Sequence[AttentionBackend] | None = None) -> None:
+        """Capture ``forward`` as the full graph of ``bucket`` and keep it with the output of its captured run.
+        Its static inputs are the runner's buffers, the model's weights, the pool, ``backends``' graph state (the
+        runner's one backend by default; a multi-step draft's per-step ones) and ``req_to_token``; its audit
+        roots the pool, the first backend, the runner, the model and the module-level state of the design, the
+        backend and the runner (named module.attr)."""
+        backends = (self.backend,) if backends is None else tuple(backends)
+        produced: list[torch.Tensor] = []
+
+        def run() -> torch.Tensor:
+            out = forward()
+            produced.append(out)
+            return out
+
+        graph = self.engine.capture(
+            run,
+            label=self.covers[0].key(bucket).name,
+            roots={"pool": self.pool, "backend": backends[0], "runner": self, "model": self.model,
+                   **module_roots(self.backend.impl.design, self.backend.impl, self.backend, self)},
+            static_inputs=[
+                *self.static_buffers(),
+                *self.model.parameters(),
+                *self.model.buffers(),
+                *self.pool.buffers(),
+                *(t for backend in backends for t in backend.graph_static_tensors()),
+                self.req_to_token_pool.req_to_token,
+            ],
+        )
+        self._keep(bucket, graph, produced[-1])
 
     def _keep(self, bucket: int, graph: CapturedGraph, output: torch.Tensor) -> None:
         self.graphs[bucket] = graph

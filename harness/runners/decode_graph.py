@@ -23,7 +23,7 @@ from collections.abc import Collection
 import torch
 
 from ..backends.base import AttentionBatch, attention_batch, spec_info_of
-from ..graphs.engine import GraphEngine, module_roots
+from ..graphs.engine import GraphEngine
 from ..graphs.registry import get_engine
 from ..runspec import CapturePolicy, RunSpec
 from ..serving.batch import ForwardBatch, ForwardMode
@@ -124,10 +124,7 @@ class DecodeGraphRunner(GraphRunner):
         if "no_preset_swa_loc" not in self.faults:
             # SGLang PR 23552: point the attribute at the static buffer so the graph reads what replay fills
             self.pool.set_swa_loc(batch.out_cache_loc_swa)
-        model, backend = self.model, self.backend
-        produced: list[torch.Tensor] = []
-
-        pool = self.pool
+        model, backend, pool = self.model, self.backend, self.pool
         invalidate = "skip_memo_invalidate_at_capture" not in self.faults
 
         def forward() -> torch.Tensor:
@@ -135,28 +132,11 @@ class DecodeGraphRunner(GraphRunner):
                 # SGLang PR 25824's runner: a memo left by a warm-up run (keyed on the static buffer's
                 # address, which capture reuses) would be frozen into the graph as a constant translation
                 pool.invalidate_translate_cache()
-            out = model.forward(
+            return model.forward(
                 batch.input_ids, batch.positions, lambda layer_id, q, k, v: backend.forward(q, k, v, layer_id, batch)
             )
-            produced.append(out)
-            return out
 
-        graph = self.engine.capture(
-            forward,
-            label=self.covers[0].key(bs).name,
-            roots={"pool": self.pool, "backend": self.backend, "runner": self, "model": self.model,
-                   # module-level state of the design, the backend and this runner, named module.attr
-                   **module_roots(self.backend.impl.design, self.backend.impl, self.backend, self)},
-            static_inputs=[
-                *self.static_buffers(),
-                *self.model.parameters(),
-                *self.model.buffers(),
-                *self.pool.buffers(),
-                *self.backend.graph_static_tensors(),
-                self.req_to_token_pool.req_to_token,
-            ],
-        )
-        self._keep(bs, graph, produced[-1])
+        self._capture_whole(bs, forward)
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         bs = batch.batch_size

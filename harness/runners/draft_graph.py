@@ -42,7 +42,7 @@ from collections.abc import Collection
 import torch
 
 from ..backends.base import AttentionBackend, AttentionBatch, SpecInfo, attention_batch
-from ..graphs.engine import GraphEngine, module_roots
+from ..graphs.engine import GraphEngine
 from ..graphs.registry import get_engine
 from ..runspec import CapturePolicy, RunSpec
 from ..serving.batch import ForwardBatch, ForwardMode
@@ -163,7 +163,6 @@ class DraftGraphRunner(GraphRunner):
         model, pool, backends = self.model, self.pool, self.backends
         once = "draft_metadata_captured_once" in self.faults
         invalidate = "skip_memo_invalidate_in_draft_graph" not in self.faults
-        produced: list[torch.Tensor] = []
 
         def draft_forward() -> torch.Tensor:
             # SGLang's draft_forward: the flat allocation read as one row per step (a copy: permuted)
@@ -182,25 +181,9 @@ class DraftGraphRunner(GraphRunner):
                 backend = backends[0 if once else step]
                 outs.append(model.forward(batch.input_ids, batch.positions,
                                           lambda layer_id, q, k, v, b=batch, be=backend: be.forward(q, k, v, layer_id, b)))
-            out = torch.stack(outs)
-            produced.append(out)
-            return out
+            return torch.stack(outs)
 
-        graph = self.engine.capture(
-            draft_forward,
-            label=self.covers[0].key(bucket).name,
-            roots={"pool": self.pool, "backend": self.backends[0], "runner": self, "model": self.model,
-                   **module_roots(self.backend.impl.design, self.backend.impl, self.backend, self)},
-            static_inputs=[
-                *self.static_buffers(),
-                *self.model.parameters(),
-                *self.model.buffers(),
-                *self.pool.buffers(),
-                *(t for backend in self.backends for t in backend.graph_static_tensors()),
-                self.req_to_token_pool.req_to_token,
-            ],
-        )
-        self._keep(bucket, graph, produced[-1])
+        self._capture_whole(bucket, draft_forward, backends=self.backends)
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         """Hidden states of every draft forward, step-major ([forwards * batch_size, hidden])."""

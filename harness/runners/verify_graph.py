@@ -30,7 +30,7 @@ from collections.abc import Collection
 import torch
 
 from ..backends.base import AttentionBatch, GraphSupport, SpecInfo, attention_batch
-from ..graphs.engine import GraphEngine, module_roots
+from ..graphs.engine import GraphEngine
 from ..graphs.registry import get_engine
 from ..runspec import CapturePolicy, RunSpec
 from ..serving.batch import ForwardBatch, ForwardMode
@@ -142,30 +142,13 @@ class VerifyGraphRunner(GraphRunner):
         self.backend.init_forward_metadata_capture_cuda_graph(self._attention_batch(bs, bs))
         self.pool.set_swa_loc(batch.out_cache_loc_swa)  # SGLang PR 23552's preset, as the decode runner does
         model, backend, pool = self.model, self.backend, self.pool
-        produced: list[torch.Tensor] = []
 
         def forward() -> torch.Tensor:
             pool.invalidate_translate_cache()  # what the model runner does per forward, frozen at capture
-            out = model.forward(
+            return model.forward(
                 batch.input_ids, batch.positions, lambda layer_id, q, k, v: backend.forward(q, k, v, layer_id, batch))
-            produced.append(out)
-            return out
 
-        graph = self.engine.capture(
-            forward,
-            label=self.covers[0].key(bs).name,
-            roots={"pool": self.pool, "backend": self.backend, "runner": self, "model": self.model,
-                   **module_roots(self.backend.impl.design, self.backend.impl, self.backend, self)},
-            static_inputs=[
-                *self.static_buffers(),
-                *self.model.parameters(),
-                *self.model.buffers(),
-                *self.pool.buffers(),
-                *self.backend.graph_static_tensors(),
-                self.req_to_token_pool.req_to_token,
-            ],
-        )
-        self._keep(bs, graph, produced[-1])
+        self._capture_whole(bs, forward)
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         """Hidden states of the forward's tokens, request-major ([batch_size * n, hidden])."""
