@@ -5,7 +5,7 @@ draft allocation gives the rows the harness's draft steps write, in eager drafts
 import torch
 
 from harness.check.run.assemble import assemble
-from harness.runners.draft_graph import TOPK, DraftGraphRunner
+from harness.runners.draft_graph import DraftGraphRunner
 from harness.runspec import GraphSpec, RunSpec
 from harness.serving.batch import ForwardMode
 from harness.serving.model_spec import model_spec
@@ -40,7 +40,8 @@ def test_the_draft_steps_rows_are_sglangs_per_step_slices_of_the_allocation():
     per_step = _per_step()
     _, batch = _first_draft("eager")
     flat = batch.draft_out_cache_loc.t().reshape(-1)  # request-major, as the builder allocated it
-    assert torch.equal(per_step(flat, batch.batch_size, TOPK, batch.draft_steps), batch.draft_out_cache_loc)
+    assert batch.draft_topk == 1  # a chain: SGLang's layout at top-k 1
+    assert torch.equal(per_step(flat, batch.batch_size, batch.draft_topk, batch.draft_steps), batch.draft_out_cache_loc)
 
 
 def test_the_draft_graph_reads_sglangs_per_step_slices_of_its_static_allocation():
@@ -49,7 +50,7 @@ def test_the_draft_graph_reads_sglangs_per_step_slices_of_its_static_allocation(
     (runner,) = [r for r in session.runner.runners if isinstance(r, DraftGraphRunner)]
     session.run_batch(batch)  # fills the static buffers, padding row included, and replays
     bucket, steps = 4, runner.steps
-    static = runner.out_cache_loc[: bucket * TOPK * steps]
-    rows = per_step(static, bucket, TOPK, steps)
+    static = runner.out_cache_loc[: bucket * runner.topk * steps]
+    rows = per_step(static, bucket, runner.topk, steps)
     assert torch.equal(rows[:, : batch.batch_size], batch.draft_out_cache_loc)
     assert torch.equal(rows[:, batch.batch_size :], torch.zeros_like(rows[:, batch.batch_size :]))  # the dummy slot
