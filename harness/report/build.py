@@ -5,8 +5,10 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib.util
+import os
 import shlex
 import site
+import sys
 import sysconfig
 from pathlib import Path
 
@@ -141,7 +143,7 @@ def reproduce(case: Case) -> tuple[str, str]:
     if case.engine != (Engine.CUDA if case.device == Device.CUDA else Engine.TAPE):
         pytest_args += ["--harness-engine", str(case.engine)]
     serving = case.scenario.serving
-    if (own := _file_serving(str(case.scenario.path))) is not None and serving != own:  # --serving replaced it
+    if (own := _file_serving(str(Path(case.scenario.path).resolve()))) is not None and serving != own:  # --serving replaced it
         pytest_args += ["--harness-serving", serving]
         cli_args += ["--serving", serving]
     folders = dict.fromkeys(f for name in (case.design, case.backend, case.runner or "", serving)
@@ -164,10 +166,16 @@ def _file_serving(path: str) -> str | None:
         return None
 
 
-@functools.lru_cache(maxsize=256)
 def _import_folder(name: str) -> str | None:
     """The folder to put on ``PYTHONPATH`` for the module an import path names (shown like a scenario path);
     None for a registered name, a module Python finds anyway (the harness's, installed ones) or none found."""
+    # the answer depends on where Python looks and what the folder is shown relative to: both are the key, so
+    # a worker process that moved to another folder (a test's project copy) is not told the first one's
+    return _import_folder_from(name, os.getcwd(), tuple(sys.path))
+
+
+@functools.lru_cache(maxsize=256)
+def _import_folder_from(name: str, cwd: str, search_path: tuple[str, ...]) -> str | None:
     if not is_import_path(name):
         return None
     top = name.partition(":")[0].split(".")[0]

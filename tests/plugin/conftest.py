@@ -56,15 +56,20 @@ SAMPLE_MODULES = tuple(sorted(p.stem for p in SAMPLES.glob("*.py")))
 
 
 @pytest.fixture
-def harness_pytester(pytester: pytest.Pytester, one_torch_thread: None,
-                     monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
-    """A pytester directory whose conftest loads the harness plugin, as the repository's root conftest does.
-
-    A sample module an earlier test of this process imported (from ``samples/`` or its own folder) stays in
+def fresh_sample_modules(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sample module an earlier test of this process imported (from ``samples/`` or its own folder) stays in
     ``sys.modules``, and an in-process run here would use that copy, and say so in its reproduce lines, where a
-    fresh process (an xdist worker) imports the one beside the scenarios: each test starts without them."""
+    fresh process (an xdist worker, a user's shell) imports the one beside the scenarios: the test starts
+    without them."""
     for name in SAMPLE_MODULES:
         monkeypatch.delitem(sys.modules, name, raising=False)
+
+
+@pytest.fixture
+def harness_pytester(pytester: pytest.Pytester, one_torch_thread: None,
+                     fresh_sample_modules: None) -> pytest.Pytester:
+    """A pytester directory whose conftest loads the harness plugin, as the repository's root conftest does,
+    with no sample module left imported by an earlier test (``fresh_sample_modules``)."""
     pytester.makeconftest('pytest_plugins = ["harness.plugin"]\n')
     return pytester
 

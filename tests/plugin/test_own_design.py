@@ -29,8 +29,9 @@ def run_cli(capsys, *args: str) -> tuple[int, str, str]:
 
 
 @pytest.fixture
-def own_designs(cli_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """``own_designs.py`` beside the scenarios, importable as a user's module in the working directory is."""
+def own_designs(cli_dir: Path, monkeypatch: pytest.MonkeyPatch, fresh_sample_modules: None) -> Path:
+    """``own_designs.py`` beside the scenarios, importable as a user's module in the working directory is (and
+    imported from there, not from where an earlier test left it)."""
     (cli_dir / "own_designs.py").write_text((SAMPLES / "own_designs.py").read_text())
     monkeypatch.syspath_prepend(str(cli_dir))
     return cli_dir
