@@ -20,10 +20,12 @@ from .memory import timeline_memory_problems
 from .spec import ScenarioSpec
 
 
-def dry_run(spec: ScenarioSpec) -> list[Problem]:
-    """The problem that stops the timeline, if any; run it only on a spec whose ``problems()`` are empty."""
+def dry_run(spec: ScenarioSpec, *, load_policy: bool = False) -> list[Problem]:
+    """The problem that stops the timeline, if any; run it only on a spec whose ``problems()`` are empty.
+    ``load_policy``: schedule with the spec's eviction policy even when an import path names it (a caller that
+    has it installed: the SGLang target moving a scenario onto SGLang's eviction), not the tight stand-in."""
     serving = spec.serving if spec.serving in STACKS and spec.serving not in OPTIONAL_STACKS else "miniature"
-    eviction = (spec.eviction if spec.eviction.policy in EVICTION_POLICIES
+    eviction = (spec.eviction if load_policy or spec.eviction.policy in EVICTION_POLICIES
                 else EvictionSpec(prefix_cache=spec.eviction.prefix_cache))
     stack = stack_class(serving).build(
         StackSpec(pool=spec.pool, layer_is_swa=(), num_kv_heads=1, head_dim=1, poison_freed=False)
