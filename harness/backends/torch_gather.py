@@ -246,9 +246,10 @@ class TorchGatherImpl(AttentionImpl):
         qh = q.view(heads, g, d)
         # contiguous operands, as in the torch-native kernel: a strided K sends a one-token product down another
         # GEMM path, and a batch of one would no longer equal the same row of a padded bucket; bmm on them is
-        # what matmul would call, without the expands and views it dispatches around it
-        k_t = k_all.permute(0, 2, 3, 1).reshape(heads, d, lanes)
-        v_t = v_all.permute(0, 2, 1, 3).reshape(heads, lanes, d)
+        # what matmul would call, without the expands and views it dispatches around it. reshape alone copies
+        # only for two tokens or more: for one it returns a strided view (a size-1 dim merges with any stride)
+        k_t = k_all.permute(0, 2, 3, 1).reshape(heads, d, lanes).contiguous()
+        v_t = v_all.permute(0, 2, 1, 3).reshape(heads, lanes, d).contiguous()
         scores = (torch.bmm(qh, k_t).float() * self.scale).view(t, self.num_kv_heads, g, lanes)
         scores = scores.masked_fill(gather.padding[..., :lanes], float("-inf"))
         probs = torch.softmax(scores, dim=-1).to(self.dtype)
