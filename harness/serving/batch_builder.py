@@ -123,6 +123,7 @@ class VerifyPlan:
             raise RuntimeError("the verify of this draft is built already: its draft's slots went back then")
         b = self.builder
         b.stack.free(self.draft_slots)  # restore_state: the draft's slots go back before the verify allocates
+        b.held_branches = []
         for req, pre in zip(self.reqs, self.prefix_lens, strict=True):
             del req.slots[pre:]
             req.seq_len = pre
@@ -220,6 +221,10 @@ class BatchBuilder:
         self._translate = stack.translate if stack.asks_swa_design else None
         self._verifies = 0
         """decode iterations verified so far: the index into ``timeline.accept_lens``"""
+        self.held_branches: list[tuple[Req, int, int, int]] = []
+        """(request, position, branch, full slot) of each token of a tree draft's branches other than the one
+        the requests' positions hold: the draft owns their slots from its batch build until its verify gives the
+        draft's allocation back (``VerifyPlan.build``); empty otherwise"""
 
     def next_step_pages(self) -> int:
         """Pages (of each pool) the batch ``next_step`` would build now allocates."""
@@ -246,6 +251,7 @@ class BatchBuilder:
                     raise
 
     def build(self) -> ScheduledStep | None:
+        self.held_branches = []
         prefilling = [r for r in self.book.running if r.prefilling]
         if prefilling or self.book.waiting:
             return self._build_extend(prefilling)
@@ -340,6 +346,8 @@ class BatchBuilder:
             self.stack.write_req_to_token(req.row, req.seq_len, by_request[b])
             # the request's positions hold the first branch's slots until a verify says which are kept
             req.slots.extend(by_request[b, :steps].tolist())
+            self.held_branches.extend((req, req.seq_len + i, k, slot) for k in range(1, topk)
+                                      for i, slot in enumerate(by_request[b, k * steps : (k + 1) * steps].tolist()))
             for k in range(topk):
                 ids[:, b * topk + k] = branch_tokens(req.tokens[req.seq_len : req.seq_len + steps], k,
                                                      accepted_branch, self.book.vocab_size)

@@ -99,7 +99,7 @@ def pool_violations(live: Sequence[LiveToken], *, groups: KVGroups, free: Mappin
     windowed = [(i, g) for i, g in enumerate(groups) if g.has_window]
     always = [(i, g) for i, g in enumerate(groups) if not g.has_window]
     for t in live:
-        who = f"{t.rid}@{t.pos}"
+        who = t.who
         held = [(g, t.slots[i]) for i, g in always] + [(g, t.slots[i]) for i, g in windowed if t.slots[i] > 0]
         held.sort(key=lambda h: groups.index(h[0].name))
         for i, g in windowed:
@@ -128,7 +128,7 @@ def pool_violations(live: Sequence[LiveToken], *, groups: KVGroups, free: Mappin
             if (pool, slot) in owners:
                 first = owners[(pool, slot)]
                 out.append(InvariantViolation(invariant="owned_twice", pool=pool, slot=slot,
-                                              detail=f"owned by {first.rid}@{first.pos} and {who}"))
+                                              detail=f"owned by {first.who} and {who}"))
             else:
                 owners[(pool, slot)] = t
             if slot in free_sets[pool]:

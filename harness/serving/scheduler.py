@@ -116,7 +116,8 @@ class Scheduler:
         out = []
         # one translation of every running request's slots (it maps slot by slot) rather than one per request:
         # this runs twice a step, and on the tiny tensors here each call costs far more than its elements
-        every = [slot for req in self._running for slot in req.slots]
+        branches = self.builder.held_branches
+        every = [slot for req in self._running for slot in req.slots] + [slot for *_, slot in branches]
         per_token = list(zip(*self.stack.group_slots(torch.tensor(every, dtype=torch.int64, device=self.device))
                              .tolist())) if every else []
         start = 0
@@ -132,6 +133,9 @@ class Scheduler:
                         past_frontier=req.cached_len <= pos < req.due, shared=pos < req.cached_len,
                     )
                 )
+        # a tree draft's other branches, between its batch build and its verify: the draft's, not yet freed
+        out.extend(LiveToken(rid=req.spec.rid, pos=pos, slots=per_token[start + i], in_window=True, branch=k)
+                   for i, (req, pos, k, _) in enumerate(branches))
         return out
 
     def finish_step(self) -> StepEnd:

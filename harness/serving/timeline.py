@@ -197,6 +197,15 @@ class LiveToken:
     shared: bool = False
     """its slots are the prefix cache's (a matched prefix, or this request's own tokens once cached): the
     request reads them, the cache owns and frees them"""
+    branch: int | None = None
+    """a tree draft's branch other than the one the request's positions hold (top-k > 1): its slots are the
+    draft's from the batch build until the verify gives the draft's allocation back; None for the request's
+    own token"""
+
+    @property
+    def who(self) -> str:
+        """``rid@pos``, with the branch of a tree draft's token, as violations name a token"""
+        return f"{self.rid}@{self.pos}" + (f" (draft branch {self.branch})" if self.branch is not None else "")
 
 
 def request_tokens(timeline: TimelineSpec, vocab_size: int) -> dict[str, torch.Tensor]:

@@ -46,9 +46,6 @@ def not_expressible(scenario: ScenarioSpec | RunSpec) -> str | None:
     if scenario.eviction.policy not in ("tight", "sglang"):
         return f"eviction.policy {scenario.eviction.policy!r}: only the harness's tight and sglang policies " \
                "have a counterpart in SGLang"
-    if scenario.timeline.draft_topk > 1:
-        return "tree drafts (timeline.draft_topk > 1): not adapted to SGLang's pool yet; on it the first tree " \
-               "verify leaves full slots no token owns (the leaked invariant), not yet traced (docs/speculative.md)"
     moved = on_sglang(scenario)
     return unsupported(StackSpec(pool=moved.pool, layer_is_swa=tuple(moved.model.layer_is_swa), num_kv_heads=1,
                                  head_dim=1), prefix_cache=moved.eviction.prefix_cache)
