@@ -4,13 +4,13 @@
 seed), a KV setup, a pool sized near what its timeline needs, page
 sizes the backend reads, decode and prefill buckets, a capture policy, a free order and a timeline
 (arrivals, prompt lengths around the window and its multiples, prefixes shared with earlier requests, chunking,
-decode lengths, aborts, drafts and what each verify accepts), an eviction policy and interval, a prefix cache,
+decode lengths, aborts, drafts, what each verify accepts, trees of drafts and draft-extends), an eviction policy and interval, a prefix cache,
 and keeps only what passes the scenario's own checks, the dry run of its timeline included
 (``scenario.check_scenario``), so the property never judges an input the harness would refuse.
 
 Every choice is ordered so that Hypothesis shrinks toward what a person reads fastest: the first preset as it is,
 float32 with the plain write, pages of one token, one request, short prompts, no shared prefix, no chunking, no
-drafts, no verify, no abort, no prefix cache, the tight eviction policy, one decode bucket, startup capture, the
+drafts, no verify, a chain of drafts without a draft-extend, no abort, no prefix cache, the tight eviction policy, one decode bucket, startup capture, the
 default free order.
 """
 
@@ -109,6 +109,26 @@ def _accept_lens(steps: int, *, at_least_one: bool) -> st.SearchStrategy[tuple[i
     return entries if at_least_one else st.just(()) | entries
 
 
+MAX_DRAFT_TOPK = 3
+
+
+@st.composite
+def _speculation(draw: st.DrawFn, target: FuzzTarget, backend: type, draft_steps: int, *,
+                 verifies: bool) -> tuple[int, bool]:
+    """(draft_topk, draft_extend) of a timeline with ``draft_steps`` drafts: a chain without a draft-extend
+    first; a tree of drafts where a verify frees its rejected branches and the backend reads per-branch keys,
+    a draft-extend where a verify keeps tokens for it and a chain drafts two steps or more (the timeline's own
+    rules: a tree has no draft-extend)."""
+    if not verifies:
+        return 1, False
+    tree_ok = backend.draft_trees and not target.needs_draft_extend
+    topk_from = 2 if target.needs_tree else 1
+    draft_topk = draw(st.integers(topk_from, MAX_DRAFT_TOPK)) if tree_ok else 1
+    if draft_topk > 1 or draft_steps < 2:
+        return draft_topk, False
+    return draft_topk, target.needs_draft_extend or draw(st.booleans())
+
+
 _INTERVALS = (1, 2, 4, 8, SGLANG_EVICTION_INTERVAL)
 """the ``sglang`` policy's eviction intervals drawn: every step first, SGLang's default last"""
 
@@ -170,14 +190,17 @@ def _run_specs(draw: st.DrawFn, target: FuzzTarget) -> RunSpec:
 
     requests = draw(_requests(window))
     chunk_size = draw(st.none() | st.integers(1, 2 * window + 1))
-    min_drafts = 1 if target.needs_drafts or target.needs_verify else 0
+    needs_verify = target.needs_verify or target.needs_tree or target.needs_draft_extend
+    min_drafts = 2 if target.needs_draft_extend else 1 if target.needs_drafts or needs_verify else 0
     draft_steps = draw(st.sampled_from(range(min_drafts, MAX_DRAFT_STEPS + 1)))
     accept_lens: tuple[int, ...] = ()
     if draft_steps and page == 1 and not target.needs_prefix_cache:
-        accept_lens = draw(_accept_lens(draft_steps, at_least_one=target.needs_verify))
+        accept_lens = draw(_accept_lens(draft_steps, at_least_one=needs_verify))
+    draft_topk, draft_extend = draw(_speculation(target, backend, draft_steps, verifies=bool(accept_lens)))
     prefix_cache = target.needs_prefix_cache or (not accept_lens and draw(st.booleans()))
     timeline = TimelineSpec(requests=requests, chunk_size=chunk_size, draft_steps=draft_steps,
-                            accept_lens=accept_lens, seed=draw(st.integers(0, 255)))
+                            draft_topk=draft_topk, accept_lens=accept_lens, draft_extend=draft_extend,
+                            seed=draw(st.integers(0, 255)))
     eviction = draw(_eviction(prefix_cache))
 
     graphs = GraphSpec(decode_buckets=draw(_buckets(DECODE_BUCKETS)),

@@ -42,6 +42,8 @@ class FuzzTarget:
     needs_prefix_cache = property(lambda self: self._needs("prefix_cache"))
     needs_verify = property(lambda self: self._needs("verify"))
     needs_fused_write = property(lambda self: self._needs("fused_write"))
+    needs_tree = property(lambda self: self._needs("tree"))
+    needs_draft_extend = property(lambda self: self._needs("draft_extend"))
 
     @classmethod
     def parse(cls, text: str) -> FuzzTarget:

@@ -127,6 +127,9 @@ KNOWN_BAD = [
     FuzzTarget(design="forward_batch", mode=Mode.EAGER, faults=frozenset({"fused_fp8_scale_dropped"})),
     FuzzTarget(design="forward_batch", mode=Mode.FULL, faults=frozenset({"draft_metadata_captured_once"})),
     FuzzTarget(design="forward_batch", mode=Mode.EAGER, faults=frozenset({"skip_free_rejected"})),
+    # trees of drafts and draft-extends: the strategies must reach a top-k > 1 verify and a draft-extend forward
+    FuzzTarget(design="forward_batch", mode=Mode.EAGER, faults=frozenset({"draft_tree_swa_untranslated"})),
+    FuzzTarget(design="forward_batch", mode=Mode.EAGER, faults=frozenset({"draft_extend_without_swa_window"})),
 ]
 
 
@@ -142,8 +145,10 @@ def test_a_known_bad_configuration_is_found_shrunk_and_written_as_a_scenario_tha
         "\n".join(f.describe() for f in report.findings)
     [finding] = report.findings
     shrunk = finding.spec.timeline
-    # shrunk to something a person reads: few requests, short prompts, few steps
-    assert len(shrunk.requests) <= 3 and all(r.prompt_len <= 16 and r.output_len <= 8 for r in shrunk.requests), \
+    # shrunk to something a person reads: few requests, short prompts, few steps (about a window of them: a fault
+    # that reads one pool at the other's slot ids shows once eviction has made the two pools' ids part, which at
+    # the first preset's window of 8 takes 9 tokens)
+    assert len(shrunk.requests) <= 3 and all(r.prompt_len <= 16 and r.output_len <= 10 for r in shrunk.requests), \
         finding.describe()
     if target.design == "stale_state":
         assert shrunk.draft_steps >= 1, finding.describe()  # eager stale_state breaks only where drafts drop the SWA locations
@@ -206,6 +211,10 @@ def test_the_strategies_draw_every_axis_of_the_library():
         "the sglang policy": any(s.eviction.policy == "sglang" for s in specs),
         "an interval over 1": any(s.eviction.interval > 1 for s in specs if s.eviction.policy == "sglang"),
         "a verify": any(s.timeline.accept_lens for s in specs),
+        "a tree of drafts": any(s.timeline.draft_topk > 1 for s in specs),
+        "a draft-extend": any(s.timeline.draft_extend for s in specs),
+        "a verify graph": any(s.timeline.accept_lens and s.mode == "full" and s.backend == "torch_native"
+                              for s in specs),
         "drafts without a verify": any(s.timeline.draft_steps and not s.timeline.accept_lens for s in specs),
         "pages over 1": any(s.pool.page_size > 1 for s in specs),
         "a chunked prefill": any(s.timeline.chunk_size for s in specs),
@@ -221,6 +230,22 @@ def test_a_fault_that_needs_a_verify_gets_one_in_every_case():
     specs = _drawn(FuzzTarget(design="forward_batch", mode=Mode.EAGER, faults=frozenset({"skip_free_rejected"})), 10)
     assert specs and all(s.timeline.accept_lens and s.timeline.draft_steps for s in specs)
     assert all(s.pool.page_size == 1 and not s.eviction.prefix_cache for s in specs)
+
+
+@pytest.mark.parametrize("fault, drawn", [
+    ("draft_tree_swa_untranslated", lambda t: t.draft_topk > 1 and t.accept_lens and not t.draft_extend),
+    ("draft_extend_without_swa_window", lambda t: t.draft_extend and t.draft_topk == 1 and t.draft_steps >= 2),
+])
+def test_a_fault_that_needs_a_tree_or_a_draft_extend_gets_one_in_every_case(fault, drawn):
+    specs = _drawn(FuzzTarget(design="forward_batch", mode=Mode.EAGER, faults=frozenset({fault})), 10)
+    assert specs and all(drawn(s.timeline) for s in specs), [s.timeline for s in specs]
+
+
+def test_a_backend_without_tree_metadata_is_never_given_a_tree():
+    # torch_gather reads per-branch keys; flashinfer's and trtllm_mha's builders do not (and do not run on a CPU),
+    # so a tree is drawn only where the backend declares draft_trees
+    specs = _drawn(FuzzTarget(design="forward_batch", mode=Mode.EAGER, backend="torch_gather"), 40)
+    assert any(s.timeline.draft_topk > 1 for s in specs)
 
 
 @pytest.mark.slow
