@@ -133,7 +133,8 @@ FUZZ_SEED ?= 0
 FUZZ_SOUND ?= forward_batch:full translate:piecewise metadata:eager
 FUZZ_KNOWN_BAD ?= stale_state:eager forward_batch:full:no_zero_swa_pad forward_batch:full:pad_slot_minus_one \
 	forward_batch:eager:fused_fp8_scale_dropped forward_batch:full:draft_metadata_captured_once \
-	forward_batch:eager:skip_free_rejected
+	forward_batch:eager:skip_free_rejected forward_batch:eager:draft_tree_swa_untranslated \
+	forward_batch:eager:draft_extend_without_swa_window
 # over the installed SGLang (design:mode[:fault]@sglang), run with its venv's interpreter
 FUZZ_SOUND_SGLANG ?= forward_batch:eager@sglang
 FUZZ_KNOWN_BAD_SGLANG ?= forward_batch:eager:sglang_skip_evict_mid_prefill@sglang
