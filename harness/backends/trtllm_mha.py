@@ -29,6 +29,7 @@ import torch
 from ..runspec import Device
 from ..serving.batch import ForwardBatch
 from .base import AttentionBackend, AttentionBatch, GraphSupport, KVLayout
+from .dense_attention import grouped_decode_attention
 from .flashinfer import FlashInferImpl, FlashInferMetadata, FlashInferMetadataBuilder, kernel_problems
 from .flashinfer import missing_requirements as flashinfer_requirements
 from .page_table import build_page_table, swa_page_translation, translate_pages
@@ -53,7 +54,7 @@ def dense_paged_decode(
 ) -> torch.Tensor:
     """[bs, Hq, D] the TRT-LLM decode kernel's attention in dense torch ops: each request's one query (its
     last token) over the keys its page table names, inside ``window_left``; static shapes, so graphs capture it."""
-    bs, num_qo_heads, head_dim = q.shape
+    head_dim = q.shape[2]
     page_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     lane = torch.arange(max_seq_len, device=q.device)
     pages = block_tables.long()[:, (lane // page_size).clamp(max=block_tables.shape[1] - 1)]
@@ -62,15 +63,9 @@ def dense_paged_decode(
     valid = lane[None, :] < lens
     if window_left >= 0:
         valid = valid & (lane[None, :] >= lens - 1 - window_left)
-    k = k_cache.reshape(-1, num_kv_heads, head_dim)[slots].float()
-    v = v_cache.reshape(-1, num_kv_heads, head_dim)[slots].float()
-    v = torch.where(valid[:, :, None, None], v, torch.zeros((), dtype=v.dtype, device=v.device))
-    qh = q.float().view(bs, num_kv_heads, num_qo_heads // num_kv_heads, head_dim)
-    scores = torch.einsum("bhgd,blhd->bhgl", qh, k) * bmm1_scale
-    keep = valid[:, None, None, :]
-    probs = torch.softmax(scores.masked_fill(~keep, float("-inf")), dim=-1).masked_fill(~keep, 0.0)
-    out = torch.einsum("bhgl,blhd->bhgd", probs, v) * bmm2_scale
-    return out.reshape(bs, num_qo_heads, head_dim).to(q.dtype)
+    k = k_cache.reshape(-1, num_kv_heads, head_dim)[slots]
+    v = v_cache.reshape(-1, num_kv_heads, head_dim)[slots]
+    return grouped_decode_attention(q, k, v, valid, scale=bmm1_scale, out_scale=bmm2_scale).to(q.dtype)
 
 
 def _stand_in_kernel(out: torch.Tensor, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

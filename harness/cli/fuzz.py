@@ -9,7 +9,6 @@ from pathlib import Path
 
 from ..imports import name_type
 from ..runspec import Mode
-from ..serving.faults import FAULTS
 from .types import int_at_least
 
 BUDGET_DEFAULT_S = 60.0
@@ -25,14 +24,15 @@ def add_fuzz_command(sub: argparse._SubParsersAction) -> argparse.ArgumentParser
     p.add_argument("--target", type=name_type("fuzz target", (LIBRARY, *FUZZ_PROPERTIES)), default=LIBRARY,
                    help=f"{LIBRARY} (default): one design and mode against the eager reference; a target's own "
                         f"property ({', '.join(FUZZ_PROPERTIES) or 'none registered'}: docs/fuzzing.md), which takes no "
-                        "--design, --mode, --backend, --fault or --serving")
+                        "--design, --mode, --backend or --serving, and --fault only where it names its own faults")
     p.add_argument("--design", type=_design, help="the design under test (required for the library target)")
     p.add_argument("--mode", type=name_type("mode", Mode), metavar="{" + ",".join(Mode) + "}",
                    help="the runner mode under test (required for the library target)")
     p.add_argument("--backend", type=_backend, default=None, help="the attention backend (default: "
                    "torch_native)")
-    p.add_argument("--fault", action="append", default=[], type=name_type("fault", sorted(FAULTS)), metavar="FAULT",
-                   help="switch this fault on in every run (repeatable)")
+    # checked once the target is known: the library's faults are the catalog's, a property names its own
+    p.add_argument("--fault", action="append", default=[], metavar="FAULT",
+                   help="switch this fault on in every run (repeatable; a property that takes it: its own faults)")
     p.add_argument("--serving", default=None, metavar="STACK",
                    help="move every run onto this serving stack (a target's, as it registered it: sglang with the "
                         "SGLang install), its free order and eviction with it (default: the harness's miniature)")
@@ -82,11 +82,13 @@ def _cmd_fuzz(args: argparse.Namespace) -> int:
 
 def _cmd_fuzz_property(args: argparse.Namespace) -> int:
     """A property a target registered (``fuzz.properties``)."""
+    from ..fuzz.properties import FUZZ_PROPERTIES, PROPERTY_FLAGS
+
+    takes = PROPERTY_FLAGS.get(args.target, ())
     if stray := [flag for flag, value in (("--design", args.design), ("--mode", args.mode),
                                           ("--backend", args.backend), ("--fault", args.fault),
-                                          ("--serving", args.serving)) if value]:
+                                          ("--serving", args.serving)) if value and flag not in takes]:
         args.parser.error(f"--target {args.target} takes no {', '.join(stray)}")
-    from ..fuzz.properties import FUZZ_PROPERTIES
     from ..imports import load_named
 
     run = load_named(args.target, dict(FUZZ_PROPERTIES), kind="fuzz property",

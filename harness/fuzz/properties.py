@@ -3,7 +3,8 @@ NAME (the SGLang target registers ``sglang-differential``, the miniature against
 fuzzer and the command line name no target.
 
 An entry is the import path of a function taking the parsed ``fuzz`` arguments (``--budget``, ``--seed``,
-``--out``, ``--database``, ``--no-write``) and returning the exit status.
+``--out``, ``--database``, ``--no-write``, and those of the library target's flags it registered as taking)
+and returning the exit status.
 
 A target's serving stack joins the library property the same way (``register_fuzz_stack``): ``--serving NAME``
 moves every generated run onto the stack registered as NAME, with what that stack needs of a run (its free
@@ -20,11 +21,17 @@ LIBRARY = "library"
 FUZZ_PROPERTIES: Registry[str] = Registry()
 
 
-def register_fuzz_property(name: str, path: str) -> None:
-    """Add ``path`` (``package.module:function``) as the property ``--target name`` runs."""
+PROPERTY_FLAGS: Registry[tuple[str, ...]] = Registry()
+"""the library target's flags a property takes too (``--fault``), by property name; it takes none by default"""
+
+
+def register_fuzz_property(name: str, path: str, *, takes: tuple[str, ...] = ()) -> None:
+    """Add ``path`` (``package.module:function``) as the property ``--target name`` runs; ``takes``: which of
+    the library target's flags (``--design``, ``--mode``, ``--backend``, ``--fault``, ``--serving``) it reads."""
     if name == LIBRARY:
         raise ValueError(f"{name!r} is the fuzzer's own property")
     FUZZ_PROPERTIES[name] = path
+    PROPERTY_FLAGS[name] = tuple(takes)
 
 
 FUZZ_STACKS: Registry[str] = Registry()
@@ -38,4 +45,5 @@ def register_fuzz_stack(name: str, path: str) -> None:
     FUZZ_STACKS[name] = path
 
 
-__all__ = ["FUZZ_PROPERTIES", "FUZZ_STACKS", "LIBRARY", "register_fuzz_property", "register_fuzz_stack"]
+__all__ = ["FUZZ_PROPERTIES", "FUZZ_STACKS", "LIBRARY", "PROPERTY_FLAGS", "register_fuzz_property",
+           "register_fuzz_stack"]

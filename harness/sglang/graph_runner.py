@@ -34,17 +34,19 @@ the runner's in-graph read-done marker), and ``audit_writes`` checks every write
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from ..backends.dense_attention import grouped_decode_attention
 from ..runspec import RunSpec
 from ..serving.batch import ForwardMode
 from ..serving.model import SyntheticModel
 from ..serving.scheduler import Scheduler
+from ..serving.timeline import LiveToken
 from ..serving.stack import stack_spec
 from .differential import comparable_spec
 from .eviction import InstalledSGLangEviction
@@ -102,16 +104,8 @@ def _graph_torch_native_class() -> type:
             if sliding_window_size is not None and self.use_sliding_window_kv_pool:
                 slots = self.token_to_kv_pool.translate_loc_from_full_to_swa(slots)
             keys, values = k_cache[slots], v_cache[slots]  # [bs, width, Hkv, D]
-            bs, heads, dim = query.shape
-            kv_heads = keys.shape[2]
-            q = query.view(bs, kv_heads, heads // kv_heads, dim)
-            scores = torch.einsum("bkgd,bwkd->bkgw", q.float(), keys.float()) * scaling
-            scores = scores.masked_fill(~visible[:, None, None, :], float("-inf"))
-            weights = torch.softmax(scores, dim=-1)
-            # a masked key's value is not read: zero it rather than multiply it by zero
-            values = torch.where(visible[:, :, None, None], values, torch.zeros_like(values))
-            out = torch.einsum("bkgw,bwkd->bkgd", weights, values.float())
-            output.copy_(out.reshape(bs, heads, dim).to(output.dtype))
+            out = grouped_decode_attention(query, keys, values, visible, scale=scaling)
+            output.copy_(out.to(output.dtype))
             return output
 
     _CLASSES["backend"] = GraphTorchNativeAttnBackend
@@ -228,6 +222,9 @@ class TimelineRun:
     audited: bool = False
     """every forward's write locations were checked against its batch's allocation (``misplaced_writes``)"""
     misplaced_writes: list[MisplacedWrite] = field(default_factory=list)
+    certification: Any = None
+    """the dense oracle's certification of this run, where the caller made one from its ``observe``d steps (the
+    checking does: this package sits below it)"""
 
 
 def _stack(spec: RunSpec) -> SGLangStack:
@@ -268,8 +265,15 @@ _TRTLLM_WORKSPACE_BYTES = 1 << 20
 """the TRT-LLM backend's workspace (512 MB by default): only the device kernels use it"""
 
 
+StepObserver = Callable[[Any, list[LiveToken], list[torch.Tensor], SGLangStack], None]
+"""``observe(step, live, hidden, stack)``: called after each step's forwards, before its frees, with the harness
+scheduler's step, its live tokens, the forwards' hidden states and the stack (whose ``kv_buffers()`` hold what
+the step wrote): what the checking needs to snapshot the run and certify it against the dense oracle"""
+
+
 def run_timeline(spec: RunSpec, *, engine: Any = None, attention: str = "torch_native",
-                 prefill_tokens: Sequence[int] = (), overlap: bool = False, audit_writes: bool = False) -> TimelineRun:
+                 prefill_tokens: Sequence[int] = (), overlap: bool = False, audit_writes: bool = False,
+                 observe: StepObserver | None = None) -> TimelineRun:
     """``spec``'s timeline on the installed SGLang: every forward eager, or, given a graph engine (the caller's:
     the SGLang target sits below the graph machinery and never picks one), decode batches through the runner
     inside ``engine.run()``. ``attention`` names the backend (``ATTENTION_BACKENDS``); ``trtllm_mha`` is
@@ -282,7 +286,11 @@ def run_timeline(spec: RunSpec, *, engine: Any = None, attention: str = "torch_n
     fence releases it, the point the runner publishes for the backend's ``shared_read_ends``: inside a replay at
     the in-graph read-done marker (``IN_REPLAY``), else after the forward. ``audit_writes``: every forward's
     write locations, per layer and row, are checked against what its batch was built with
-    (``TimelineRun.misplaced_writes``)."""
+    (``TimelineRun.misplaced_writes``). ``observe``: a ``StepObserver`` called after every step's forwards (not
+    with ``overlap``, whose frees may run inside a forward)."""
+    if observe is not None and overlap:
+        raise ValueError("observe: a step's state after its forwards and before its frees does not exist under "
+                         "overlap, whose frees run where the forward's shared reads end")
     if overlap and attention != "trtllm_mha":
         raise ValueError("overlap: adapted over the trtllm_mha backend only (the torch-native subclass translates "
                          "the live mapping in its decode read, past where shared reads end)")
@@ -296,7 +304,7 @@ def run_timeline(spec: RunSpec, *, engine: Any = None, attention: str = "torch_n
     with trtllm_on_cpu() if trtllm else nullcontext(), _workspace(trtllm):
         return _run(api, spec, engine=engine, backend_cls=api.TRTLLMHAAttnBackend if trtllm else
                     _graph_torch_native_class(), bind_plan=trtllm, prefill_tokens=tuple(prefill_tokens),
-                    overlap=overlap, audit_writes=audit_writes)
+                    overlap=overlap, audit_writes=audit_writes, observe=observe)
 
 
 @contextmanager
@@ -311,7 +319,8 @@ def _workspace(trtllm: bool) -> Iterator[None]:
 
 
 def _run(api: Any, spec: RunSpec, *, engine: Any, backend_cls: type, bind_plan: bool,
-         prefill_tokens: tuple[int, ...], overlap: bool, audit_writes: bool) -> TimelineRun:
+         prefill_tokens: tuple[int, ...], overlap: bool, audit_writes: bool,
+         observe: StepObserver | None) -> TimelineRun:
     stack = _stack(spec)
     model = SyntheticModel(spec.model)
     model_runner = harness_model_runner(stack=stack, model=model, attn_backend_cls=backend_cls)
@@ -343,14 +352,16 @@ def _run(api: Any, spec: RunSpec, *, engine: Any, backend_cls: type, bind_plan: 
                 step = sched.next_step()
                 while step is not None:
                     step = _iteration(api, step, sched=sched, model_runner=model_runner, runner=runner,
-                                      prefill=prefill, log=log, overlap=overlap, bind_plan=bind_plan, result=result)
+                                      prefill=prefill, log=log, overlap=overlap, bind_plan=bind_plan, result=result,
+                                      observe=observe)
             if run is not None:
                 result.rerun_ops = tuple(dict.fromkeys(op for region in run.regions for op in region.audit.rerun_ops))
     return result
 
 
 def _iteration(api: Any, step: Any, *, sched: Scheduler, model_runner: Any, runner: Any, prefill: Any,
-               log: WriteLocationLog | None, overlap: bool, bind_plan: bool, result: TimelineRun) -> Any:
+               log: WriteLocationLog | None, overlap: bool, bind_plan: bool, result: TimelineRun,
+               observe: StepObserver | None = None) -> Any:
     """One scheduler iteration: ``step``'s forward, then (or, under ``overlap``, where the forward's shared reads
     end) the step's frees and the next batch's build; returns the next step."""
     backend = model_runner.attn_backend
@@ -373,7 +384,7 @@ def _iteration(api: Any, step: Any, *, sched: Scheduler, model_runner: Any, runn
         replay = DecodeReplay(step=step.index, raw_bs=batch.batch_size, bucket=None)
         if runner.can_run_graph(fb):
             marker = arm_at_read_end(runner, backend, fb.forward_mode, scheduler_work) if overlap else None
-            runner.execute(fb)
+            output = runner.execute(fb)
             if marker is not None:
                 check_fence(marker, model_runner, step.index)
                 replay.fenced_in_replay = True
@@ -388,20 +399,22 @@ def _iteration(api: Any, step: Any, *, sched: Scheduler, model_runner: Any, runn
             if swa is not None:
                 replay.padded_swa_out_cache_loc = tuple(swa[: runner.bs].tolist())
         else:
-            _eager(api, model_runner, backend, fb)
+            output = _eager(api, model_runner, backend, fb)
         result.decodes.append(replay)
     elif prefill is not None and batch.forward_mode is ForwardMode.EXTEND:
         replayed = bool(prefill.can_run_graph(fb))
         if replayed:
-            prefill.execute(fb)
+            output = prefill.execute(fb)
         else:
-            _eager(api, model_runner, backend, fb)
+            output = _eager(api, model_runner, backend, fb)
         result.prefills.append(PrefillReplay(step=step.index, num_tokens=fb.extend_num_tokens, replayed=replayed))
     elif decode or batch.forward_mode is ForwardMode.EXTEND:
-        _eager(api, model_runner, backend, fb)
+        output = _eager(api, model_runner, backend, fb)
     else:
         raise ValueError(f"step {step.index}: {batch.forward_mode.value} batches are not adapted "
                          "to SGLang's graph runner")
+    if observe is not None:
+        observe(step, sched.live_tokens(), [_hidden_states(output, batch)], stack)
     if not upcoming:
         # the coarse fence (the whole forward): eager forwards publish no read-done event here, as the
         # harness calls the backend and the model itself, not SGLang's eager runner
@@ -423,10 +436,19 @@ def _static_swa_ids(backend: Any) -> torch.Tensor | None:
     return None
 
 
-def _eager(api: Any, model_runner: Any, backend: Any, fb: Any) -> None:
+def _eager(api: Any, model_runner: Any, backend: Any, fb: Any) -> Any:
     backend.init_forward_metadata(fb)
     with api.forward_context(api.ForwardContext(attn_backend=backend), forward_batch=fb):
-        model_runner.model.forward(fb.input_ids, fb.positions, fb)
+        return model_runner.model.forward(fb.input_ids, fb.positions, fb)
+
+
+def _hidden_states(output: Any, batch: Any) -> torch.Tensor:
+    """The batch's own tokens' hidden states out of a forward's ``LogitsProcessorOutput`` (a replay's may carry
+    its bucket's padded rows)."""
+    hidden = getattr(output, "hidden_states", None)
+    if hidden is None:
+        raise ValueError("observe: the forward returned no hidden states")
+    return hidden[: batch.input_ids.shape[0]]
 
 
 @dataclass(frozen=True, slots=True)

@@ -149,7 +149,8 @@ class HarnessModel(torch.nn.Module):
         # through the attribute: the prefill graph runner swaps self.model.forward for its replay
         hidden = self.model.forward(input_ids, positions, forward_batch)
         logits = hidden.float() @ self.inner.embed.float().T
-        return LogitsProcessorOutput(next_token_logits=logits)
+        # the hidden states too, as a model asked to capture them returns them: what the dense oracle certifies
+        return LogitsProcessorOutput(next_token_logits=logits, hidden_states=hidden)
 
 
 def _model_runner_class() -> type:

@@ -48,4 +48,5 @@ def register() -> None:
                    unavailable="harness.sglang.installed:unavailable_reason")
     register_faults(*FAULTS)
     register_fuzz_property("sglang-differential", "harness.sglang.fuzz:main")
+    register_fuzz_property("sglang-graph", "harness.sglang.graph_fuzz:main", takes=("--fault",))
     register_fuzz_stack(STACK, "harness.sglang.library:fuzz_onto_sglang")

@@ -97,6 +97,7 @@ def test_a_fault_finding_expects_the_clean_twin_too(tmp_path):
 @pytest.mark.parametrize("argv, error", [
     (["--design", "stale_state", "--mode", "eager", "--fault", "no_zero_swa_pad"],
      "--fault: no_zero_swa_pad acts only in full mode, not eager"),
+    (["--design", "forward_batch", "--mode", "full", "--fault", "no_such_fault"], "--fault: unknown fault 'no_such_fault'"),
     (["--design", "forward_batch", "--mode", "full", "--budget", "0"], "--budget: expected seconds"),
     (["--design", "forward_batch", "--mode", "full", "--seed", "-1"], "--seed: expected a non-negative integer"),
 ])

@@ -59,8 +59,22 @@ def trtllm_runs():
     def runs(path):
         if path not in cache:
             spec = first_clean_spec(path)
-            cache[path] = (spec, graph_runner.run_timeline(spec, engine=None, attention="trtllm_mha"),
+            from harness.fuzz.certify import step_certifier
+
+            observe, certification = step_certifier(spec)
+            eager = graph_runner.run_timeline(spec, engine=None, attention="trtllm_mha", observe=observe)
+            eager.certification = certification()
+            cache[path] = (spec, eager,
                            graph_runner.run_timeline(spec, engine=get_engine("tape"), attention="trtllm_mha"))
         return cache[path]
 
     return runs
+
+
+@pytest.fixture(scope="session")
+def oracle_certifier():
+    """``harness.fuzz.certify.step_certifier``: snapshots of an observed ``run_timeline`` certified against the
+    dense oracle (what every library run's reference is certified by)."""
+    from harness.fuzz.certify import step_certifier
+
+    return step_certifier

@@ -34,6 +34,24 @@ def padded(trtllm_runs):
     return trtllm_runs(ROOT / "scenarios" / "swa_decode_padded_buckets.toml")
 
 
+def test_the_eager_reference_is_certified_by_the_dense_oracle(padded):
+    _, eager, _ = padded
+    assert eager.certification.ok, eager.certification.problems
+
+
+def test_the_dense_oracle_flags_an_eager_run_whose_swa_writes_went_astray(padded, graph_runner, oracle_certifier):
+    # the installed translator serving the previous iteration's SWA ids: the TRT-LLM backend writes its SWA
+    # layers where the plan of the iteration before said, so live tokens' SWA slots do not hold their K/V
+    from harness.sglang import faults as sglang_faults
+
+    spec, _, _ = padded
+    observe, certification = oracle_certifier(spec)
+    with sglang_faults.reuse_previous_plan():
+        graph_runner.run_timeline(spec, engine=None, attention=TRTLLM, observe=observe)
+    found = certification()
+    assert not found.ok and found.max_kv_error > 0, found
+
+
 def _faulty(graph_runner, spec, fault):
     with fault():
         return graph_runner.run_timeline(spec, engine=get_engine("tape"), attention=TRTLLM)
@@ -172,6 +190,8 @@ def test_every_library_decode_timeline_replays_through_trtllm_to_the_eager_pools
     if spec.timeline.draft_steps:
         pytest.skip("draft (speculative) batches: the decode runner's TARGET_VERIFY / draft paths are not adapted")
     _, eager, graph = trtllm_runs(path)
+    # the eager run of SGLang's code is the reference, so the dense oracle certifies it first
+    assert eager.certification.ok, eager.certification.problems
     assert graph.captured == tuple(sorted(spec.graphs.decode_buckets))
     assert all((d.bucket is None) == (d.raw_bs > max(graph.captured)) for d in graph.decodes)
     assert any(d.bucket is not None for d in graph.decodes)
