@@ -138,6 +138,9 @@ FUZZ_KNOWN_BAD ?= stale_state:eager forward_batch:full:no_zero_swa_pad forward_b
 # over the installed SGLang (design:mode[:fault]@sglang), run with its venv's interpreter
 FUZZ_SOUND_SGLANG ?= forward_batch:eager@sglang
 FUZZ_KNOWN_BAD_SGLANG ?= forward_batch:eager:sglang_skip_evict_mid_prefill@sglang
+# SGLang's own decode graph runner against its eager run (--target sglang-graph): clean, then each fault named here
+FUZZ_GRAPH_SGLANG ?= yes
+FUZZ_GRAPH_FAULTS_SGLANG ?= swa_pad_tail_left_stale metadata_not_refreshed_on_replay
 FUZZ ?=
 FUZZ_FLAGS = fuzz --budget $(FUZZ_BUDGET) --seed $(FUZZ_SEED)$(if $(FUZZ_OUT), --out $(FUZZ_OUT))
 FUZZ_RUN = $(PY) -m harness $(FUZZ_FLAGS)
@@ -145,7 +148,7 @@ FUZZ_RUN = $(PY) -m harness $(FUZZ_FLAGS)
 FUZZ_ARGS = stack=$${t\#\#*@}; [ "$$stack" = "$$t" ] && stack=; set -- $$(echo $${t%@*} | tr : ' '); \
 	args="--design $$1 --mode $$2$${3:+ --fault $$3}$${stack:+ --serving $$stack}"; \
 	py=$$([ -n "$$stack" ] && echo $(SGLANG_PY) || echo $(PY))
-FUZZ_SGLANG_STAMP = $(if $(strip $(FUZZ_SOUND_SGLANG)$(FUZZ_KNOWN_BAD_SGLANG)),$(SGLANG_STAMP))
+FUZZ_SGLANG_STAMP = $(if $(strip $(FUZZ_SOUND_SGLANG)$(FUZZ_KNOWN_BAD_SGLANG)$(FUZZ_GRAPH_SGLANG)),$(SGLANG_STAMP))
 
 fuzz: $(STAMP) $(if $(strip $(FUZZ)),,$(FUZZ_SGLANG_STAMP))
 ifneq ($(strip $(FUZZ)),)
@@ -155,6 +158,12 @@ else
 		$$py -m harness $(FUZZ_FLAGS) $$args || { echo "fuzz: a false alarm in $$t (above)"; exit 1; }; done
 	@for t in $(FUZZ_KNOWN_BAD) $(FUZZ_KNOWN_BAD_SGLANG); do $(FUZZ_ARGS); echo "$$py -m harness $(FUZZ_FLAGS) $$args"; \
 		if $$py -m harness $(FUZZ_FLAGS) $$args; then echo "fuzz: $$t gave no failure in $(FUZZ_BUDGET)s"; exit 1; fi; done
+ifneq ($(strip $(FUZZ_GRAPH_SGLANG)),)
+	$(SGLANG_PY) -m harness $(FUZZ_FLAGS) --target sglang-graph || { echo "fuzz: a false alarm in sglang-graph (above)"; exit 1; }
+	@for f in $(FUZZ_GRAPH_FAULTS_SGLANG); do echo "$(SGLANG_PY) -m harness $(FUZZ_FLAGS) --target sglang-graph --fault $$f"; \
+		if $(SGLANG_PY) -m harness $(FUZZ_FLAGS) --target sglang-graph --fault $$f; then \
+		echo "fuzz: sglang-graph with $$f gave no failure in $(FUZZ_BUDGET)s"; exit 1; fi; done
+endif
 endif
 
 # A long campaign (docs/fuzzing.md, "Long campaigns: HypoFuzz"): HypoFuzz fuzzes harness/fuzz/campaign.py, the same
