@@ -207,6 +207,50 @@ def fuzz(
                       first_failure=state.first_failure, stopped=stopped)
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PropertyReport:
+    """What a search of a target's own property (``search_property``) ended with; ``findings`` are the
+    property's own finding objects."""
+
+    seed: int
+    budget_s: float
+    tried: int
+    shrink_steps: int
+    elapsed_s: float
+    findings: tuple[Any, ...]
+    first_failure: int | None
+    stopped: str
+
+
+def search_property(strategy: Any, judge: Callable[[Any], tuple[str, object, str] | None], *,
+                    finding: Callable[[str, Any, object, int], Any], folder: str, budget_s: float, seed: int = 0,
+                    database: Path | None = DATABASE_DEFAULT, shrink_s: float | None = None, multiple: bool = True,
+                    max_examples: int | None = None, shrink_examples: int | None = None,
+                    progress: Callable[[Progress], None] | None = None) -> PropertyReport:
+    """Search a target's own property: every example ``strategy`` draws is judged by ``judge`` (``SearchState``'s
+    contract) for ``budget_s`` seconds from ``seed``, each distinct failure shrunk and made a finding by
+    ``finding(signature, example, what it gave, examples)``; the examples are kept under ``database / folder``.
+    The options are ``fuzz``'s."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import seed as hypothesis_seed
+    from hypothesis.database import DirectoryBasedExampleDatabase, InMemoryExampleDatabase
+
+    state = SearchState(judge=judge, budget_s=budget_s, shrink_s=budget_s if shrink_s is None else shrink_s,
+                        progress=progress, shrink_examples=shrink_examples)
+    db = InMemoryExampleDatabase() if database is None else DirectoryBasedExampleDatabase(str(database / folder))
+
+    def target_property(example: Any) -> None:
+        state.check(example)
+
+    search = settings(database=db, deadline=None, suppress_health_check=[HealthCheck[h] for h in SLOW_AND_FILTERED],
+                      **search_settings(max_examples=max_examples, multiple=multiple))(
+        hypothesis_seed(seed)(given(strategy)(target_property)))
+    stopped, found = state.run(search)
+    return PropertyReport(seed=seed, budget_s=budget_s, tried=state.tried, shrink_steps=state.shrink_steps,
+                          elapsed_s=state.elapsed(), first_failure=state.first_failure, stopped=stopped,
+                          findings=tuple(finding(sig, example, gave, n) for sig, (example, gave, n) in found))
+
+
 def _leaves(error: BaseException) -> list[BaseException]:
     if isinstance(error, BaseExceptionGroup):
         return [leaf for e in error.exceptions for leaf in _leaves(e)]
@@ -292,5 +336,6 @@ def print_findings(label: str, report: Any, *, tty: bool, write: Callable[[Any],
     return 1 if report.findings else 0
 
 
-__all__ = ["CAMPAIGN_NODEID", "DATABASE_DEFAULT", "FuzzReport", "Progress", "PropertyFailed", "SearchState",
-           "database_folder", "fuzz", "print_findings", "progress_printer", "property_test", "search_settings"]
+__all__ = ["CAMPAIGN_NODEID", "DATABASE_DEFAULT", "FuzzReport", "Progress", "PropertyFailed", "PropertyReport",
+           "SearchState", "database_folder", "fuzz", "print_findings", "progress_printer", "property_test",
+           "search_property", "search_settings"]

@@ -35,9 +35,10 @@ import shlex
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from ..fuzz.search import (DATABASE_DEFAULT, SLOW_AND_FILTERED, Progress, SearchState, print_findings,
-                           progress_printer, search_settings)
+from ..fuzz.search import (DATABASE_DEFAULT, Progress, PropertyReport, print_findings, progress_printer,
+                           search_property)
 from ..fuzz.target import FuzzTarget
 from ..runspec import Mode, RunSpec
 
@@ -121,12 +122,12 @@ def judge(case: Case) -> Failure | None:
     try:
         miniature = differential.trace(case.spec, installed=False, **knobs)
     except Exception as exc:  # noqa: BLE001 - the harness's own defect, reported as such
-        return _raised("the miniature raised", exc)
+        return raised("the miniature raised", exc)
     try:
         with invariant_checks():
             sglang = differential.trace(case.spec, installed=True, **knobs)
     except Exception as exc:  # noqa: BLE001 - any exception inside SGLang is the finding
-        return _raised("SGLang raised", exc)
+        return raised("SGLang raised", exc)
     message = differential.first_difference(miniature, sglang)
     if message is None:
         return None
@@ -135,46 +136,49 @@ def judge(case: Case) -> Failure | None:
     return Failure(kind="fidelity", signature=f"fidelity: {_NUMBER.sub('N', what)}", message=message)
 
 
-def _raised(kind: str, exc: Exception) -> Failure:
+def raised(kind: str, exc: Exception, *, where: str = "") -> Failure:
+    """A failure of ``kind`` for an exception: its signature the type and the message with numbers blanked
+    (``where`` before it: which run raised)."""
     text = " ".join(str(exc).split())
-    return Failure(kind=kind, signature=f"{kind}: {type(exc).__name__}: {_NUMBER.sub('N', text)[:120]}",
-                   message=f"{type(exc).__name__}: {text}")
+    said = f"{where}{type(exc).__name__}"
+    return Failure(kind=kind, signature=f"{kind}: {said}: {_NUMBER.sub('N', text)[:120]}", message=f"{said}: {text}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class DifferentialFinding:
+class TimelineFinding:
+    """A shrunk failure of a property over generated timelines (``case.spec`` is the run it drew)."""
+
     signature: str
     kind: str
-    case: Case
+    case: Any
     """the last failing case of this signature Hypothesis tried: after shrinking, its minimal one"""
     message: str
     examples: int
 
+    def requests(self) -> str:
+        """The case's requests in a line"""
+        return ", ".join(f"{r.rid}(arrive {r.arrive}, prompt {r.prompt_len}, output {r.output_len}"
+                         + (f", abort {r.abort}" if r.abort is not None else "") + ")"
+                         for r in self.case.spec.timeline.requests)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DifferentialFinding(TimelineFinding):
     @property
     def key(self) -> str:
         return hashlib.sha256(f"{NAME}\n{self.signature}".encode()).hexdigest()[:8]
 
     def describe(self) -> str:
         spec = self.case.spec
-        t, pool = spec.timeline, spec.pool
-        requests = ", ".join(f"{r.rid}(arrive {r.arrive}, prompt {r.prompt_len}, output {r.output_len}"
-                             + (f", abort {r.abort}" if r.abort is not None else "") + ")" for r in t.requests)
+        t, pool, requests = spec.timeline, spec.pool, self.requests()
         return (f"{self.signature}\n  {spec.model.name} (window {spec.model.window}), pool "
                 f"{pool.full_size}/{pool.swa_size} (pages of {pool.page_size}), interval {self.case.interval}, "
                 f"prefix cache {'on' if spec.eviction.prefix_cache else 'off'}: {requests}"
                 + (f", chunk {t.chunk_size}" if t.chunk_size else "") + f"\n  {self.message}")
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class DifferentialReport:
-    seed: int
-    budget_s: float
-    tried: int
-    shrink_steps: int
-    elapsed_s: float
-    findings: tuple[DifferentialFinding, ...]
-    first_failure: int | None
-    stopped: str
+DifferentialReport = PropertyReport
+"""a search's tally and its ``DifferentialFinding``s"""
 
 
 def fuzz_differential(
@@ -192,10 +196,6 @@ def fuzz_differential(
     """Search for ``budget_s`` seconds from ``seed`` for a case where the miniature and SGLang part; every
     distinct failure found, shrunk. The options are ``search.fuzz``'s; ``judge_case`` is the comparison (a
     test's seam: a deliberately wrong one shows the search finds and shrinks what it reports)."""
-    from hypothesis import HealthCheck, given, settings
-    from hypothesis import seed as hypothesis_seed
-    from hypothesis.database import DirectoryBasedExampleDatabase, InMemoryExampleDatabase
-
     import torch
 
     from .installed import load
@@ -210,22 +210,11 @@ def fuzz_differential(
         return (failure.signature, failure,
                 f"{NAME} at pages of {case.page_size}, interval {case.interval}: {failure.message}")
 
-    state = SearchState(judge=judge_one, budget_s=budget_s, shrink_s=budget_s if shrink_s is None else shrink_s,
-                        progress=progress, shrink_examples=shrink_examples)
-    db = InMemoryExampleDatabase() if database is None else DirectoryBasedExampleDatabase(str(database / NAME))
-
-    def differential_property(case: Case) -> None:
-        state.check(case)
-
-    search = settings(database=db, deadline=None, suppress_health_check=[HealthCheck[h] for h in SLOW_AND_FILTERED],
-                      **search_settings(max_examples=max_examples, multiple=multiple))(
-        hypothesis_seed(seed)(given(cases())(differential_property)))
-    stopped, found = state.run(search)
-    findings = tuple(DifferentialFinding(signature=sig, kind=f.kind, case=case, message=f.message, examples=n)
-                     for sig, (case, f, n) in found)
-    return DifferentialReport(seed=seed, budget_s=budget_s, tried=state.tried, shrink_steps=state.shrink_steps,
-                              elapsed_s=state.elapsed(), findings=findings, first_failure=state.first_failure,
-                              stopped=stopped)
+    return search_property(
+        cases(), judge_one, folder=NAME, budget_s=budget_s, seed=seed, database=database, shrink_s=shrink_s,
+        multiple=multiple, max_examples=max_examples, shrink_examples=shrink_examples, progress=progress,
+        finding=lambda sig, case, f, n: DifferentialFinding(signature=sig, kind=f.kind, case=case,
+                                                            message=f.message, examples=n))
 
 
 def command(*, seed: int, budget_s: float | None = None) -> str:
@@ -291,5 +280,6 @@ def main(args) -> int:
                           already=lambda finding: str(finding_path(finding, folder)))
 
 
-__all__ = ["INTERVALS", "NAME", "Case", "DifferentialFinding", "DifferentialReport", "Failure", "cases", "command",
-           "finding_path", "fuzz_differential", "invariant_checks", "judge", "main", "write_finding"]
+__all__ = ["INTERVALS", "NAME", "Case", "DifferentialFinding", "DifferentialReport", "Failure", "TimelineFinding",
+           "cases", "command", "finding_path", "fuzz_differential", "invariant_checks", "judge", "main", "raised",
+           "write_finding"]

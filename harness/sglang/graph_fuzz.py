@@ -29,19 +29,19 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import re
 import shlex
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..fuzz.search import (DATABASE_DEFAULT, SLOW_AND_FILTERED, Progress, SearchState, print_findings,
-                           progress_printer, search_settings)
+from ..fuzz.search import (DATABASE_DEFAULT, Progress, PropertyReport, print_findings, progress_printer,
+                           search_property)
 from ..fuzz.target import FuzzTarget
 from ..imports import load_named
 from ..runspec import Mode, RunSpec
 from ..serving.eviction import EvictionSpec
+from .fuzz import Failure, TimelineFinding, raised
 
 NAME = "sglang-graph"
 """the property's name on the command line and its example database folder"""
@@ -112,21 +112,13 @@ def _as_scenario(spec: RunSpec):
     return scenario_of(spec, name="fuzzed", description="a generated case")
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class GraphFailure:
-    kind: str
-    """'the reference is not certified', 'the replay differs' or 'raised'"""
-    signature: str
-    message: str
-
-
-_NUMBER = re.compile(r"-?\d+")
+GraphFailure = Failure
+"""kind: 'the reference is not certified', 'the replay differs' or 'raised'"""
 
 
 def judge(case: GraphCase) -> GraphFailure | None:
     """One case: the eager run (certified), then the replayed run under the case's fault; None when it holds."""
-    from ..fuzz.certify import step_certifier
-    from ..graphs import get_engine
+    from ..fuzz.driven import graph_engine, step_certifier
     from . import graph_runner
 
     spec = case.spec
@@ -134,7 +126,7 @@ def judge(case: GraphCase) -> GraphFailure | None:
     try:
         eager = graph_runner.run_timeline(spec, engine=None, attention=ATTENTION, observe=observe)
     except Exception as exc:  # noqa: BLE001 - any exception of the eager run is the finding
-        return _raised("the eager run", exc)
+        return raised("raised", exc, where="the eager run raised ")
     certified = certification()
     if not certified.ok:
         return GraphFailure(kind="the reference is not certified", signature="the reference is not certified",
@@ -143,9 +135,9 @@ def judge(case: GraphCase) -> GraphFailure | None:
                        check=lambda o: None if callable(o) else "not a context manager") if case.fault else None
     try:
         with fault() if fault is not None else nullcontext():
-            graph = graph_runner.run_timeline(spec, engine=get_engine("tape"), attention=ATTENTION)
+            graph = graph_runner.run_timeline(spec, engine=graph_engine(), attention=ATTENTION)
     except Exception as exc:  # noqa: BLE001
-        return _raised("the replayed run", exc)
+        return raised("raised", exc, where="the replayed run raised ")
     if differences := graph_runner.kv_differences(eager, graph):
         first = differences[0]
         pools = sorted({d.pool for d in differences})
@@ -157,30 +149,15 @@ def judge(case: GraphCase) -> GraphFailure | None:
     return None
 
 
-def _raised(where: str, exc: Exception) -> GraphFailure:
-    text = " ".join(str(exc).split())
-    return GraphFailure(kind="raised", signature=f"{where} raised {type(exc).__name__}: {_NUMBER.sub('N', text)[:120]}",
-                        message=f"{where} raised {type(exc).__name__}: {text}")
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
-class GraphFinding:
-    signature: str
-    kind: str
-    case: GraphCase
-    """the smallest failing case of this signature Hypothesis tried"""
-    message: str
-    examples: int
-
+class GraphFinding(TimelineFinding):
     @property
     def key(self) -> str:
         return hashlib.sha256(f"{NAME}\n{self.case.fault}\n{self.signature}".encode()).hexdigest()[:8]
 
     def describe(self) -> str:
         spec = self.case.spec
-        t, pool = spec.timeline, spec.pool
-        requests = ", ".join(f"{r.rid}(arrive {r.arrive}, prompt {r.prompt_len}, output {r.output_len}"
-                             + (f", abort {r.abort}" if r.abort is not None else "") + ")" for r in t.requests)
+        t, pool, requests = spec.timeline, spec.pool, self.requests()
         fault = f" with {self.case.fault}" if self.case.fault else ""
         return (f"{self.signature}{fault}\n  {spec.model.name} (window {spec.model.window}), pool "
                 f"{pool.full_size}/{pool.swa_size} (pages of {pool.page_size}), interval {spec.eviction.interval}, "
@@ -188,16 +165,8 @@ class GraphFinding:
                 + (f", chunk {t.chunk_size}" if t.chunk_size else "") + f"\n  {self.message}")
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class GraphReport:
-    seed: int
-    budget_s: float
-    tried: int
-    shrink_steps: int
-    elapsed_s: float
-    findings: tuple[GraphFinding, ...]
-    first_failure: int | None
-    stopped: str
+GraphReport = PropertyReport
+"""a search's tally and its ``GraphFinding``s"""
 
 
 def fuzz_graph_runner(
@@ -214,10 +183,6 @@ def fuzz_graph_runner(
 ) -> GraphReport:
     """Search for ``budget_s`` seconds from ``seed`` (with ``fault`` on in every replayed run) for a case where
     the property fails; every distinct failure found, shrunk. The options are ``search.fuzz``'s."""
-    from hypothesis import HealthCheck, given, settings
-    from hypothesis import seed as hypothesis_seed
-    from hypothesis.database import DirectoryBasedExampleDatabase, InMemoryExampleDatabase
-
     import torch
 
     from .installed import load
@@ -233,23 +198,12 @@ def fuzz_graph_runner(
             return None
         return failure.signature, failure, f"{NAME}: {failure.message}"
 
-    state = SearchState(judge=judge_one, budget_s=budget_s, shrink_s=budget_s if shrink_s is None else shrink_s,
-                        progress=progress, shrink_examples=shrink_examples)
-    folder = NAME if fault is None else f"{NAME}-{fault}"
-    db = InMemoryExampleDatabase() if database is None else DirectoryBasedExampleDatabase(str(database / folder))
-
-    def graph_property(case: GraphCase) -> None:
-        state.check(case)
-
-    search = settings(database=db, deadline=None, suppress_health_check=[HealthCheck[h] for h in SLOW_AND_FILTERED],
-                      **search_settings(max_examples=max_examples, multiple=multiple))(
-        hypothesis_seed(seed)(given(cases(fault))(graph_property)))
-    stopped, found = state.run(search)
-    findings = tuple(GraphFinding(signature=sig, kind=f.kind, case=case, message=f.message, examples=n)
-                     for sig, (case, f, n) in found)
-    return GraphReport(seed=seed, budget_s=budget_s, tried=state.tried, shrink_steps=state.shrink_steps,
-                       elapsed_s=state.elapsed(), findings=findings, first_failure=state.first_failure,
-                       stopped=stopped)
+    return search_property(
+        cases(fault), judge_one, folder=NAME if fault is None else f"{NAME}-{fault}", budget_s=budget_s, seed=seed,
+        database=database, shrink_s=shrink_s, multiple=multiple, max_examples=max_examples,
+        shrink_examples=shrink_examples, progress=progress,
+        finding=lambda sig, case, f, n: GraphFinding(signature=sig, kind=f.kind, case=case, message=f.message,
+                                                     examples=n))
 
 
 def command(*, seed: int, fault: str | None = None, budget_s: float | None = None) -> str:

@@ -59,7 +59,7 @@ def trtllm_runs():
     def runs(path):
         if path not in cache:
             spec = first_clean_spec(path)
-            from harness.fuzz.certify import step_certifier
+            from harness.fuzz.driven import step_certifier
 
             observe, certification = step_certifier(spec)
             eager = graph_runner.run_timeline(spec, engine=None, attention="trtllm_mha", observe=observe)
@@ -73,8 +73,8 @@ def trtllm_runs():
 
 @pytest.fixture(scope="session")
 def oracle_certifier():
-    """``harness.fuzz.certify.step_certifier``: snapshots of an observed ``run_timeline`` certified against the
+    """``harness.fuzz.driven.step_certifier``: snapshots of an observed ``run_timeline`` certified against the
     dense oracle (what every library run's reference is certified by)."""
-    from harness.fuzz.certify import step_certifier
+    from harness.fuzz.driven import step_certifier
 
     return step_certifier

@@ -70,7 +70,7 @@ def test_a_stale_padded_tail_of_the_static_swa_ids_fails_that_case():
 @pytest.mark.slow
 @pytest.mark.parametrize("fault, signature", [
     ("metadata_not_refreshed_on_replay", "the replay differs in the full and swa pools"),
-    ("swa_loc_not_preset_before_capture", "the replayed run raised AssertionError: "),
+    ("swa_loc_not_preset_before_capture", "raised: the replayed run raised AssertionError: "),
 ])
 def test_a_fault_of_sglangs_graph_path_is_found_shrunk_written_once_and_replayed(fault, signature, tmp_path):
     report = graph_fuzz.fuzz_graph_runner(budget_s=600, fault=fault, seed=0, database=None, multiple=False,

@@ -1,8 +1,8 @@
-"""The dense oracle's certification of a run a target drives itself (its own scheduler loop, its own graph
-runner), for a property that judges such runs: the target calls an observer after each step's forwards, which
-snapshots the stack as the harness's own runs are snapshotted, and the snapshots are certified at the end.
-
-A target package sits below the checking and never imports it; its properties get this from here.
+"""What a property over runs a target drives itself (its own scheduler loop, its own graph runner) needs of the
+checking and the graph machinery, which a target package sits below and never imports: the dense oracle's
+certification of such a run (the target calls an observer after each step's forwards, which snapshots the stack
+as the harness's own runs are snapshotted; the snapshots are certified at the end), and a graph engine to
+capture and replay on.
 """
 
 from __future__ import annotations
@@ -36,4 +36,11 @@ def step_certifier(spec: RunSpec) -> tuple[Callable[[Any, list[LiveToken], list[
     return observe, certification
 
 
-__all__ = ["step_certifier"]
+def graph_engine(name: str = "tape") -> Any:
+    """The graph engine ``name`` (``graphs.registry``): what a target's runner captures and replays on."""
+    from ..graphs.registry import get_engine
+
+    return get_engine(name)
+
+
+__all__ = ["graph_engine", "step_certifier"]
