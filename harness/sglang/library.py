@@ -51,7 +51,7 @@ def not_expressible(scenario: ScenarioSpec | RunSpec) -> str | None:
                "verify leaves full slots no token owns (the leaked invariant), not yet traced (docs/speculative.md)"
     moved = on_sglang(scenario)
     return unsupported(StackSpec(pool=moved.pool, layer_is_swa=tuple(moved.model.layer_is_swa), num_kv_heads=1,
-                                 head_dim=1), prefix_cache=moved.eviction.prefix_cache)
+                                 head_dim=1))
 
 
 def pools_too_small(scenario: ScenarioSpec) -> str | None:
