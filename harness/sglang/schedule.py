@@ -1,8 +1,10 @@
 """SGLang 0.5.23's own scheduling path, driven by a scenario's timeline: real ``Req`` objects, real
 ``ScheduleBatch``es (``init_new``, ``prepare_for_extend``, ``prepare_for_decode``, ``filter_batch``,
 ``merge_batch``) with their SWA eviction (``maybe_evict_swa``) and allocation, the real tree cache (the
-unified cache with full and SWA components, disabled: SGLang's chunk cache) and its ``release_kv_cache`` /
-``checkpoint_kv_cache``, and each forward's ``ForwardBatch`` built by SGLang's ``ForwardBatch.init_new``.
+unified cache with full and SWA components: disabled, SGLang's chunk cache, without prefix sharing; enabled,
+SGLang's SWA radix tree, with it, its holdings read by the pool invariants through ``radix_holdings.py``) and
+its ``release_kv_cache`` / ``checkpoint_kv_cache``, and each forward's ``ForwardBatch`` built by SGLang's
+``ForwardBatch.init_new``.
 
 What the timeline decides instead of SGLang's ``Scheduler`` (whose event loop needs a tokenizer, ZMQ sockets
 and a model worker) is *who is in each batch*: the harness's policy (``serving/batch_builder.py``), which is
