@@ -115,3 +115,37 @@ def test_the_window_invariant_names_the_tombstones_a_faulty_match_reads():
     found = pool_violations([], groups=stack.groups, free=stack.free_slots(), cached=holdings.cached_tokens())
     window = [v for v in found if v.invariant == "window"]
     assert [v.detail.split(" ")[0] for v in window] == ["cache@22", "cache@23", "cache@24", "cache@25"]
+
+
+def _drive(timeline, *, page_size):
+    from harness.sglang.schedule import own_scheduler
+    from harness.sglang.stack import SGLangStack
+
+    stack = SGLangStack.build(StackSpec(pool=PoolSpec(full_size=257, swa_size=129, page_size=page_size,
+                                                      free_order="fifo" if page_size == 1 else "lifo"),
+                                        layer_is_swa=(False, True), num_kv_heads=1, head_dim=1, poison_freed=False))
+    policy = eviction_policy(EvictionSpec(policy="sglang", interval=1, prefix_cache=True), window=WINDOW,
+                             page_size=page_size)
+    sched = own_scheduler(stack, timeline, eviction=policy, vocab_size=64, faults=frozenset())
+    out = []
+    while (step := sched.next_step()) is not None:
+        out.append((tuple(step.batch.out_cache_loc.tolist()), tuple(stack.translate(step.batch.out_cache_loc).tolist())))
+        sched.finish_step()
+    return out
+
+
+CHUNKED = TimelineSpec(requests=(RequestSpec(rid="r", prompt_len=48, output_len=3),), chunk_size=20)
+
+
+def test_frontier_in_tokens_stops_at_the_trees_page_alignment_assert_at_pages_and_changes_nothing_at_page_1():
+    import pytest
+
+    from harness.sglang.faults import frontier_in_tokens
+
+    clean = _drive(CHUNKED, page_size=16)
+    with frontier_in_tokens(), pytest.raises(AssertionError, match="must be page-aligned, window_start=12"):
+        _drive(CHUNKED, page_size=16)
+    assert _drive(CHUNKED, page_size=16) == clean
+    unpaged = _drive(CHUNKED, page_size=1)
+    with frontier_in_tokens():
+        assert _drive(CHUNKED, page_size=1) == unpaged
