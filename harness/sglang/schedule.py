@@ -79,12 +79,13 @@ class _Request:
     aborted: bool = False
     finished: bool = False
     due: int = 0
+    """what SGLang may retain at most (``retention_bound``, from the window, page and declared interval), as of
+    the request's latest batch build: its SWA slots below this must be free"""
     admission_lock: Any = None
     """the tree lock ``PrefillAdder`` took on the request's matched prefix (None without a match): while it is
     the request's lock with its SWA part held, the request reads the prefix's window from the tree"""
-    matched_node: Any = None
-    """what SGLang may retain at most (``retention_bound``, from the window, page and declared interval), as of
-    the request's latest batch build: its SWA slots below this must be free"""
+    matched_node: int | None = None
+    """the id of the tree node its match ended on (``req.last_node`` at admission)"""
 
 
 @dataclass(slots=True)
@@ -245,6 +246,7 @@ class SGLangScheduler:
         for r in self._held:
             lock = r.admission_lock
             if lock is not None and r.req.lock is lock and not lock.swa_released:
+                assert r.matched_node is not None  # taken with the admission lock
                 out.append(Reader(rid=r.spec.rid, node_id=r.matched_node))
         return out
 
