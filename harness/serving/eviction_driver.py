@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .eviction import EvictionPolicy, retention_bound
+from .eviction import EvictionPolicy, retained_with_sharing, retention_bound
 from .prefix_cache import SWARadixCache
 from .registry import frontier
 from .requests import Req, RequestBook
@@ -151,6 +151,8 @@ class EvictionDriver:
             # the eager free before the insert keeps only the window, without the page past it
             page = self.stack.page_size
             evicted = self._evict(req, max(0, req.seq_len - (self.eviction.window - 1)) // page * page)
+        elif self.eviction.evicts_at_batch_build:
+            evicted = self._evict(req, self._frontier_before_insert(req))
         swa_evicted = 0 if "unfinished_insert_no_evicted_len" in self.faults else req.swa_evicted
         lease = self.cache.insert(self.key(req.tokens[: req.seq_len]), req.slots, cached_len=req.cached_len,
                                   swa_evicted=swa_evicted, holder=req.spec.rid)
@@ -166,6 +168,19 @@ class EvictionDriver:
             req.cached_len = lease.length
         req.swa_evicted = max(req.swa_evicted, req.cached_len)
         return evicted
+
+    def _frontier_before_insert(self, req: Req) -> int:
+        """Where SGLang's policy frees a request between chunks before inserting it (0.5.23's
+        ``checkpoint_into_tree``, ``SGLANG_OPT_UNIFIED_CACHE_FREE_OUT_OF_WINDOW_SLOTS`` on by default): its
+        ``free_swa_out_of_window_slots`` at the key's last position, keeping the window rounded up to whole
+        pages, once the window has moved a token past what it freed, floored to a page. The leaf the insert
+        makes (up to the key's page floor) keeps at least a window of live SWA KV."""
+        page, w = self.stack.page_size, self.eviction.window - 1
+        pre_len = req.window(bigram=self.bigram).insert_len - 1
+        if pre_len - w < req.swa_evicted + 1:
+            return req.swa_evicted
+        keep = retained_with_sharing(self.eviction.window, page)
+        return max(req.swa_evicted, max(req.swa_evicted, pre_len - keep) // page * page)
 
     def prepare_next_step(self, next_step_pages: Callable[[], int]) -> None:
         """With the clock advanced: take in the requests that arrive now, match every waiting request against

@@ -55,7 +55,63 @@ DIFFERENCES: dict[str, str] = {
                       "in an 11/11 pool). Compared: the step at which each runs out",
     "speculative timelines": "SGLang's schedule here runs no draft worker (spec_prepare_for_decode needs one), "
                              "so timelines with draft_steps are skipped (4 of the library's)",
+    "radix tree": "with a prefix cache, where SGLang's UnifiedRadixCache does what the miniature's SWARadixCache "
+                  "does not (PREFIX_CACHE_DIFFERENCES, each with the configurations that show it and the first "
+                  "step and field that differ there): compared up to that step, pinned there",
 }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NamedDifference:
+    """A way SGLang's radix tree legitimately acts otherwise than the miniature's cache, and where it shows."""
+
+    reason: str
+    shows: dict[tuple[str, int, int], str]
+    """(library scenario stem, page size, interval) -> the start of ``first_difference`` there ("step N: field"):
+    the traces agree before that step, and the difference must show exactly there (a pin: a fix in either
+    side, or a new difference before it, fails the test until this table says what changed)"""
+
+
+PREFIX_CACHE_DIFFERENCES: dict[str, NamedDifference] = {
+    "branching insert": NamedDifference(
+        reason="a request whose match stopped at the last live SWA window short of its full-KV hit carries "
+               "SGLang's swa_branching_seqlen (SWAComponent.finalize_match_result_in_tree_core: the page-aligned "
+               "full hit past the SWA boundary); when it finishes, prepare_for_caching_req cuts its insert there, "
+               "so only its prefix up to the branching point enters the tree and its own later tokens are freed, "
+               "both pools. The miniature's cache inserts the whole page-aligned key",
+        shows={("swa_prefix_tombstone_last_leaf", 1, 1): "step -1: mapping",
+               ("swa_prefix_tombstone_last_leaf", 4, 1): "step -1: mapping",
+               ("swa_prefix_tombstone_last_leaf", 1, 128): "step -1: mapping",
+               ("swa_prefix_tombstone_last_leaf", 4, 128): "step -1: mapping",
+               ("swa_prefix_match_len_not_reset", 1, 1): "step 10: mapping",
+               ("swa_prefix_match_len_not_reset", 4, 1): "step -1: mapping"}),
+    "tree eviction under pressure": NamedDifference(
+        reason="where a pool runs short, SGLang evicts from the tree inside the allocation of the batch being "
+               "built (UnifiedRadixCache.evict_for_alloc, by its components' LRU lists, SWAComponent.evict_component "
+               "tombstoning), at the step the first difference names in every configuration below, while the "
+               "miniature's cache evicts after each step for the next batch's pages (SWARadixCache.evict: "
+               "internal nodes outside every branch's trailing window, then the least recently used leaf); the "
+               "two free different nodes, or at another step, so later allocations differ",
+        shows={("swa_prefix_multi_turn", 4, 128): "step 19: mapping",
+               ("swa_prefix_sglang_pages_of_4", 4, 1): "step 18: mapping",
+               ("swa_prefix_sglang_pages_of_4", 1, 128): "step 18: mapping",
+               ("swa_prefix_sglang_pages_of_4", 4, 128): "step 17: swa",
+               ("swa_prefix_match_len_not_reset", 16, 1): "step 10: full",
+               ("swa_prefix_match_len_not_reset", 16, 128): "step 10: full",
+               ("swa_prefix_branch_tail_evicted", 1, 1): "step 9: swa",
+               ("swa_prefix_branch_tail_evicted", 1, 128): "step 9: swa",
+               ("swa_prefix_branch_tail_evicted", 4, 1): "step 9: full",
+               ("swa_prefix_branch_tail_evicted", 4, 128): "step 9: full"}),
+}
+
+
+def named_difference(stem: str, *, page_size: int, interval: int) -> tuple[str, str] | None:
+    """The named radix-tree difference the library scenario ``stem`` shows at this configuration, with where its
+    first difference must start, or None where the traces must agree."""
+    for name, difference in PREFIX_CACHE_DIFFERENCES.items():
+        if (at := difference.shows.get((stem, page_size, interval))) is not None:
+            return name, at
+    return None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -101,7 +157,7 @@ def not_expressible(spec: RunSpec, *, page_size: int | None = None, interval: in
         return "speculative timelines: SGLang's schedule here runs no draft worker (spec_prepare_for_decode)"
     if problems := spec.pool.problems():
         return f"the miniature refuses this pool at page_size {spec.pool.page_size}: {problems[0]}"
-    return unsupported(_stack_spec(spec), prefix_cache=spec.eviction.prefix_cache)
+    return unsupported(_stack_spec(spec))
 
 
 def trace(spec: RunSpec, *, installed: bool, page_size: int | None = None, interval: int | None = None) -> Trace:
@@ -121,8 +177,7 @@ def trace(spec: RunSpec, *, installed: bool, page_size: int | None = None, inter
 
         stack = SGLangStack.build(stack_spec)
         sched: Any = SGLangScheduler(spec.timeline, stack=stack, vocab_size=spec.model.vocab_size,
-                                     eviction=eviction_policy(spec.eviction, window=window, page_size=page),
-                                     trace_prefix_cache=True)
+                                     eviction=eviction_policy(spec.eviction, window=window, page_size=page))
     else:
         stack = MiniatureStack.build(stack_spec)
         sched = Scheduler(spec.timeline, stack=stack, vocab_size=spec.model.vocab_size,

@@ -85,3 +85,63 @@ def skip_evict_mid_prefill() -> Iterator[None]:
         yield
     finally:
         ScheduleBatch.maybe_evict_swa = original
+
+
+@contextmanager
+def frontier_in_tokens() -> Iterator[None]:
+    """The radix tree's own SWA frees (the SWA component's ``free_swa_out_of_window_slots`` before an insert
+    between chunks, ``checkpoint_into_tree``, and after a branch insert) count the frontier in tokens where
+    pages were meant: the call gets a page size of 1, so the kept span is the window itself, not the window
+    rounded up to whole pages, and the frontier is not floored to a page (SGLang PR 34870's family: a frontier
+    in the wrong unit, one page short). At pages longer than the window a chunk's frontier reaches the page the
+    insert stops at; at page 1 the patch changes nothing. ``ScheduleBatch.maybe_evict_swa``'s own calls (the
+    ``common`` module's name) stay as installed."""
+    load()
+    from sglang.srt.mem_cache.unified_cache.components import swa  # noqa: PLC0415 - after the stand-ins
+
+    original = swa.free_swa_out_of_window_slots
+
+    def in_tokens(req, pre_len, *, page_size, **kwargs):  # noqa: ANN001, ANN202
+        return original(req, pre_len, page_size=1, **kwargs)
+
+    swa.free_swa_out_of_window_slots = in_tokens
+    try:
+        yield
+    finally:
+        swa.free_swa_out_of_window_slots = original
+
+
+@contextmanager
+def match_len_not_reset() -> Iterator[None]:
+    """The installed SWA component's match validator resets its count of live SWA tokens since the last tombstone
+    only when the run before that tombstone was a full window (SGLang before PR 17061): a short run before a
+    second tombstone counts towards the window after it, and a match may end with tombstoned (freed) tokens
+    inside the window its first query reads. Wraps the installed validator (``create_match_validator``), which
+    still decides at every tombstone; the wrapper keeps the faulty count beside it and accepts a node the
+    faulty count reaches the window at."""
+    load()
+    from sglang.srt.mem_cache.unified_cache.components.swa import SWAComponent  # noqa: PLC0415
+
+    original = SWAComponent.create_match_validator
+
+    def create_match_validator(self, match_device_only=False):  # noqa: ANN001, ANN202
+        installed = original(self, match_device_only=match_device_only)
+        window, ct = self.sliding_window_size, self.component_type
+        run = [float("inf")]  # live tokens since the last reset, as the faulty count has them
+
+        def validator(node):  # noqa: ANN001, ANN202
+            accepted = installed(node)
+            if node.component_data[ct].value is None:  # a tombstone (no HiCache here: no host copies)
+                if run[0] >= window:
+                    run[0] = 0
+                return accepted
+            run[0] += len(node.key)
+            return accepted or run[0] >= window
+
+        return validator
+
+    SWAComponent.create_match_validator = create_match_validator
+    try:
+        yield
+    finally:
+        SWAComponent.create_match_validator = original

@@ -4,8 +4,8 @@ miniature and the installed SGLang (``harness/sglang/differential.py``: SGLang's
 from the differences that module names (``DIFFERENCES``).
 
 A case is a timeline drawn by ``strategies.run_specs`` (the same valid scenarios the library property
-draws; its page size one of 1, 4 and 16), without draft steps, with or without the prefix cache, and one
-of SGLang's eviction intervals, 1 and 128; a case the adapter cannot express (``differential.not_expressible``:
+draws; its page size one of 1, 4 and 16), without draft steps, without the prefix cache, and one of
+SGLang's eviction intervals, 1 and 128; a case the adapter cannot express (``differential.not_expressible``:
 fp8 pools, models of one layer kind, ...) is discarded, never judged. It fails in one of two ways:
 
 - **fidelity**: the traces part (``first_difference``: the first step and field that differ): the miniature
@@ -78,8 +78,12 @@ def cases():
         spec = draw(run_specs(DRAW_TARGET))
         # drafts are dropped, not filtered: SGLang's schedule here runs no draft worker, and a timeline without
         # its drafts needs fewer slots than the pool was sized for, so it stays valid
+        # nor a prefix cache: SGLang's radix tree acts otherwise than the miniature's cache in ways named per
+        # library scenario (differential.PREFIX_CACHE_DIFFERENCES, pinned where they show), which a generated
+        # timeline's first difference is not classified against; drawn, they would be reported as fidelity
+        # findings that are those named differences or not yet known ones (docs/sglang.md)
         spec = dataclasses.replace(spec, timeline=dataclasses.replace(spec.timeline, draft_steps=0),
-                                   eviction=EvictionSpec(prefix_cache=draw(st.booleans())))
+                                   eviction=EvictionSpec(prefix_cache=False))
         interval = draw(st.sampled_from(INTERVALS))
         from .differential import not_expressible
 

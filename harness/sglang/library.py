@@ -48,7 +48,7 @@ def not_expressible(scenario: ScenarioSpec | RunSpec) -> str | None:
                "have a counterpart in SGLang"
     moved = on_sglang(scenario)
     return unsupported(StackSpec(pool=moved.pool, layer_is_swa=tuple(moved.model.layer_is_swa), num_kv_heads=1,
-                                 head_dim=1), prefix_cache=moved.eviction.prefix_cache)
+                                 head_dim=1))
 
 
 def pools_too_small(scenario: ScenarioSpec) -> str | None:

@@ -1,8 +1,10 @@
 """SGLang 0.5.23's own scheduling path, driven by a scenario's timeline: real ``Req`` objects, real
 ``ScheduleBatch``es (``init_new``, ``prepare_for_extend``, ``prepare_for_decode``, ``filter_batch``,
 ``merge_batch``) with their SWA eviction (``maybe_evict_swa``) and allocation, the real tree cache (the
-unified cache with full and SWA components, disabled: SGLang's chunk cache) and its ``release_kv_cache`` /
-``checkpoint_kv_cache``, and each forward's ``ForwardBatch`` built by SGLang's ``ForwardBatch.init_new``.
+unified cache with full and SWA components: disabled, SGLang's chunk cache, without prefix sharing; enabled,
+SGLang's SWA radix tree, with it, its holdings read by the pool invariants through ``radix_holdings.py``) and
+its ``release_kv_cache`` / ``checkpoint_kv_cache``, and each forward's ``ForwardBatch`` built by SGLang's
+``ForwardBatch.init_new``.
 
 What the timeline decides instead of SGLang's ``Scheduler`` (whose event loop needs a tokenizer, ZMQ sockets
 and a model worker) is *who is in each batch*: the harness's policy (``serving/batch_builder.py``), which is
@@ -49,6 +51,7 @@ from ..serving.model import ModelSpec
 from ..serving.pool import PoolExhausted
 from ..serving.scheduler import TimelineTooLong
 from ..serving.timeline import LiveToken, RequestSpec, TimelineSpec, TokenKey, request_tokens
+from .radix_holdings import Reader, RadixHoldings
 from .stack import SGLangStack
 
 INTERVAL_ENV = "SGLANG_SWA_EVICTION_INTERVAL"
@@ -78,6 +81,11 @@ class _Request:
     due: int = 0
     """what SGLang may retain at most (``retention_bound``, from the window, page and declared interval), as of
     the request's latest batch build: its SWA slots below this must be free"""
+    admission_lock: Any = None
+    """the tree lock ``PrefillAdder`` took on the request's matched prefix (None without a match): while it is
+    the request's lock with its SWA part held, the request reads the prefix's window from the tree"""
+    matched_node: int | None = None
+    """the id of the tree node its match ended on (``req.last_node`` at admission)"""
 
 
 @dataclass(slots=True)
@@ -92,12 +100,11 @@ class SGLangScheduler:
     ``ScheduleBatch``; drive it as ``serving.scheduler.Scheduler``."""
 
     def __init__(self, timeline: TimelineSpec, *, stack: SGLangStack, eviction: EvictionPolicy,
-                 vocab_size: int, faults: Collection[str] = (), trace_prefix_cache: bool = False) -> None:
-        """``trace_prefix_cache``: with prefix sharing, run SGLang's radix cache (enabled ``UnifiedRadixCache``
-        with full and SWA components) for a slot trace (``differential.py``); runs do not take it yet (the
-        pool invariants do not read the real tree's holdings)."""
-        if (why := schedule_unsupported(timeline, eviction=eviction, faults=faults,
-                                        prefix_cache_ok=trace_prefix_cache)) is not None:
+                 vocab_size: int, faults: Collection[str] = ()) -> None:
+        """With prefix sharing the tree cache is SGLang's radix cache (enabled ``UnifiedRadixCache`` with full
+        and SWA components, SGLang's Python tree core), whose holdings the stack's pool invariants read
+        (``radix_holdings.py``)."""
+        if (why := schedule_unsupported(timeline, eviction=eviction, faults=faults)) is not None:
             raise ValueError(f"SGLang's schedule cannot run this timeline: {why}")
         from sglang.srt.configs.model_config import ModelConfig  # noqa: PLC0415 - SGLang loads lazily
         from sglang.srt.managers import schedule_batch  # noqa: PLC0415
@@ -126,10 +133,15 @@ class SGLangScheduler:
         self.model_config = ModelConfig.from_server_args(server_args)
         self.rows = stack.req_to_token_pool.real
         self.sharing = eviction.prefix_sharing
+        # the Python tree core: the Rust one (0.5.23's default where its extension is bundled) offers no node
+        # walk for the invariants (radix_holdings.py) and matches in compiled code the faults cannot patch
         self.tree_cache = UnifiedRadixCache(CacheInitParams(
             disable=not self.sharing, req_to_token_pool=self.rows, token_to_kv_pool_allocator=stack.allocator,
             page_size=stack.page_size, sliding_window_size=eviction.window - 1,
-            tree_components=(ComponentType.FULL, ComponentType.SWA)))
+            tree_components=(ComponentType.FULL, ComponentType.SWA), tree_core_backend="python"))
+        if self.sharing:
+            stack.hold_prefix_cache(RadixHoldings(tree_cache=self.tree_cache, translate=stack.translate,
+                                                  readers=self._readers))
         self.model_runner = SimpleNamespace(
             device=str(stack.device), model_config=self.model_config, is_draft_worker=False, lora_manager=None,
             prefill_attention_backend_str="torch_native", ngram_embedding_manager=SimpleNamespace(enabled=False),
@@ -182,11 +194,16 @@ class SGLangScheduler:
         """The step's results as SGLang processes them: every request of the batch but the chunked one takes
         its next (teacher-forced) token; a finished one is released; the chunked one is stashed."""
         finished: list[str] = []
+        freed: list[TokenKey] = []
         batch = self.last_batch
         for r in self._in_batch:
             req = r.req
             if r is self.chunked:
+                # with the radix tree, checkpoint_into_tree frees the request's out-of-window SWA slots before it
+                # inserts (SGLANG_OPT_UNIFIED_CACHE_FREE_OUT_OF_WINDOW_SLOTS): reported with the step's evictions
+                was = max(req.kv.get_evicted_seqlen(self._swa), req.kv.cache_protected_len)
                 self._common.checkpoint_kv_cache(req, self.tree_cache)
+                freed.extend(TokenKey(r.spec.rid, p) for p in range(was, req.kv.get_evicted_seqlen(self._swa)))
                 continue
             req.output_ids.append(int(r.tokens[req.seqlen]) if req.seqlen < len(r.tokens) else 0)
             req.update_finish_state()
@@ -198,7 +215,7 @@ class SGLangScheduler:
         if batch is not None and batch.forward_mode.is_decode():
             # the next decode's inputs: what each request sampled (process_batch_result_decode)
             batch.output_ids = torch.tensor([r.req.output_ids[-1] for r in self._in_batch], dtype=torch.int64)
-        evicted, self._evicted_at_build = self._evicted_at_build, ()
+        evicted, self._evicted_at_build = self._evicted_at_build + tuple(freed), ()
         self._reading = {}
         self.book.step += 1
         return StepEnd(finished=tuple(finished), evicted=evicted)
@@ -215,9 +232,22 @@ class SGLangScheduler:
             # between a batch's build and its results, the batch's first query is at its first new position;
             # otherwise the request's next query is at its length
             first_in_window = self.eviction.window_start(self._reading.get(id(r), n))
+            # below cache_protected_len the slots are the radix tree's (a match, or the request's own insert)
+            protected = kv.cache_protected_len if self.sharing else 0
             for pos, held in enumerate(groups):
                 out.append(LiveToken(rid=r.spec.rid, pos=pos, slots=held, in_window=pos >= first_in_window,
-                                     past_frontier=pos < r.due))
+                                     past_frontier=protected <= pos < r.due, shared=pos < protected))
+        return out
+
+    def _readers(self) -> list[Reader]:
+        """The requests whose admission lock still holds its matched prefix's SWA window (an insert of their own
+        moves the lock, ``checkpoint_into_tree``; ``release_swa_prefix_lock`` gives the SWA part up early)."""
+        out = []
+        for r in self._held:
+            lock = r.admission_lock
+            if lock is not None and r.req.lock is lock and not lock.swa_released:
+                assert r.matched_node is not None  # taken with the admission lock
+                out.append(Reader(rid=r.spec.rid, node_id=r.matched_node))
         return out
 
     # ---- the queues ---------------------------------------------------------------------------------------
@@ -294,6 +324,8 @@ class SGLangScheduler:
             req.extend_end = req.prefix_len + n
             if self.sharing:  # PrefillAdder._commit_prefill_admission locks the matched prefix
                 req.lock = self.tree_cache.lock(req.last_node)
+                if req.prefix_len > 0:
+                    r.admission_lock, r.matched_node = req.lock, req.last_node
             budget -= n
             self.book.waiting.remove(r)
             chosen.append(r)
@@ -357,7 +389,7 @@ class SGLangScheduler:
                                prefilling=kv.kv_committed_len < len(req.origin_input_ids),
                                decoded=req.decode_batch_idx)
         return retention_bound(window, window=self.eviction.window, page_size=self.stack.page_size,
-                               interval=self.interval, prefix_sharing=False)
+                               interval=self.interval, prefix_sharing=self.sharing)
 
     def _short_field(self, *, kept: int = 0) -> str:
         """The pool that was short, judged from the free counts the allocation met: the full slots a failed
@@ -392,15 +424,16 @@ class SGLangScheduler:
         return ScheduledStep(index=self.book.step, batch=harness_batch, forwards=(owners,))
 
 
-def schedule_unsupported(timeline: TimelineSpec, *, eviction: EvictionPolicy, faults: Collection[str] = (),
-                         prefix_cache_ok: bool = False) -> str | None:
+def schedule_unsupported(timeline: TimelineSpec, *, eviction: EvictionPolicy,
+                         faults: Collection[str] = ()) -> str | None:
     """Why SGLang's own schedule does not run ``timeline`` here, or None."""
     if timeline.draft_steps:
         return "speculative decoding: spec_prepare_for_decode needs a draft worker"
-    if eviction.prefix_sharing and not prefix_cache_ok:
-        return "prefix sharing: the real SWA radix cache is not adapted yet (SGLang's chunk cache runs)"
     if acting := sorted(set(faults) & faults_acting_on(Component.SCHEDULER)):
         return f"faults on the harness's scheduler ({', '.join(acting)}) act on its own code"
+    if eviction.prefix_sharing and (acting := sorted(set(faults) & faults_acting_on(Component.PREFIX_CACHE))):
+        return f"faults on the harness's prefix cache ({', '.join(acting)}) act on its own code, not on " \
+               "SGLang's radix tree"
     return None
 
 

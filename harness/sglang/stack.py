@@ -35,7 +35,7 @@ def free_order(page_size: int) -> str:
     return SGLANG_FREE_ORDER.get(page_size, "lifo")
 
 
-def unsupported(spec: StackSpec, *, prefix_cache: bool = False) -> str | None:
+def unsupported(spec: StackSpec) -> str | None:
     """Why ``spec`` cannot run on the installed SGLang through this stack, or None when it can."""
     pool = spec.pool
     if pool.kv_dtype == "fp8_e4m3":
@@ -45,9 +45,6 @@ def unsupported(spec: StackSpec, *, prefix_cache: bool = False) -> str | None:
         return f"pool.free_order {pool.free_order!r}: SGLang 0.5.23 reuses freed slots " \
                f"{free_order(pool.page_size)!r} at page_size {pool.page_size} (need_sort orders only when a pool " \
                "runs short)"
-    if prefix_cache:
-        return "prefix caches: the harness's SWA radix cache has no counterpart here (0.5.23 has " \
-               "UnifiedRadixCache, driven by real Req objects); not adapted"
     if not any(spec.layer_is_swa) or all(spec.layer_is_swa):
         return "models of one layer kind: the adapter builds SWAKVPool for hybrid models (full and sliding-window " \
                "layers) only"

@@ -37,6 +37,17 @@ FAULTS: tuple[Fault, ...] = (
           summary="the installed ScheduleBatch.maybe_evict_swa skips extend batches: a request in chunked prefill "
                   "keeps every SWA slot behind its window until its first decode",
           reference="SGLang PR 33805 (a path that never ran SWA eviction)"),
+    Fault(name="sglang_frontier_in_tokens", acts_on=Component.TARGET, modes=("eager",),
+          patch="harness.sglang.faults:frontier_in_tokens",
+          summary="the installed radix tree's SWA component frees a request between chunks with its frontier "
+                  "counted in tokens, not pages (free_swa_out_of_window_slots at page size 1): at pages longer "
+                  "than the window the frontier reaches the page its insert stops at",
+          reference="SGLang PR 34870 (the frontier in the wrong unit, a page short)"),
+    Fault(name="sglang_match_len_not_reset", acts_on=Component.TARGET, modes=("eager",),
+          patch="harness.sglang.faults:match_len_not_reset",
+          summary="the installed SWA component's match validator resets its live-token count at a tombstone only "
+                  "after a full window: a short run before a second tombstone counts towards the window after it",
+          reference="SGLang PR 17061 (reset match_len_since_tombstone at every tombstone)"),
 )
 """patches on the installed SGLang 0.5.23's own code"""
 

@@ -60,7 +60,7 @@ def test_the_installed_harness_registers_the_sglang_target_by_entry_point():
     assert registry.STACKS["sglang"] == "harness.sglang.stack:SGLangStack" and "sglang" in registry.OPTIONAL_STACKS
     assert {n for n, f in faults.FAULTS.items() if f.acts_on is Component.TARGET} == {
         "sglang_evict_one_page_too_far", "sglang_skip_metadata_refresh", "sglang_reuse_plan",
-        "sglang_skip_evict_mid_prefill"}
+        "sglang_skip_evict_mid_prefill", "sglang_frontier_in_tokens", "sglang_match_len_not_reset"}
 
 
 def not_installed() -> str:

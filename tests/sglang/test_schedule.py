@@ -67,7 +67,7 @@ def test_with_prefix_sharing_the_real_radix_cache_matches_a_finished_turn_for_th
         RequestSpec(rid="a", prompt_len=8, output_len=4),
         RequestSpec(rid="b", arrive=6, prompt_len=16, output_len=2, prefix_of="a", shared_len=12)))
     policy = eviction_policy(EvictionSpec(policy="sglang", interval=1, prefix_cache=True), window=4)
-    sched = SGLangScheduler(timeline, stack=stack, eviction=policy, vocab_size=64, trace_prefix_cache=True)
+    sched = SGLangScheduler(timeline, stack=stack, eviction=policy, vocab_size=64)
     extends = []
     while (step := sched.next_step()) is not None:
         if step.kind == "extend":

@@ -43,6 +43,10 @@ def _assert_unpatched() -> None:
     api = load()
     common = __import__(api.free_swa_out_of_window_slots.__module__, fromlist=["_"])
     assert common.free_swa_out_of_window_slots is api.free_swa_out_of_window_slots
+    from sglang.srt.mem_cache.unified_cache.components import swa  # the radix tree's SWA component
+
+    assert swa.free_swa_out_of_window_slots is api.free_swa_out_of_window_slots
+    assert swa.SWAComponent.create_match_validator.__qualname__ == "SWAComponent.create_match_validator"
     assert api.KVIndexTranslator.plan.__qualname__ == "KVIndexTranslator.plan"
     assert designs._skip_refresh is False
 
