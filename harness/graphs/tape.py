@@ -96,6 +96,7 @@ import keyword
 from collections.abc import Callable, Iterable, Mapping
 from contextlib import AbstractContextManager, ExitStack
 from dataclasses import dataclass
+from types import TracebackType
 from typing import Any
 
 import torch
@@ -467,14 +468,32 @@ was a tenth of a library run's CPU time, most graphs being replayed a few times,
 for it only once it has shown it is replayed often; the two run the same calls on the same tensors."""
 
 
-def _listed(ops: tuple[_Call, ...]) -> Callable[[], None]:
-    """The ops of a segment called in turn from their list: what ``_flat`` compiles, without its compile."""
-
-    def run() -> None:
-        for call, args, kwargs in ops:
+_LISTED = compile("""def run():
+    line = 1
+    try:
+        for call, args, kwargs in OPS:
+            line += 1
             call(*args, **kwargs)
+    except BaseException as exc:
+        exc.__traceback__ = AT_LINE(exc.__traceback__, line)
+        raise
+""", "<tape replay>", "exec")
 
-    return run
+
+def _at_line(tb: TracebackType | None, line: int) -> TracebackType | None:
+    """``tb`` with its first entry (the listed replay's frame) at ``line``, the line ``_flat``'s source calls
+    the op on: an error's frames (``check/run/frames.py``) are the same whichever form the replay ran."""
+    if tb is None:
+        return None
+    return TracebackType(tb.tb_next, tb.tb_frame, -1, line)  # no instruction: the traceback reads tb_lineno
+
+
+def _listed(ops: tuple[_Call, ...]) -> Callable[[], None]:
+    """The ops of a segment called in turn from their list: what ``_flat`` compiles, without its compile (one
+    loop compiled once, named and placed as ``_flat``'s function)."""
+    scope: dict[str, Any] = {"OPS": ops, "AT_LINE": _at_line}
+    exec(_LISTED, scope)  # noqa: S102 - a fixed loop over the calls bound at capture
+    return scope["run"]
 
 
 class _Plan:

@@ -146,7 +146,8 @@ def test_replay_runs_its_ops_from_a_list_then_from_one_generated_function_per_se
         assert g.outputs[0].tolist() == [max(0.0, 2 * (k % 3) - 2.0) + 1.0] * 4, k
         ((run, island),) = g._segments
         assert island is None
-        assert (run.__code__.co_filename == "<tape replay>") == (k >= COMPILE_AFTER), k
+        assert run.__code__.co_filename == "<tape replay>"
+        assert ("OPS" in run.__globals__) == (k < COMPILE_AFTER), k  # the listed loop, then the generated code
 
 
 def test_the_input_watch_reports_the_same_before_and_after_its_probe_is_compiled():
@@ -165,3 +166,21 @@ def test_the_input_watch_reports_the_same_before_and_after_its_probe_is_compiled
         seen.append([(st.path, st.kind, st.benign) for st in g.replay()])
     listed, compiled = seen[:COMPILE_AFTER], seen[COMPILE_AFTER:2 * COMPILE_AFTER]
     assert listed == compiled and any(listed) and not all(listed)
+
+
+def test_an_op_that_fails_at_replay_names_the_same_frames_from_the_list_and_from_the_compiled_function():
+    # results records keep an error's frames: which form the replay ran in must not show in them
+    from harness.check.run.frames import subject_frames
+    from harness.graphs.tape import COMPILE_AFTER
+
+    s = SimpleNamespace(x=torch.arange(4.0), i=torch.tensor([1]))
+    g = capture(lambda: (s.x * 2 + 1).index_select(0, s.i), roots={"s": s})
+    seen = []
+    for k in range(COMPILE_AFTER + 2):
+        s.i.fill_(7 if k % 2 else 1)  # out of bounds every other replay
+        try:
+            g.replay()
+        except IndexError as exc:
+            seen.append((k, [(f.file, f.line, f.function) for f in subject_frames(exc.__traceback__)][-1]))
+    assert [k for k, _ in seen] == list(range(1, COMPILE_AFTER + 2, 2))
+    assert {frame for _, frame in seen} == {("<tape replay>", 4, "run")}  # the third op, on line 4 of either
