@@ -58,6 +58,10 @@ kwargs)`` triples, one per op that does work at replay:
 * each op runs through the public torch binding that dispatches exactly the
   recorded overload (checked once per signature by intercepting the dispatch),
   which is cheaper than calling the ``OpOverload``;
+* the calls are bound at the first replay (a graph never replayed does not pay
+  for it) and run from a list; at replay ``COMPILE_AFTER`` each segment's calls
+  are compiled into one generated function (``_flat``), which only a graph
+  replayed often repays;
 * an eager island splits the tape: its Python re-runs between the pieces and its
   results are copied into the static tensors capture handed out.
 
