@@ -55,7 +55,9 @@ __all__ = ["DECODE_BUCKETS", "PREFILL_BUCKETS", "measure", "measure_gpu", "run_b
 
 DECODE_BUCKETS: tuple[int, ...] = (1, 2, 4, 8, 16)
 PREFILL_BUCKETS: tuple[int, ...] = (16, 32, 64)
-_WARMUP = 3
+_WARMUP = 10
+"""calls of each path before the timed pairs: past the tape's ``COMPILE_AFTER`` (8), where a graph's replay
+runs from its compiled function, the steady state a runner replaying a bucket all day sees"""
 
 # Big enough for 16 requests of up to ~2W+16 tokens each without the allocator running dry; the
 # page-table width (max_context_len) stays at the harness default so the attention kernel reads the

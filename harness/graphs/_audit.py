@@ -57,6 +57,8 @@ from ._ops import storage_key
 from .engine import GraphInput, InputAudit, StaleInput
 
 _MAX_DEPTH = 6
+_COMPILE_AFTER = 8
+"""checks a watch runs from lists before its probe is compiled (the tape's ``COMPILE_AFTER``)"""
 _MAX_ITEMS = 10_000  # per container; a list of a million ints is not worth walking
 _MAX_OBJECTS = 200_000  # per walk, so a root that reaches a huge object graph stays cheap
 _OWN_PACKAGE = __name__.rpartition(".")[0]
@@ -97,14 +99,28 @@ def _view_key(t: torch.Tensor) -> _ViewKey | None:
     return (key, t.storage_offset(), tuple(t.shape), t.stride(), t.dtype)
 
 
-def _slot_names(cls: type) -> list[str]:
-    names: list[str] = []
-    for klass in cls.__mro__:
-        slots = klass.__dict__.get("__slots__", ())
-        if isinstance(slots, str):
-            slots = (slots,)
-        names.extend(s for s in slots if s not in ("__dict__", "__weakref__"))
-    return names
+_SLOT_NAMES: dict[type, tuple[str, ...]] = {}
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def _slot_names(cls: type) -> tuple[str, ...]:
+    found = _SLOT_NAMES.get(cls)
+    if found is None:  # once per class: every capture walks the same few classes' objects
+        names: list[str] = []
+        for klass in cls.__mro__:
+            slots = klass.__dict__.get("__slots__", ())
+            if isinstance(slots, str):
+                slots = (slots,)
+            names.extend(s for s in slots if s not in ("__dict__", "__weakref__"))
+        found = _SLOT_NAMES[cls] = tuple(names)
+    return found
+
+
+def _field_names(cls: type) -> tuple[str, ...]:
+    found = _FIELD_NAMES.get(cls)
+    if found is None:
+        found = _FIELD_NAMES[cls] = tuple(f.name for f in dataclasses.fields(cls))
+    return found
 
 
 def _children(obj: object) -> Iterable[tuple[Step, object]]:
@@ -140,10 +156,10 @@ def _children(obj: object) -> Iterable[tuple[Step, object]]:
                     yield (kind, k), v
         seen.update(_MODULE_STORES.values())
     if dataclasses.is_dataclass(obj):
-        for f in dataclasses.fields(obj):
-            if f.name not in seen and hasattr(obj, f.name):
-                seen.add(f.name)
-                yield ("attr", f.name), getattr(obj, f.name)
+        for name in _field_names(type(obj)):
+            if name not in seen and hasattr(obj, name):
+                seen.add(name)
+                yield ("attr", name), getattr(obj, name)
     attrs = getattr(obj, "__dict__", None)
     if isinstance(attrs, dict):
         for k, v in list(attrs.items())[:_MAX_ITEMS]:
@@ -238,7 +254,10 @@ def _walk_from(roots: list[tuple[str, object]], by_id: dict[int, tuple[str, _Fou
         except Exception:  # objects with hostile __getattr__/__slots__ are just not walked
             continue
         for step, child in children:
-            queue.append((name, root, steps + (step,), child))
+            # an attribute holding a plain number or string leads nowhere: skipped here, by exact type, it
+            # costs no queue entry (it would be dropped as a leaf when taken off the queue)
+            if type(child) not in _SCALARS:
+                queue.append((name, root, steps + (step,), child))
 
 
 # ---------------------------------------------------------------- naming a view by its base
@@ -327,6 +346,7 @@ def _compile_watch(
     layouts: list[_Layout],
     tracked: list[bool],
     versions: list[int],
+    ptrs: list[int],
 ) -> Callable[[], tuple[tuple[int, ...] | list[int] | None, list[int], list[int]] | None]:
     """One generated, unrolled function (no loop per replay) that checks everything replay needs.
 
@@ -372,7 +392,7 @@ def _compile_watch(
         ends.append(var)
     watch: list[str] = []
     for k, (t, was, ok) in enumerate(zip(tensors, layouts, tracked)):
-        names[f"t{k}"], names[f"p{k}"], names[f"s{k}"], names[f"d{k}"] = t, t.data_ptr(), was.size, was.stride
+        names[f"t{k}"], names[f"p{k}"], names[f"s{k}"], names[f"d{k}"] = t, ptrs[k], was.size, was.stride
         if not ok:  # no version counter (an inference tensor): compared in full every time
             watch.append(f"    moved.append({k})")
             continue
@@ -406,6 +426,78 @@ def _compile_watch(
 
 
 _CODE: dict[str, Any] = {}
+
+
+def _walk_plan(leaves: list[tuple[object, tuple[Step, ...], torch.Tensor]]
+               ) -> tuple[list[object], list[tuple[int, int, Callable[[Any], Any]]], list[int]]:
+    """``_compile_watch``'s walk as data: the roots, then per path node (in the generated function's order, each
+    prefix once) its slot, its parent's slot and its getter; and the slot each leaf ends at."""
+    values: list[object] = []
+    nodes: dict[tuple[int, tuple[Step, ...]], int] = {}
+    walk: list[tuple[int, int, Callable[[Any], Any]]] = []
+    ends: list[int] = []
+    for root, steps, _ in leaves:
+        at = nodes.get((id(root), ()))
+        if at is None:
+            at = nodes[(id(root), ())] = len(values)
+            values.append(root)
+        for depth in range(1, len(steps) + 1):
+            prefix = steps[:depth]
+            child = nodes.get((id(root), prefix))
+            if child is None:
+                child = nodes[(id(root), prefix)] = len(values)
+                values.append(None)
+                walk.append((child, at, _getter(prefix[-1])))
+            at = child
+        ends.append(at)
+    return values, walk, ends
+
+
+def _listed_watch(
+    leaves: list[tuple[object, tuple[Step, ...], torch.Tensor]],
+    tensors: list[torch.Tensor],
+    layouts: list[_Layout],
+    tracked: list[bool],
+    versions: list[int],
+    ptrs: list[int],
+) -> Callable[[], tuple[tuple[int, ...] | list[int] | None, list[int], list[int]] | None]:
+    """``_compile_watch``'s probe as loops over lists: the same reads in the same order and the same answers,
+    without the cost of compiling its source (``StaleWatch`` uses it for a graph's first replays)."""
+    values, walk, ends = _walk_plan(leaves)
+    held = [h for _, _, h in leaves]
+    checks = list(zip(range(len(tensors)), tensors, layouts, tracked, ptrs))
+
+    def probe() -> tuple[tuple[int, ...] | list[int] | None, list[int], list[int]] | None:
+        stale: tuple[int, ...] | list[int] | None = ()
+        now = list(values)
+        try:
+            for child, parent, get in walk:
+                now[child] = get(now[parent])
+        except Exception:  # noqa: BLE001 - as the generated probe: every path is resolved again the slow way
+            stale = None
+        else:
+            if all(now[e] is h for e, h in zip(ends, held)):
+                if all(ok and t._version == versions[k] and t.data_ptr() == p for k, t, _, ok, p in checks):
+                    return None
+            else:
+                stale = [n for n, (e, h) in enumerate(zip(ends, held)) if now[e] is not h]
+        refreshed: list[int] = []
+        moved: list[int] = []
+        for k, t, was, ok, p in checks:
+            if not ok:
+                moved.append(k)
+                continue
+            v = t._version
+            if v != versions[k]:
+                versions[k] = v
+                refreshed.append(k)
+                if t.shape != was.size or t.stride() != was.stride:
+                    moved.append(k)
+            if t.data_ptr() != p:
+                moved.append(k)
+        return stale, refreshed, moved
+
+    return probe
 
 
 _MISSING = object()
@@ -467,7 +559,7 @@ def _changes(was: _Layout, now: _Layout) -> str:
 class StaleWatch:
     """What replay checks, before running the graph."""
 
-    __slots__ = ("_leaves", "_probe", "_tensors", "_layouts", "_moved_ones", "_last")
+    __slots__ = ("_leaves", "_probe", "_tensors", "_layouts", "_moved_ones", "_last", "_checks", "_compile")
 
     def __init__(self, leaves: list[_Leaf], tensors: list[torch.Tensor], layouts: list[_Layout]) -> None:
         self._leaves = leaves
@@ -477,8 +569,13 @@ class StaleWatch:
         tracked = [not t.is_inference() for t in tensors]
         # version counters at the previous check: writes after it are refreshes before the next replay
         versions = [t._version if ok else -1 for t, ok in zip(tensors, tracked)]
-        self._probe = _compile_watch([(leaf.root, leaf.steps, leaf.held) for leaf in leaves], tensors, layouts,
-                                     tracked, versions)
+        ptrs = [t.data_ptr() for t in tensors]  # where each sat at capture, whenever the probe is compiled
+        args = ([(leaf.root, leaf.steps, leaf.held) for leaf in leaves], tensors, layouts, tracked, versions, ptrs)
+        # the first checks loop over lists; the generated probe is compiled once the graph is replayed often
+        # (the tape's ``COMPILE_AFTER``): compiling it cost more than most graphs' every replay
+        self._probe = _listed_watch(*args)
+        self._compile: Callable[[], Any] | None = lambda: _compile_watch(*args)
+        self._checks = 0
         # tensors found moved: compared in full at every replay until they are back where they were
         self._moved_ones: set[int] = set()
         # per leaf, the last rebinding reported: (what the path reached, benign, the report), reused while it persists
@@ -486,6 +583,10 @@ class StaleWatch:
 
     def check(self) -> tuple[StaleInput, ...]:
         """Before a replay: what moved since capture.  Two reads per input when nothing did."""
+        if self._compile is not None:
+            self._checks += 1
+            if self._checks > _COMPILE_AFTER:
+                self._probe, self._compile = self._compile(), None
         probed = self._probe()
         if probed is None and not self._moved_ones:
             return ()

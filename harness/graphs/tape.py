@@ -58,6 +58,10 @@ kwargs)`` triples, one per op that does work at replay:
 * each op runs through the public torch binding that dispatches exactly the
   recorded overload (checked once per signature by intercepting the dispatch),
   which is cheaper than calling the ``OpOverload``;
+* the calls are bound at the first replay (a graph never replayed does not pay
+  for it) and run from a list; at replay ``COMPILE_AFTER`` each segment's calls
+  are compiled into one generated function (``_flat``), which only a graph
+  replayed often repays;
 * an eager island splits the tape: its Python re-runs between the pieces and its
   results are copied into the static tensors capture handed out.
 
@@ -96,6 +100,7 @@ import keyword
 from collections.abc import Callable, Iterable, Mapping
 from contextlib import AbstractContextManager, ExitStack
 from dataclasses import dataclass
+from types import TracebackType
 from typing import Any
 
 import torch
@@ -459,6 +464,63 @@ def _reuse_memory(rec: Recorder, steps: list[OpStep | IslandStep], kinds: list[s
 _Segment = tuple[Callable[[], None], Callable[[], None] | None]
 _FLAT_CODE: dict[str, Any] = {}
 
+COMPILE_AFTER = 8
+"""replays a graph runs its ops from a list before they are compiled into one generated function (``_flat``).
+
+Compiling a segment's source costs about as much as tens of replays of the same ops from a list (``compile``
+was a tenth of a library run's CPU time, most graphs being replayed a few times, many never), so a graph pays
+for it only once it has shown it is replayed often; the two run the same calls on the same tensors."""
+
+
+_LISTED = compile("""def run():
+    line = 1
+    try:
+        for call, args, kwargs in OPS:
+            line += 1
+            call(*args, **kwargs)
+    except BaseException as exc:
+        exc.__traceback__ = AT_LINE(exc.__traceback__, line)
+        raise
+""", "<tape replay>", "exec")
+
+
+def _at_line(tb: TracebackType | None, line: int) -> TracebackType | None:
+    """``tb`` with its first entry (the listed replay's frame) at ``line``, the line ``_flat``'s source calls
+    the op on: an error's frames (``check/run/frames.py``) are the same whichever form the replay ran."""
+    if tb is None:
+        return None
+    return TracebackType(tb.tb_next, tb.tb_frame, -1, line)  # no instruction: the traceback reads tb_lineno
+
+
+def _listed(ops: tuple[_Call, ...]) -> Callable[[], None]:
+    """The ops of a segment called in turn from their list: what ``_flat`` compiles, without its compile (one
+    loop compiled once, named and placed as ``_flat``'s function)."""
+    scope: dict[str, Any] = {"OPS": ops, "AT_LINE": _at_line}
+    exec(_LISTED, scope)  # noqa: S102 - a fixed loop over the calls bound at capture
+    return scope["run"]
+
+
+class _Plan:
+    """A segment's replay plan: its recorded steps until the first replay binds their calls (``_plan_call``),
+    which a graph never replayed does not pay for; replayed from the list of calls, compiled (``_flat``)
+    at replay ``COMPILE_AFTER``."""
+
+    __slots__ = ("steps", "island", "calls")
+
+    def __init__(self, steps: list[tuple[OpStep, str]], island: Callable[[], None] | None) -> None:
+        self.steps: list[tuple[OpStep, str]] | None = steps
+        self.island = island
+        self.calls: tuple[_Call, ...] = ()
+
+    def listed(self) -> _Segment:
+        if self.steps is not None:
+            self.calls, self.steps = tuple(_plan_call(step, kind) for step, kind in self.steps), None
+        return (_listed(self.calls), self.island)
+
+    def flat(self) -> _Segment:
+        self.listed()
+        return (_flat(self.calls), self.island)
+
 
 def _flat(ops: tuple[_Call, ...]) -> Callable[[], None]:
     """One generated function calling every op of a segment in turn, its arguments bound as globals.
@@ -496,7 +558,7 @@ def _flat(ops: tuple[_Call, ...]) -> Callable[[], None]:
 
 @dataclass(slots=True)
 class _Compiled:
-    segments: tuple[_Segment, ...]
+    segments: tuple[_Plan, ...]
     notes: tuple[str, ...]
     reused: dict[int, list[torch.Tensor]]
     homes: Homes
@@ -514,17 +576,17 @@ def _compile(rec: Recorder, pool: TapePool) -> _Compiled:
             # a pin moved onto another storage's memory, or emptied, leaves the poisoning to that memory's owner
             if pin is not None and storage_key(pin) == k and pin.untyped_storage().nbytes():
                 poison_storage(pin)
-    segments: list[_Segment] = []
-    ops: list[_Call] = []
+    segments: list[_Plan] = []
+    ops: list[tuple[OpStep, str]] = []
     for step, kind in zip(steps, kinds):
         if isinstance(step, IslandStep):
             into = tuple(rec.pin_of(t) for t in step.statics)
-            segments.append((_flat(tuple(ops)), island_runner(step, into)))
+            segments.append(_Plan(ops, island_runner(step, into)))
             ops = []
         elif kind in _RUNS:
-            ops.append(_plan_call(step, kind))
+            ops.append((step, kind))
     if ops or not segments:
-        segments.append((_flat(tuple(ops)), None))
+        segments.append(_Plan(ops, None))
     watched = {k for k in (storage_key(t) for t in rec.inputs.values()) if k is not None}
     homes = Homes(rec.pins_by_key, skip=private | rec.old_block_keys, watched=watched, captured=rec.fresh)
     notes = tuple(f"{kind}: the old block into the reallocated one" if i in rec.block_copies
@@ -591,7 +653,9 @@ class TapeGraph:
     ) -> None:
         self.label = label
         self.pool = pool
-        self._segments = compiled.segments
+        self._plans = compiled.segments
+        self._segments: tuple[_Segment, ...] | None = None  # bound at the first replay (``_Plan``)
+        self._replays = 0
         self._notes = compiled.notes
         self._reused = compiled.reused
         self._homes = compiled.homes
@@ -631,12 +695,18 @@ class TapeGraph:
         return self.audit
 
     def replay(self) -> tuple[StaleInput, ...]:
-        if self._segments is None:
+        if self._plans is None:
             raise RuntimeError(f"graph {self.label!r} was reset: capture it again before replaying it")
+        if self._replays <= COMPILE_AFTER:
+            if self._replays == 0:
+                self._segments = tuple(plan.listed() for plan in self._plans)
+            elif self._replays == COMPILE_AFTER:
+                self._segments = tuple(plan.flat() for plan in self._plans)
+            self._replays += 1
         stale = self._watch.check()
         if stale or self._check_homes:
             self._homes.before_replay(any(st.kind == "memory" for st in stale))
-        for ops, island in self._segments:
+        for ops, island in self._segments:  # type: ignore[union-attr]
             with _below_autograd():
                 ops()
             if island is not None:
@@ -646,7 +716,8 @@ class TapeGraph:
 
     def reset(self) -> None:
         """Free the tape (``CUDAGraph.reset()``); its memory stays with its pool."""
-        self._segments = None  # type: ignore[assignment]
+        self._plans = None  # type: ignore[assignment]
+        self._segments = None
         self._steps = ()
         self._notes = ()
 

@@ -48,6 +48,8 @@ class SWATokenToKVPoolAllocator:
     def free_slots(self) -> tuple[frozenset[int], frozenset[int]]:
         """The slots of every free page of the full and of the SWA pool."""
         p = self.page_size
+        if p == 1:  # a page is its slot: no Python loop over the pool's free pages
+            return frozenset(self._full), frozenset(self._swa)
         return tuple(frozenset(page * p + k for page in free for k in range(p)) for free in (self._full, self._swa))
 
     def alloc(self, n: int) -> torch.Tensor:

@@ -87,12 +87,16 @@ def pool_violations(live: Sequence[LiveToken], *, groups: KVGroups, free: Mappin
     """Every invariant broken by the live tokens (their ``slots`` in ``groups``' order), each group's free
     slots and the prefix cache's tokens as they stand, in a stable order."""
     out: list[InvariantViolation] = []
+    # the free lists are read, never changed: a stack's sets are used as they come (a free list holds most of a
+    # pool's slots, and this runs after every step)
+    free_sets = {g.name: f if isinstance((f := free[g.name]), (set, frozenset)) else set(f) for g in groups}
     for g in groups:
-        for slot in sorted(s for s in free[g.name] if s < g.page_size):
-            out.append(InvariantViolation(invariant="dummy", pool=g.name, slot=slot,
-                                          detail="the dummy page is on the free list"))
+        fs = free_sets[g.name]
+        if fs and min(fs) < g.page_size:  # min() in C first: the dummy page is almost never free
+            for slot in sorted(s for s in fs if s < g.page_size):
+                out.append(InvariantViolation(invariant="dummy", pool=g.name, slot=slot,
+                                              detail="the dummy page is on the free list"))
     owners: dict[tuple[str, int], LiveToken] = {}
-    free_sets = {g.name: set(free[g.name]) for g in groups}
     by_cache = _cache_violations(cached, groups, free_sets, out) if cached else {}
     # a token with no slot in a windowed group is named by its slot in the first group that always holds one
     anchor = next((i for i, g in enumerate(groups) if not g.has_window), None)
@@ -145,12 +149,12 @@ def _leaks(groups: KVGroups, free: Mapping[str, set[int]], owned: set[tuple[str,
     for g in groups:
         p = g.page_size
         owned_pages = {slot // p for pool, slot in owned if pool == g.name}
-        free_pages = {slot // p for slot in free[g.name]}
-        for page in range(1, g.size // p):
-            if page not in free_pages and page not in owned_pages:
-                out.append(InvariantViolation(invariant="leaked", pool=g.name, slot=page * p,
-                                              detail="handed out, but no live token or cached token owns it: "
-                                                     "nothing will free it"))
+        free_pages = free[g.name] if p == 1 else {slot // p for slot in free[g.name]}
+        # set differences in C, not a Python loop over every page of the pool (most of them free)
+        for page in sorted(set(range(1, g.size // p)).difference(free_pages, owned_pages)):
+            out.append(InvariantViolation(invariant="leaked", pool=g.name, slot=page * p,
+                                          detail="handed out, but no live token or cached token owns it: "
+                                                 "nothing will free it"))
     return out
 
 

@@ -134,11 +134,53 @@ def test_an_op_without_a_public_out_binding_replays_through_its_functional_bindi
         assert g.outputs[1].stride() == cloned.stride()
 
 
-def test_replay_runs_one_generated_function_per_segment():
+def test_replay_runs_its_ops_from_a_list_then_from_one_generated_function_per_segment():
+    from harness.graphs.tape import COMPILE_AFTER
+
     s = SimpleNamespace(x=torch.arange(4.0))
     g = capture(lambda: (s.x * 2).relu() + 1, roots={"s": s})
-    ((run, island),) = g._segments
-    assert run.__code__.co_filename == "<tape replay>" and island is None
-    s.x.fill_(-1.0)
-    g.replay()
-    assert g.outputs[0].tolist() == [1.0] * 4
+    assert g._segments is None  # nothing bound before the first replay
+    for k in range(COMPILE_AFTER + 2):
+        s.x.fill_(float(k % 3) - 1.0)
+        g.replay()
+        assert g.outputs[0].tolist() == [max(0.0, 2 * (k % 3) - 2.0) + 1.0] * 4, k
+        ((run, island),) = g._segments
+        assert island is None
+        assert run.__code__.co_filename == "<tape replay>"
+        assert ("OPS" in run.__globals__) == (k < COMPILE_AFTER), k  # the listed loop, then the generated code
+
+
+def test_the_input_watch_reports_the_same_before_and_after_its_probe_is_compiled():
+    from harness.graphs.tape import COMPILE_AFTER
+
+    s = SimpleNamespace(x=torch.arange(4.0), y=torch.ones(4))
+    g = capture(lambda: s.x * s.y, roots={"s": s})
+    seen = []
+    for k in range(2 * COMPILE_AFTER + 2):
+        if k % 4 == 1:
+            s.x.add_(1.0)  # a refresh in place: no finding
+        if k % 4 == 2:
+            s.y = torch.zeros(4)  # the path reaches another tensor: a rebound input
+        if k % 4 == 3:
+            s.y = g.reads[1]  # back to the captured one
+        seen.append([(st.path, st.kind, st.benign) for st in g.replay()])
+    listed, compiled = seen[:COMPILE_AFTER], seen[COMPILE_AFTER:2 * COMPILE_AFTER]
+    assert listed == compiled and any(listed) and not all(listed)
+
+
+def test_an_op_that_fails_at_replay_names_the_same_frames_from_the_list_and_from_the_compiled_function():
+    # results records keep an error's frames: which form the replay ran in must not show in them
+    from harness.check.run.frames import subject_frames
+    from harness.graphs.tape import COMPILE_AFTER
+
+    s = SimpleNamespace(x=torch.arange(4.0), i=torch.tensor([1]))
+    g = capture(lambda: (s.x * 2 + 1).index_select(0, s.i), roots={"s": s})
+    seen = []
+    for k in range(COMPILE_AFTER + 2):
+        s.i.fill_(7 if k % 2 else 1)  # out of bounds every other replay
+        try:
+            g.replay()
+        except IndexError as exc:
+            seen.append((k, [(f.file, f.line, f.function) for f in subject_frames(exc.__traceback__)][-1]))
+    assert [k for k, _ in seen] == list(range(1, COMPILE_AFTER + 2, 2))
+    assert {frame for _, frame in seen} == {("<tape replay>", 4, "run")}  # the third op, on line 4 of either

@@ -34,3 +34,43 @@ def test_with_several_jobs_a_builtin_groups_child_computes_its_reference_and_giv
     assert len(matrix._REFERENCES) == 1  # one job: computed here, once, for both cases
     assert [r.verdict.outcome for r in parallel] == [r.verdict.outcome for r in serial]
     assert all(r.ok for r in parallel)
+
+
+def test_a_reference_that_timed_out_is_not_cached_and_the_next_case_computes_it_again(
+        no_cached_references, monkeypatch):
+    from harness.check.run.workers import WorkerDied
+
+    scenario = load_scenario(SCENARIO)
+    calls = []
+
+    def isolated(fn, spec, *, timeout_s):
+        calls.append(spec)
+        if len(calls) == 1:
+            return WorkerDied(reason=f"timed out after {timeout_s:g} s", timed_out=True)
+        return fn(spec)
+
+    monkeypatch.setattr(matrix, "run_one_isolated", isolated)
+    first = matrix.scenario_reference(scenario, backend="torch_native", isolate=True, timeout_s=1.0)
+    assert first.error is not None and first.error.type == "Timeout"
+    assert not matrix._REFERENCES
+    second = matrix.scenario_reference(scenario, backend="torch_native", isolate=True, timeout_s=1.0)
+    assert second.error is None and len(calls) == 2
+    assert matrix.scenario_reference(scenario, backend="torch_native", isolate=True) is second  # cached now
+    assert len(calls) == 2
+
+
+def test_a_reference_whose_child_died_otherwise_is_cached(no_cached_references, monkeypatch):
+    from harness.check.run.workers import WorkerDied
+
+    scenario = load_scenario(SCENARIO)
+    calls = []
+
+    def isolated(fn, spec, *, timeout_s):
+        calls.append(spec)
+        return WorkerDied(reason="worker died (signal 11)")
+
+    monkeypatch.setattr(matrix, "run_one_isolated", isolated)
+    first = matrix.scenario_reference(scenario, backend="torch_native", isolate=True)
+    assert first.error is not None and first.error.type == "WorkerDied"
+    assert matrix.scenario_reference(scenario, backend="torch_native", isolate=True) is first
+    assert len(calls) == 1

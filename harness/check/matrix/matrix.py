@@ -48,6 +48,11 @@ def scenario_reference(scenario: ScenarioSpec, *, backend: str, device: str = "c
     if spec not in _REFERENCES:
         if isolate and _forkable(spec.device):
             outcome = run_one_isolated(execute, spec, timeout_s=timeout_s or scenario.timeout_s)
+            if isinstance(outcome, WorkerDied) and outcome.timed_out:
+                # a reference that ran out of time says so to the case that asked, under that case's limit;
+                # cached, it would fail the scenario's every later case, some with a longer limit or on a
+                # machine less loaded by the time they start
+                return _died_run(spec, outcome)
             _REFERENCES[spec] = _died_run(spec, outcome) if isinstance(outcome, WorkerDied) else outcome
         else:
             _REFERENCES[spec] = execute(spec)

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import ctypes
 import faulthandler
+import gc
 import hashlib
 import io
 import multiprocessing
@@ -180,6 +181,10 @@ def _child(conn: Connection, out: tuple[int, int], parent: int, fn: Callable[[An
         signal.signal(signum, handler)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a handler inherited from the parent would survive a kill
     _die_with_parent(parent)
+    # everything inherited from the parent (modules, scenarios, cached references) lives as long as the child:
+    # out of the collector's generations, the child's collections scan only what its tasks allocate, and do
+    # not write to (and so copy) the inherited pages
+    gc.freeze()
     os.close(out[0])
     _guard(conn, out[1])
     _capture_output(out[1])
