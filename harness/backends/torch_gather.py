@@ -13,7 +13,7 @@ Shapes stay static so that graphs can capture the kernel: each token's list has 
 pool (the window for SWA layers, ``max_context_len`` for full ones) in every mode, which also keeps eager and
 graph runs bitwise equal. The real keys fill the head of the list, oldest first; the lanes past them repeat
 the newest key (written by the token itself in this layer, just before it attends) and are masked, so even
-they read a live slot. Graph runs keep the lists in static buffers sized for the largest bucket, refilled in
+they read a live slot. Graph runs keep the lists in static buffers sized for the largest bucket (times the tokens each request adds: one for a decode, 1 + draft steps for a verify), refilled in
 place outside the graph.
 
 The index-space mistakes of the fault catalog act here, where the real ones lived: the SWA page table left
@@ -185,26 +185,50 @@ class TorchGatherMetadataBuilder(AttentionMetadataBuilder):
 
     # ---- graphs ---------------------------------------------------------------------------------------
     def init_graph_state(self, max_bs: int) -> None:
-        dev = self.device
-        self._cg_indices = {swa: torch.zeros(max_bs, n, dtype=torch.int64, device=dev) for swa, n in self._lanes.items()}
-        self._cg_padding = {swa: torch.ones(max_bs, 1, 1, n, dtype=torch.bool, device=dev)
-                            for swa, n in self._lanes.items()}
-        self._cg_swa_loc = torch.zeros(max_bs, dtype=torch.int32, device=dev)
+        self._cg_max_bs = max_bs
+        self._cg_shapes: dict[int, _GraphLists] = {}
+        """per tokens-per-request n: the static lists, masks and SWA locations of max_bs * n tokens (a decode's
+        n is 1, a verify's 1 + draft steps), made at the first capture of that shape, before its graph starts"""
+        self._graph_lists(1)
+
+    def _graph_lists(self, per: int) -> _GraphLists:
+        if per not in self._cg_shapes:
+            rows, dev = self._cg_max_bs * per, self.device
+            self._cg_shapes[per] = _GraphLists(
+                indices={swa: torch.zeros(rows, n, dtype=torch.int64, device=dev) for swa, n in self._lanes.items()},
+                padding={swa: torch.ones(rows, 1, 1, n, dtype=torch.bool, device=dev)
+                         for swa, n in self._lanes.items()},
+                swa_loc=torch.zeros(rows, dtype=torch.int32, device=dev),
+                # each token's request: the same for every replay of the shape, so it is static too
+                token_rows=torch.arange(rows, device=dev) // per)
+        return self._cg_shapes[per]
 
     def static_tensors(self) -> list[torch.Tensor]:
-        return [*self._cg_indices.values(), *self._cg_padding.values(), self._cg_swa_loc]
+        return [t for shape in self._cg_shapes.values()
+                for t in (*shape.indices.values(), *shape.padding.values(), shape.swa_loc, shape.token_rows)]
+
+    @staticmethod
+    def _uniform_tokens(batch: AttentionBatch) -> int:
+        """Tokens every request of a graph batch adds: 1 for a decode, ``1 + steps`` for a verify."""
+        per = batch.tokens_per_request if batch.forward_mode.is_extend_like else 1
+        if per is None:
+            raise ValueError("torch_gather graphs capture batches whose requests all add the same number of tokens; "
+                             f"got a {batch.forward_mode.value} batch of lengths {batch.extend_seq_lens_cpu}")
+        return per
 
     def build_for_graph_capture(self, batch: AttentionBatch) -> TorchGatherMetadata:
+        per = self._uniform_tokens(batch)
+        shape = self._graph_lists(per)
         self._fill_graph_buffers(batch)
-        bs = batch.bs
+        t = batch.bs * per
         lanes = dict(self._lanes)
         if "baked_scalar" in self.faults:
             # a Python number taken from the capture batch (every row one token long); replay never recomputes it
             lanes = {swa: min(n, max(batch.seq_lens_cpu)) for swa, n in lanes.items()}
-        gathers = {swa: KVGather(indices=self._cg_indices[swa][:bs], padding=self._cg_padding[swa][:bs],
+        gathers = {swa: KVGather(indices=shape.indices[swa][:t], padding=shape.padding[swa][:t],
                                  lanes=lanes[swa]) for swa in lanes}
-        md = self._graph_metadata[bs] = TorchGatherMetadata(full=gathers[False], swa=gathers[True],
-                                                            out_cache_loc_swa=self._cg_swa_loc[:bs])
+        md = self._graph_metadata[batch.bs] = TorchGatherMetadata(full=gathers[False], swa=gathers[True],
+                                                                  out_cache_loc_swa=shape.swa_loc[:t])
         return md
 
     def refresh_for_graph_replay(self, batch: AttentionBatch) -> TorchGatherMetadata:
@@ -213,7 +237,17 @@ class TorchGatherMetadataBuilder(AttentionMetadataBuilder):
 
     def _fill_graph_buffers(self, batch: AttentionBatch) -> None:
         bs, num_real, out_cache_loc = batch.bs, batch.num_real, batch.out_cache_loc
-        lists = self._lists(batch, None, batch.seq_lens, graph=True)
+        per = self._uniform_tokens(batch)
+        shape = self._graph_lists(per)
+        t = bs * per
+        if per == 1:
+            lists = self._lists(batch, None, batch.seq_lens, graph=True)
+        else:
+            # outside the graph: each token's keys, its request's prefix and the new tokens up to itself
+            assert batch.extend_seq_lens is not None
+            token_rows = shape.token_rows[:t]
+            lists = self._lists(batch, token_rows, extend_token_kv_lens(batch.seq_lens, batch.extend_seq_lens,
+                                                                        token_rows), graph=True)
         md = self._graph_metadata.get(bs)
         if "rebind_metadata" in self.faults and md is not None:
             # SGLang PR 26019 review: new tensors bound to the metadata object; the graph keeps reading the
@@ -222,9 +256,19 @@ class TorchGatherMetadataBuilder(AttentionMetadataBuilder):
                 gather.indices, gather.padding = lists[swa]
         else:
             for swa, (indices, padding) in lists.items():
-                self._cg_indices[swa][:bs].copy_(indices)
-                self._cg_padding[swa][:bs].copy_(padding)
-        self._refill_swa_loc(self._cg_swa_loc, out_cache_loc, num_real)
+                shape.indices[swa][:t].copy_(indices)
+                shape.padding[swa][:t].copy_(padding)
+        self._refill_swa_loc(shape.swa_loc, out_cache_loc, num_real * per)
+
+
+@dataclass(slots=True)
+class _GraphLists:
+    """One graph shape's static buffers (``tokens_per_request`` n): [max_bs * n] rows each."""
+
+    indices: dict[bool, torch.Tensor]
+    padding: dict[bool, torch.Tensor]
+    swa_loc: torch.Tensor
+    token_rows: torch.Tensor
 
 
 class TorchGatherImpl(AttentionImpl):
@@ -257,12 +301,14 @@ class TorchGatherImpl(AttentionImpl):
 
 
 class TorchGatherBackend(AttentionBackend):
-    """Index-gathering attention in plain torch ops: runs anywhere, and graphs capture decode batches whole."""
+    """Index-gathering attention in plain torch ops: runs anywhere, and graphs capture uniform batches whole (a
+    decode, a target verify, a draft-extend of one length)."""
 
     name = "torch_gather"
-    # the extend path sizes a tensor from Python ints (repeat_interleave with output_size): eager only, so
-    # prefill graphs keep attention an island
-    graph_support = GraphSupport.DECODE_ONLY
+    # graphs capture batches whose requests all add the same number of tokens (a decode, a target verify, a
+    # draft-extend of one length): their token rows are static; a mixed extend's are sized from Python ints
+    # (repeat_interleave with output_size), so prefill graphs keep attention an island
+    graph_support = GraphSupport.UNIFORM_BATCH
     devices = frozenset({Device.CPU, Device.CUDA})
     # page ids are expanded to token slots before the gather, so any page size works; rows are NHD
     page_sizes = None

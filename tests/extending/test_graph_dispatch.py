@@ -66,7 +66,7 @@ class FullTwoTokenDecodeRunner(TwoTokenDecodeRunner):
 
 
 class UniformBatchBackend(backend_class("torch_gather")):
-    """The torch-gather backend (decode-only graphs) declaring full graphs for uniform batches."""
+    """The torch-gather backend under another name, declaring full graphs for uniform batches."""
 
     name = "uniform_batch"
     graph_support = GraphSupport.UNIFORM_BATCH
@@ -140,6 +140,13 @@ def test_a_full_two_token_graph_is_picked_only_over_a_backend_whose_graph_suppor
     monkeypatch.setitem(GRAPH_RUNNERS, Mode.FULL,
                         (*GRAPH_RUNNERS[Mode.FULL], f"{__name__}:FullTwoTokenDecodeRunner"))
     monkeypatch.setitem(BACKENDS, "uniform_batch", f"{__name__}:UniformBatchBackend")
+    if not taken:
+        # a backend whose graphs take decode batches only (flashinfer's and trtllm_mha's declaration; torch_gather
+        # declares uniform batches since its graph lists are per token)
+        from harness.backends.base import GraphSupport
+        from harness.backends.torch_gather import TorchGatherBackend
+
+        monkeypatch.setattr(TorchGatherBackend, "graph_support", GraphSupport.DECODE_ONLY)
     parts = assemble(_spec("full", backend=backend))
     full = parts.runner.runners[1]
     batch = _two_token_decode(parts, _through_one_decode(parts))

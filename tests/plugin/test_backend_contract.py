@@ -46,10 +46,10 @@ def test_torch_native_declares_what_it_supports():
 def test_torch_gather_declares_what_torch_native_does_and_the_index_space_faults_of_its_page_tables():
     cls, native = backend_class("torch_gather"), backend_class("torch_native")
     assert BACKENDS["torch_gather"] == "harness.backends.torch_gather:TorchGatherBackend"
-    for declared in ("devices", "kv_write_paths", "page_sizes", "kv_layouts"):
+    # both graph paths keep static per-token rows for each tokens-per-request shape: uniform batches (a verify too)
+    for declared in ("devices", "kv_write_paths", "page_sizes", "kv_layouts", "graph_support"):
         assert getattr(cls, declared) == getattr(native, declared), declared
-    # its graph path has no static buffers for a verify's token rows (torch_native's has): decode graphs only
-    assert (cls.graph_support, native.graph_support) == (GraphSupport.DECODE_ONLY, GraphSupport.UNIFORM_BATCH)
+    assert cls.graph_support is GraphSupport.UNIFORM_BATCH
     assert cls.known_faults - native.known_faults == {"swa_read_untranslated", "page_ids_translated_as_slots",
                                                       "swa_table_sized_by_swa_pages"}
     assert native.known_faults <= cls.known_faults  # every library scenario of a dense-kernel fault runs it too

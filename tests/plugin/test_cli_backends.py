@@ -33,7 +33,7 @@ def test_list_shows_every_backend_and_why_the_cells_a_gpu_backend_adds_are_skipp
     assert backends[0] == ["backend", "runs on", "graphs", "page sizes", "cells", "skipped here"]
     assert {r[0]: r[1:] for r in backends[1:]} == {
         "torch_native": ["cpu,cuda", "UNIFORM_BATCH", "any", "6", "0"],
-        "torch_gather": ["cpu,cuda", "DECODE_ONLY", "any", "0", "0"],
+        "torch_gather": ["cpu,cuda", "UNIFORM_BATCH", "any", "0", "0"],
         "flashinfer": ["cuda", "DECODE_ONLY", "1,4,16,32,64", "0", "0"],
         "trtllm_mha": ["cuda", "DECODE_ONLY", "16,32,64", "0", "0"]}
 
