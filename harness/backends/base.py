@@ -97,6 +97,15 @@ class AttentionBatch:
         lengths = set(self.extend_seq_lens_cpu)
         return lengths.pop() if len(lengths) == 1 else None
 
+    def graph_tokens_per_request(self, backend: str) -> int:
+        """Tokens every request of a graph batch adds (1 for a decode, ``1 + steps`` for a verify); ValueError
+        naming ``backend`` for a batch a uniform-batch graph cannot take."""
+        per = self.tokens_per_request if self.forward_mode.is_extend_like else 1
+        if per is None:
+            raise ValueError(f"{backend} graphs capture batches whose requests all add the same number of tokens; "
+                             f"got a {self.forward_mode.value} batch of lengths {self.extend_seq_lens_cpu}")
+        return per
+
 
 def attention_batch(
     *,

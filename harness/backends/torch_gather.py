@@ -207,17 +207,8 @@ class TorchGatherMetadataBuilder(AttentionMetadataBuilder):
         return [t for shape in self._cg_shapes.values()
                 for t in (*shape.indices.values(), *shape.padding.values(), shape.swa_loc, shape.token_rows)]
 
-    @staticmethod
-    def _uniform_tokens(batch: AttentionBatch) -> int:
-        """Tokens every request of a graph batch adds: 1 for a decode, ``1 + steps`` for a verify."""
-        per = batch.tokens_per_request if batch.forward_mode.is_extend_like else 1
-        if per is None:
-            raise ValueError("torch_gather graphs capture batches whose requests all add the same number of tokens; "
-                             f"got a {batch.forward_mode.value} batch of lengths {batch.extend_seq_lens_cpu}")
-        return per
-
     def build_for_graph_capture(self, batch: AttentionBatch) -> TorchGatherMetadata:
-        per = self._uniform_tokens(batch)
+        per = batch.graph_tokens_per_request("torch_gather")
         shape = self._graph_lists(per)
         self._fill_graph_buffers(batch)
         t = batch.bs * per
@@ -237,7 +228,7 @@ class TorchGatherMetadataBuilder(AttentionMetadataBuilder):
 
     def _fill_graph_buffers(self, batch: AttentionBatch) -> None:
         bs, num_real, out_cache_loc = batch.bs, batch.num_real, batch.out_cache_loc
-        per = self._uniform_tokens(batch)
+        per = batch.graph_tokens_per_request("torch_gather")
         shape = self._graph_lists(per)
         t = bs * per
         if per == 1:

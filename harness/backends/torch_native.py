@@ -158,17 +158,8 @@ class TorchNativeMetadataBuilder(AttentionMetadataBuilder):
                                      torch.zeros(rows, dtype=torch.int32, device=self.device))
         return self._cg_uniform[per]
 
-    @staticmethod
-    def _uniform_tokens(batch: AttentionBatch) -> int:
-        """Tokens every request of a graph batch adds: 1 for a decode, ``1 + steps`` for a verify."""
-        per = batch.tokens_per_request if batch.forward_mode.is_extend_like else 1
-        if per is None:
-            raise ValueError("torch_native graphs capture batches whose requests all add the same number of tokens; "
-                             f"got a {batch.forward_mode.value} batch of lengths {batch.extend_seq_lens_cpu}")
-        return per
-
     def build_for_graph_capture(self, batch: AttentionBatch) -> TorchNativeMetadata:
-        per = self._uniform_tokens(batch)
+        per = batch.graph_tokens_per_request("torch_native")
         token_rows, token_kv_lens, swa_loc = self._uniform_buffers(per)
         self._fill_graph_buffers(batch)
         bs = batch.bs
@@ -193,7 +184,7 @@ class TorchNativeMetadataBuilder(AttentionMetadataBuilder):
 
     def _fill_graph_buffers(self, batch: AttentionBatch) -> None:
         bs, num_real, out_cache_loc = batch.bs, batch.num_real, batch.out_cache_loc
-        per = self._uniform_tokens(batch)
+        per = batch.graph_tokens_per_request("torch_native")
         page_table = self._slot_table(batch)
         token_rows, token_kv_lens, swa_loc = self._uniform_buffers(per)
         kv_lens = batch.seq_lens
