@@ -159,11 +159,23 @@ class TimelineFinding:
     message: str
     examples: int
 
-    def requests(self) -> str:
-        """The case's requests in a line"""
-        return ", ".join(f"{r.rid}(arrive {r.arrive}, prompt {r.prompt_len}, output {r.output_len}"
-                         + (f", abort {r.abort}" if r.abort is not None else "") + ")"
-                         for r in self.case.spec.timeline.requests)
+    def setting(self) -> str:
+        """What the case ran under besides its model, pool and requests (the property's own knobs); none here."""
+        return ""
+
+    def heading(self) -> str:
+        return self.signature
+
+    def describe(self) -> str:
+        """The finding as a person reads it: its signature, the shrunk case in a line, the first failure."""
+        spec = self.case.spec
+        t, pool = spec.timeline, spec.pool
+        requests = ", ".join(f"{r.rid}(arrive {r.arrive}, prompt {r.prompt_len}, output {r.output_len}"
+                             + (f", abort {r.abort}" if r.abort is not None else "") + ")" for r in t.requests)
+        return (f"{self.heading()}\n  {spec.model.name} (window {spec.model.window}), pool "
+                f"{pool.full_size}/{pool.swa_size} (pages of {pool.page_size})"
+                + (f", {setting}" if (setting := self.setting()) else "") + f": {requests}"
+                + (f", chunk {t.chunk_size}" if t.chunk_size else "") + f"\n  {self.message}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -172,13 +184,9 @@ class DifferentialFinding(TimelineFinding):
     def key(self) -> str:
         return hashlib.sha256(f"{NAME}\n{self.signature}".encode()).hexdigest()[:8]
 
-    def describe(self) -> str:
-        spec = self.case.spec
-        t, pool, requests = spec.timeline, spec.pool, self.requests()
-        return (f"{self.signature}\n  {spec.model.name} (window {spec.model.window}), pool "
-                f"{pool.full_size}/{pool.swa_size} (pages of {pool.page_size}), interval {self.case.interval}, "
-                f"prefix cache {'on' if spec.eviction.prefix_cache else 'off'}: {requests}"
-                + (f", chunk {t.chunk_size}" if t.chunk_size else "") + f"\n  {self.message}")
+    def setting(self) -> str:
+        prefix = "on" if self.case.spec.eviction.prefix_cache else "off"
+        return f"interval {self.case.interval}, prefix cache {prefix}"
 
 
 DifferentialReport = PropertyReport
@@ -221,12 +229,19 @@ def fuzz_differential(
                                                             message=f.message, examples=n))
 
 
-def command(*, seed: int, budget_s: float | None = None) -> str:
-    """The command line that runs this search again."""
-    words = ["python", "-m", "harness", "fuzz", "--target", NAME]
+def property_command(target: str, *, seed: int, budget_s: float | None = None, fault: str | None = None) -> str:
+    """The command line that runs a search of the fuzz property ``target`` again."""
+    words = ["python", "-m", "harness", "fuzz", "--target", target]
+    if fault is not None:
+        words += ["--fault", fault]
     if budget_s is not None:
         words += ["--budget", f"{budget_s:g}"]
     return shlex.join([*words, "--seed", str(seed)])
+
+
+def command(*, seed: int, budget_s: float | None = None) -> str:
+    """The command line that runs this search again."""
+    return property_command(NAME, seed=seed, budget_s=budget_s)
 
 
 def finding_path(finding: DifferentialFinding, folder: Path) -> Path:
@@ -285,5 +300,5 @@ def main(args) -> int:
 
 
 __all__ = ["INTERVALS", "NAME", "Case", "DifferentialFinding", "DifferentialReport", "Failure", "TimelineFinding",
-           "cases", "command", "finding_path", "fuzz_differential", "invariant_checks", "judge", "main", "raised",
-           "write_finding"]
+           "cases", "command", "finding_path", "fuzz_differential", "invariant_checks", "judge", "main",
+           "property_command", "raised", "write_finding"]

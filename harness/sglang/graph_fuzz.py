@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import shlex
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -41,7 +40,7 @@ from ..fuzz.target import FuzzTarget
 from ..imports import load_named
 from ..runspec import Mode, RunSpec
 from ..serving.eviction import EvictionSpec
-from .fuzz import Failure, TimelineFinding, raised
+from .fuzz import Failure, TimelineFinding, property_command, raised
 
 NAME = "sglang-graph"
 """the property's name on the command line and its example database folder"""
@@ -155,14 +154,12 @@ class GraphFinding(TimelineFinding):
     def key(self) -> str:
         return hashlib.sha256(f"{NAME}\n{self.case.fault}\n{self.signature}".encode()).hexdigest()[:8]
 
-    def describe(self) -> str:
+    def heading(self) -> str:
+        return self.signature + (f" with {self.case.fault}" if self.case.fault else "")
+
+    def setting(self) -> str:
         spec = self.case.spec
-        t, pool, requests = spec.timeline, spec.pool, self.requests()
-        fault = f" with {self.case.fault}" if self.case.fault else ""
-        return (f"{self.signature}{fault}\n  {spec.model.name} (window {spec.model.window}), pool "
-                f"{pool.full_size}/{pool.swa_size} (pages of {pool.page_size}), interval {spec.eviction.interval}, "
-                f"decode buckets {list(spec.graphs.decode_buckets)}: {requests}"
-                + (f", chunk {t.chunk_size}" if t.chunk_size else "") + f"\n  {self.message}")
+        return f"interval {spec.eviction.interval}, decode buckets {list(spec.graphs.decode_buckets)}"
 
 
 GraphReport = PropertyReport
@@ -208,12 +205,7 @@ def fuzz_graph_runner(
 
 def command(*, seed: int, fault: str | None = None, budget_s: float | None = None) -> str:
     """The command line that runs this search again."""
-    words = ["python", "-m", "harness", "fuzz", "--target", NAME]
-    if fault is not None:
-        words += ["--fault", fault]
-    if budget_s is not None:
-        words += ["--budget", f"{budget_s:g}"]
-    return shlex.join([*words, "--seed", str(seed)])
+    return property_command(NAME, seed=seed, budget_s=budget_s, fault=fault)
 
 
 def finding_path(finding: GraphFinding, folder: Path) -> Path:

@@ -13,8 +13,8 @@ shape and its locks, as ``prefix_cache.SWARadixCache.cached_tokens`` derives the
 * ``trailing_of``: every leaf's last ``sliding_window_size`` tokens, the only place a later match can end.
 
 The walk reads SGLang's Python tree core (``UnifiedTreeCore``, the one SGLang falls back to without the Rust
-toolchain): 0.5.23's Rust core exposes no node walk (its ``root_node`` and ``node_by_id`` raise
-NotImplementedError), and its match runs in compiled code a fault cannot patch.
+toolchain): 0.5.23's Rust core exposes no node walk (its ``root_node`` and ``node_by_id`` raise a
+``NotImplementedError``), and its match runs in compiled code a fault cannot patch.
 """
 
 from __future__ import annotations

@@ -14,7 +14,12 @@ FINDINGS = [p for p in sorted((ROOT / "scenarios" / "regressions").glob("*.toml"
             if f'"{graph_fuzz.TAG}"' in p.read_text()]
 
 
-@pytest.mark.parametrize("path", FINDINGS, ids=lambda p: p.stem)
+NONE_YET = pytest.param(None, id="none-yet", marks=pytest.mark.skip(
+    reason="no graph-runner finding is written under scenarios/regressions/ yet (python -m harness fuzz --target "
+           "sglang-graph writes them there)"))
+
+
+@pytest.mark.parametrize("path", [pytest.param(p, id=p.stem) for p in FINDINGS] or [NONE_YET])
 def test_a_written_graph_finding_replays(path):
     case = graph_fuzz.case_of(load_scenario(path))
     if case.fault is not None:
