@@ -45,6 +45,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from ..backends.trtllm_mha import dense_paged_decode
 from .installed import load
+from .triton_interpreter import interpreted
 
 _LIB = torch.library.Library("harness_sglang", "DEF")
 _LIB.define(
@@ -65,38 +66,18 @@ _PAGE_TABLE_ARGS = ("req_to_token", "req_pool_indices", "cache_seqlens", "page_t
                     "swa_page_table", "full_to_swa")
 
 
-@contextmanager
-def _interpreted(module: Any, kernel_name: str) -> Iterator[None]:
-    """``module.kernel_name`` (an ``@triton.jit`` kernel) and every jit function of ``triton.language`` it may
-    call (``tl.cdiv``, ``tl.cumsum``, ...) as Triton's interpreter runs them, for one launch."""
-    import triton.language as tl
-    from triton.runtime.interpreter import InterpretedFunction
-    from triton.runtime.jit import JITFunction
-
-    swapped = [(module, kernel_name, getattr(module, kernel_name))]
-    for lang in (tl, tl.standard, tl.math):
-        swapped += [(lang, name, fn) for name, fn in vars(lang).items() if isinstance(fn, JITFunction)]
-    for owner, name, fn in swapped:
-        setattr(owner, name, InterpretedFunction(fn.fn))
-    try:
-        yield
-    finally:
-        for owner, name, fn in swapped:
-            setattr(owner, name, fn)
-
-
 def _graph_metadata_kernel(*args: Any) -> None:
     from sglang.kernels.ops.attention import trtllm_mha_graph_metadata as module
 
     # no dispatch mode sees the interpreter's memory traffic: the tape records the op, not its body
-    with _disable_current_modes(), _interpreted(module, "update_trtllm_mha_graph_metadata_kernel"):
+    with _disable_current_modes(), interpreted(module, "update_trtllm_mha_graph_metadata_kernel"):
         module.update_trtllm_mha_graph_metadata(**dict(zip(_GRAPH_METADATA_ARGS, args)))
 
 
 def _page_table_kernel(*args: Any) -> None:
     from sglang.kernels.ops.attention import trtllm_mha_page_table as module
 
-    with _disable_current_modes(), _interpreted(module, "create_trtllm_mha_kv_indices_triton"):
+    with _disable_current_modes(), interpreted(module, "create_trtllm_mha_kv_indices_triton"):
         module.build_trtllm_mha_page_table(**dict(zip(_PAGE_TABLE_ARGS, args)))
 
 
