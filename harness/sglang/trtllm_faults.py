@@ -125,3 +125,33 @@ def swa_loc_not_preset_before_capture() -> Iterator[None]:
 
     with _patched(cls, _build_cuda_graph_metadata=build):
         yield
+
+
+@contextmanager
+def verify_graph_swa_metadata_not_refreshed() -> Iterator[None]:
+    """The target-verify graph without SWA window metadata of its own batch (the family of SGLang PR 29858 and
+    issue 22679: a verify or draft-extend path that builds the full-pool metadata and skips the SWA one): the
+    in-graph metadata of a ``TARGET_VERIFY`` forward (``_apply_cuda_graph_metadata``) launches the fused kernel
+    without the SWA page table and the SWA write ids, so a replayed verify reads its SWA layers through the
+    capture batch's SWA page table and writes them at the capture batch's SWA ids (zeros: the dummy slot), while
+    its full-pool metadata is rebuilt. Decode graphs and every eager forward are untouched."""
+    load()
+    from sglang.srt.layers.attention import trtllm_mha_backend
+
+    cls = _backend_cls()
+    original = cls._apply_cuda_graph_metadata
+
+    def apply(self, bs, req_pool_indices, seq_lens, forward_mode, spec_info, out_cache_loc=None):  # noqa: ANN001, ANN202
+        if not forward_mode.is_target_verify():
+            return original(self, bs, req_pool_indices, seq_lens, forward_mode, spec_info, out_cache_loc)
+        launch = trtllm_mha_backend.update_trtllm_mha_graph_metadata
+
+        def without_swa(**kwargs):  # noqa: ANN003, ANN202
+            launch(**{**kwargs, "swa_page_table": None, "swa_out_cache_loc": None})
+
+        with _patched(trtllm_mha_backend, update_trtllm_mha_graph_metadata=without_swa):
+            return original(self, bs, req_pool_indices, seq_lens, forward_mode, spec_info, out_cache_loc)
+
+    with _patched(cls, _apply_cuda_graph_metadata=apply):
+        yield
+
