@@ -338,7 +338,8 @@ def _speculative_problem(spec: RunSpec, attention: str, overlap: bool, audit_wri
     if timeline.draft_topk != 1:
         return "top-k 1 chains only (a tree's verify reads its custom mask)"
     if timeline.draft_extend:
-        return "draft-extend forwards need SGLang's draft model runner, which the CPU adapter does not build"
+        return ("draft-extend: 0.5.23's is DRAFT_EXTEND_V2 over the whole verify window on the draft model runner, "
+                "not the v1 form the harness's scheduler builds")
     if overlap or audit_writes or prefill_tokens:
         return "overlap, audit_writes and prefill graphs are not adapted to speculative timelines"
     return None
