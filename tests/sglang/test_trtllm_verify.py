@@ -108,6 +108,23 @@ def test_the_verify_graphs_swa_metadata_not_refreshed_is_flagged_at_the_first_re
     # matches (test_the_replayed_run_leaves_both_pools_as_the_eager_run_does)
 
 
+def test_an_eager_verify_whose_swa_page_table_misses_the_draft_is_flagged_at_the_first_verify(
+        clean_spec, graph_runner, oracle_certifier):
+    """The dense oracle certifies the eager verify path itself: with the SWA page table built over the committed
+    tokens only, every SWA layer of the first verify reads the dummy page for its draft tokens' keys."""
+    from harness.sglang import trtllm_faults
+
+    spec = clean_spec(VERIFY[0])
+    with trtllm_faults.verify_swa_page_table_without_draft_tokens():
+        faulty = _observed(graph_runner, oracle_certifier, spec, None)
+    found = faulty.certification
+    assert not found.ok and found.max_hidden_error > 0, found
+    first = int(re.match(r"step (\d+) ", found.problems[0]).group(1))
+    assert first == faulty.verifies[0].step, found.problems[0]
+    # its write ids are untouched: only the read of the SWA layers went astray
+    assert all(v.swa_out_cache_loc == v.planned_swa_out_cache_loc for v in faulty.verifies)
+
+
 @pytest.mark.parametrize("scenario, refused", [
     ("swa_spec_draft_extend_accept_some", "draft-extend"),
     ("swa_spec_tree_accept_some", "top-k 1"),
