@@ -1,6 +1,7 @@
 """Faults patched, at run time, into the installed ``TRTLLMHAAttnBackend`` (0.5.23) under SGLang's decode graph
 runner: each a context manager re-creating one upstream bug family in the code 0.5.23 runs (the installed files
-are never edited). ``tests/sglang/test_trtllm_graph.py`` runs each with its expected verdict and without it.
+are never edited). ``tests/sglang/test_trtllm_graph.py`` runs each with its expected verdict and without it; the
+target-verify faults (``verify_*``) are run by ``tests/sglang/test_trtllm_verify.py``.
 
 The runner's own padding fault (a padded ``out_cache_loc`` row left at a live slot) is
 ``graph_runner.padded_out_cache_loc_left_stale``, shared with the torch-native backend.
