@@ -128,6 +128,7 @@ def test_an_eager_verify_whose_swa_page_table_misses_the_draft_is_flagged_at_the
 @pytest.mark.parametrize("scenario, refused", [
     ("swa_spec_draft_extend_accept_some", "draft-extend"),
     ("swa_spec_tree_accept_some", "top-k 1"),
+    ("swa_spec_draft_after_prefill", "without a verify"),
 ])
 def test_speculative_timelines_the_adapter_does_not_drive_are_refused_by_name(clean_spec, graph_runner, scenario,
                                                                              refused):
