@@ -87,6 +87,21 @@ def test_a_padded_verify_bucket_replays_to_the_eager_pools(clean_spec, graph_run
     assert graph_runner.kv_differences(eager, graph) == []
 
 
+def test_verifies_of_three_requests_of_mixed_lengths_replay_padded_to_the_eager_pools(clean_spec, graph_runner,
+                                                                                     oracle_certifier):
+    """swa_spec_verify_graph_padded_buckets without its draft-extends (which the adapter refuses): verifies of three
+    requests of different committed lengths in bucket 4 (one padded request), then of two and one in bucket 2,
+    while eviction frees SWA slots; the shorter last verifies run eagerly."""
+    spec = clean_spec(ROOT / "scenarios" / "swa_spec_verify_graph_padded_buckets.toml")
+    spec = dataclasses.replace(spec, timeline=dataclasses.replace(spec.timeline, draft_extend=False))
+    eager = graph_runner.run_timeline(spec, engine=None, attention=TRTLLM)
+    graph = _observed(graph_runner, oracle_certifier, spec, get_engine("tape"))
+    assert (3, 4) in {(v.raw_bs, v.bucket) for v in graph.verifies}
+    assert any(v.bucket is None for v in graph.verifies)
+    assert graph.certification.ok, graph.certification.problems
+    assert graph_runner.kv_differences(eager, graph) == []
+
+
 def test_the_verify_graphs_swa_metadata_not_refreshed_is_flagged_at_the_first_replayed_verify(
         clean_spec, graph_runner, oracle_certifier):
     from harness.sglang import trtllm_faults
