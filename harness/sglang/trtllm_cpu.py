@@ -21,7 +21,8 @@ write, and FP8 pools are not expressible through the adapter).
   ``flashinfer.prefill.trtllm_batch_context_with_kv_cache``, the ones the backend calls off SM90/SM120) are the
   harness's functions of the same keyword signature, computing paged attention over the page table (or SWA
   page table) the backend hands them, in the backend's HND layout; the decode one has static shapes (the
-  harness's ``dense_paged_decode``), so it captures.
+  harness's ``dense_paged_decode``), so it captures, and serves a target verify's ``q_len_per_req`` queries per
+  request (``target_verify.py``) by the TRT-LLM-GEN rule, each query over its keys up to its own position.
 * **One device query**: ``trtllm_mla_backend._multi_ctas_kv_counter_bytes`` (FlashInfer's SM count and counter
   size, sizing the decode kernel's multi-CTA counter buffer at construction) answers ``COUNTER_BYTES``.
 * **FlashInfer's wrapper classes** (``BatchPrefillWithRaggedKVCacheWrapper``, ``BatchPrefillWithPagedKVCacheWrapper``,
