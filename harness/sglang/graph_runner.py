@@ -27,6 +27,10 @@ What is not SGLang's, each the narrowest change found (``docs/sglang-graphs.md``
 ``SGLangStack``, SGLang's eviction function) twice from the same seed: eagerly (``init_forward_metadata`` and
 ``model.forward`` per batch), and with every decode batch the runner can take replayed (``can_run_graph`` then
 ``execute``); prefill batches are eager in both. ``kv_differences`` compares the two runs' pools slot by slot.
+A speculative timeline (top-k 1 chains with ``accept_lens``, no draft-extend; over ``trtllm_mha``) runs each
+draft's steps as eager decode forwards and its target verify through SGLang's verify path
+(``target_verify.py``): the model runner is SGLang's EAGLE target, so the runner captures ``TARGET_VERIFY`` of
+``1 + steps`` tokens per request and replays every verify of that width; plain decodes run eagerly.
 With ``overlap`` the next iteration's scheduler work runs where SGLang's WAR fence releases it (inside a replay, at
 the runner's in-graph read-done marker), and ``audit_writes`` checks every write's location (``overlap.py``).
 """
@@ -54,6 +58,8 @@ from .installed import load
 from .model_runner import harness_model_runner
 from .overlap import MisplacedWrite, WriteLocationLog, arm_at_read_end, check_fence, external_read_done_event
 from .stack import SGLangStack
+from .target_verify import (VerifyReplay, eagle_chain, enter_draft_step, make_target_model_runner,
+                            verify_forward_batch)
 from .trtllm_cpu import trtllm_on_cpu
 
 _CLASSES: dict[str, type] = {}
@@ -225,6 +231,10 @@ class TimelineRun:
     certification: Any = None
     """the dense oracle's certification of this run, where the caller made one from its ``observe``d steps (the
     checking does: this package sits below it)"""
+    capture_mode: str = ""
+    """the forward mode the decode runner captured (``decode``; ``target_verify`` for a speculative timeline)"""
+    verifies: list[VerifyReplay] = field(default_factory=list)
+    """every target-verify forward of a speculative timeline (``target_verify.py``), eager or replayed"""
 
 
 def _stack(spec: RunSpec) -> SGLangStack:
@@ -287,7 +297,12 @@ def run_timeline(spec: RunSpec, *, engine: Any = None, attention: str = "torch_n
     the in-graph read-done marker (``IN_REPLAY``), else after the forward. ``audit_writes``: every forward's
     write locations, per layer and row, are checked against what its batch was built with
     (``TimelineRun.misplaced_writes``). ``observe``: a ``StepObserver`` called after every step's forwards (not
-    with ``overlap``, whose frees may run inside a forward)."""
+    with ``overlap``, whose frees may run inside a forward; after a verify, once its rejected drafts are freed).
+
+    A timeline with ``draft_steps`` runs its verifies through SGLang's target-verify path (``target_verify.py``;
+    ``TimelineRun.verifies``) under SGLang's speculative configuration (EAGLE, top-k 1, ``1 + steps`` draft
+    tokens); what it cannot drive (trees, draft-extends, unverified drafts, another backend) is refused with a
+    ``ValueError`` naming it."""
     if observe is not None and overlap:
         raise ValueError("observe: a step's state after its forwards and before its frees does not exist under "
                          "overlap, whose frees run where the forward's shared reads end")
@@ -298,13 +313,36 @@ def run_timeline(spec: RunSpec, *, engine: Any = None, attention: str = "torch_n
         raise ValueError(f"attention={attention!r}: expected one of {', '.join(ATTENTION_BACKENDS)}")
     if prefill_tokens and attention != "trtllm_mha":
         raise ValueError("prefill_tokens: the prefill graph runner is adapted over the trtllm_mha backend only")
+    if spec.timeline.draft_steps and (problem := _speculative_problem(spec, attention, overlap, audit_writes,
+                                                                      prefill_tokens)):
+        raise ValueError(f"speculative timeline: {problem}")
     api = load()
     spec = comparable_spec(spec)  # SGLang's free order and eviction policy (the differential test's knobs)
     trtllm = attention == "trtllm_mha"
-    with trtllm_on_cpu() if trtllm else nullcontext(), _workspace(trtllm):
+    steps = spec.timeline.draft_steps
+    with trtllm_on_cpu() if trtllm else nullcontext(), _workspace(trtllm), \
+            eagle_chain(spec.model, steps) if steps else nullcontext():
         return _run(api, spec, engine=engine, backend_cls=api.TRTLLMHAAttnBackend if trtllm else
                     _graph_torch_native_class(), bind_plan=trtllm, prefill_tokens=tuple(prefill_tokens),
                     overlap=overlap, audit_writes=audit_writes, observe=observe)
+
+
+def _speculative_problem(spec: RunSpec, attention: str, overlap: bool, audit_writes: bool,
+                         prefill_tokens: Sequence[int]) -> str | None:
+    """Why ``run_timeline`` cannot drive ``spec``'s speculative timeline through SGLang's verify path, or None."""
+    timeline = spec.timeline
+    if attention != "trtllm_mha":
+        return "the target verify is adapted over the trtllm_mha backend only"
+    if not timeline.verifies:
+        return "drafts without a verify (accept_lens) are not adapted: SGLang verifies every draft"
+    if timeline.draft_topk != 1:
+        return "top-k 1 chains only (a tree's verify reads its custom mask)"
+    if timeline.draft_extend:
+        return ("draft-extend: 0.5.23's is DRAFT_EXTEND_V2 over the whole verify window on the draft model runner, "
+                "not the v1 form the harness's scheduler builds")
+    if overlap or audit_writes or prefill_tokens:
+        return "overlap, audit_writes and prefill graphs are not adapted to speculative timelines"
+    return None
 
 
 @contextmanager
@@ -324,6 +362,8 @@ def _run(api: Any, spec: RunSpec, *, engine: Any, backend_cls: type, bind_plan: 
     stack = _stack(spec)
     model = SyntheticModel(spec.model)
     model_runner = harness_model_runner(stack=stack, model=model, attn_backend_cls=backend_cls)
+    if spec.timeline.draft_steps:  # SGLang's EAGLE target: its graph runner captures TARGET_VERIFY
+        make_target_model_runner(model_runner)
     backend = model_runner.attn_backend
     result = TimelineRun(stack=stack, attention=type(backend).__name__.removeprefix("Graph"), overlap=overlap,
                          audited=audit_writes)
@@ -342,6 +382,7 @@ def _run(api: Any, spec: RunSpec, *, engine: Any, backend_cls: type, bind_plan: 
             if runner is not None:
                 result.captured, result.regions = tuple(runner.capture_bs), len(run.regions)
                 result.backend = type(runner.backend).__name__
+                result.capture_mode = runner.capture_forward_mode.name.lower()
             prefill = _tape_prefill_runner_class()(model_runner) if prefill_tokens else None
             if prefill is not None:
                 result.prefill_captured = tuple(sorted(prefill.capture_num_tokens))
@@ -366,6 +407,12 @@ def _iteration(api: Any, step: Any, *, sched: Scheduler, model_runner: Any, runn
     end) the step's frees and the next batch's build; returns the next step."""
     backend = model_runner.attn_backend
     batch = step.batch
+    if batch.forward_mode is ForwardMode.DRAFT:
+        hidden = _draft_and_verify(api, step, model_runner=model_runner, runner=runner, result=result)
+        if observe is not None:
+            observe(step, sched.live_tokens(), hidden, sched.stack)
+        sched.finish_step()
+        return sched.next_step()
     fb = _sglang_batch(api, batch, batch.positions)
     if bind_plan:  # what ForwardBatch.init_new does: the iteration's location plan
         model_runner.kv_index_translator.bind_own_plan(fb)
@@ -380,7 +427,7 @@ def _iteration(api: Any, step: Any, *, sched: Scheduler, model_runner: Any, runn
         upcoming.append(sched.next_step())
 
     decode = batch.forward_mode is ForwardMode.DECODE
-    if decode and runner is not None:
+    if decode and runner is not None and runner.capture_forward_mode == api.ForwardMode.DECODE:
         replay = DecodeReplay(step=step.index, raw_bs=batch.batch_size, bucket=None)
         if runner.can_run_graph(fb):
             marker = arm_at_read_end(runner, backend, fb.forward_mode, scheduler_work) if overlap else None
@@ -426,6 +473,44 @@ def _iteration(api: Any, step: Any, *, sched: Scheduler, model_runner: Any, runn
         result.misplaced_writes.extend(log.misplaced_writes(step=step.index, rows=rows, planned_full=planned[0],
                                                             planned_swa=planned[1], holders=holders))
     return upcoming[0]
+
+
+def _draft_and_verify(api: Any, step: Any, *, model_runner: Any, runner: Any, result: TimelineRun) -> list[torch.Tensor]:
+    """A speculative step: the harness's draft steps, each an eager SGLang decode forward of the target, then the
+    draft's target verify through SGLang's verify path (``target_verify.py``), replayed where the runner captured
+    its width, eagerly otherwise; the accepted tokens kept and the rest freed by the harness's plan. Returns every
+    forward's hidden states."""
+    backend = model_runner.attn_backend
+    batch = step.batch
+    hidden = []
+    for i in range(batch.draft_forwards):
+        enter_draft_step(batch, i)
+        fb = _sglang_batch(api, batch, batch.positions)
+        model_runner.kv_index_translator.bind_own_plan(fb)
+        hidden.append(_hidden_states(_eager(api, model_runner, backend, fb), batch))
+    plan = batch.verify
+    assert plan is not None  # run_timeline refuses unverified drafts
+    verify = plan.build()
+    fb = verify_forward_batch(api, verify, steps=batch.draft_steps)
+    model_runner.kv_index_translator.bind_own_plan(fb)
+    planned_swa = tuple(model_runner.token_to_kv_pool.translate_loc_from_full_to_swa(verify.out_cache_loc).tolist())
+    bucket = None
+    if runner is not None and runner.can_run_graph(fb):
+        output = runner.execute(fb)
+        model_runner.shared_read_done_event = None
+        bucket = runner.bs
+    else:
+        output = _eager(api, model_runner, backend, fb)
+    metadata, n = backend.forward_metadata, verify.num_tokens
+    swa = metadata.swa_out_cache_loc
+    result.verifies.append(VerifyReplay(
+        step=step.index, raw_bs=verify.batch_size, tokens_per_req=1 + batch.draft_steps, bucket=bucket,
+        seq_lens=tuple(metadata.cache_seqlens_int32[: verify.batch_size].tolist()),
+        swa_out_cache_loc=() if swa is None else tuple(swa[:n].tolist()), planned_swa_out_cache_loc=planned_swa))
+    hidden.append(_hidden_states(output, verify))
+    plan.accept()
+    plan.release_rejected()
+    return hidden
 
 
 def _static_swa_ids(backend: Any) -> torch.Tensor | None:

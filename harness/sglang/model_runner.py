@@ -43,7 +43,8 @@ STUBS: dict[str, str] = {
     "capture_head_hooks = capture_tail_hooks = []": "no model hooks around a captured forward",
     "device_timer = None": "no device timers",
     "layer_info.start_layer = 0": "one pipeline stage holding every layer (pp_size 1)",
-    "is_draft_worker = False, spec_algorithm = NONE": "the target model, no speculative decoding",
+    "is_draft_worker = False, spec_algorithm = NONE": "the target model, never a draft worker; spec_algorithm is EAGLE "
+        "for a speculative timeline (target_verify.make_target_model_runner), so the graph runner captures TARGET_VERIFY",
     "is_generation = True": "a generation model (the prefill runner returns logits, not pooled states)",
     "attention_layers = the RadixAttentions, moe_layers = moe_fusions = mha_companion_layers = []":
         "what ModelRunner collects from the loaded model for the prefill runner: no MoE, no MHA companions",

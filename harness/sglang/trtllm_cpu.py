@@ -21,7 +21,8 @@ write, and FP8 pools are not expressible through the adapter).
   ``flashinfer.prefill.trtllm_batch_context_with_kv_cache``, the ones the backend calls off SM90/SM120) are the
   harness's functions of the same keyword signature, computing paged attention over the page table (or SWA
   page table) the backend hands them, in the backend's HND layout; the decode one has static shapes (the
-  harness's ``dense_paged_decode``), so it captures.
+  harness's ``dense_paged_decode``), so it captures, and serves a target verify's ``q_len_per_req`` queries per
+  request (``target_verify.py``) by the TRT-LLM-GEN rule, each query over its keys up to its own position.
 * **One device query**: ``trtllm_mla_backend._multi_ctas_kv_counter_bytes`` (FlashInfer's SM count and counter
   size, sizing the decode kernel's multi-CTA counter buffer at construction) answers ``COUNTER_BYTES``.
 * **FlashInfer's wrapper classes** (``BatchPrefillWithRaggedKVCacheWrapper``, ``BatchPrefillWithPagedKVCacheWrapper``,
@@ -136,11 +137,19 @@ def trtllm_batch_decode_with_kv_cache(
     cum_seq_lens_q: Any = None, skip_softmax_threshold_scale_factor: Any = None,
     multi_ctas_kv_counter_buffer: Any = None,
 ) -> torch.Tensor:
-    """One query per request over the keys ``block_tables`` names, inside ``window_left`` (static shapes)."""
+    """``q_len_per_req`` queries per request (the last ``q_len_per_req`` of its ``seq_lens`` keys, a target
+    verify's: the TRT-LLM-GEN kernel's causal-within-draft rule, each query over the keys up to its own position)
+    over the keys ``block_tables`` names, inside ``window_left`` of each query (static shapes). The ragged
+    (``q_len_per_req=None``) and masked (XQA's spec-decode mask) forms are refused."""
     _refuse_extras("trtllm_batch_decode_with_kv_cache", sinks=sinks, kv_cache_sf=kv_cache_sf, mask=mask,
                    cum_seq_lens_q=cum_seq_lens_q, skip_softmax_threshold_scale_factor=skip_softmax_threshold_scale_factor)
-    if q_len_per_req != 1:
-        raise NotOnCPU("trtllm_batch_decode_with_kv_cache stand-in: one query per request only")
+    if q_len_per_req is None or q_len_per_req < 1:
+        raise NotOnCPU("trtllm_batch_decode_with_kv_cache stand-in: a fixed q_len_per_req only (no ragged verify)")
+    if q_len_per_req > 1:
+        # one decode row per query: query j of a request sees its keys up to position seq_len - q_len + j
+        offsets = torch.arange(q_len_per_req, device=seq_lens.device) - (q_len_per_req - 1)
+        seq_lens = (seq_lens[:, None] + offsets[None, :]).reshape(-1)
+        block_tables = block_tables.repeat_interleave(q_len_per_req, dim=0)
     k, v = _nhd(kv_cache)
     # the kernel reads a row only up to its seq_len: past it the backend's tables hold whatever their memory held
     # (torch.empty eagerly, an earlier batch's pages in a graph), and an SWA page out of the window may be -1

@@ -1,6 +1,7 @@
 """Faults patched, at run time, into the installed ``TRTLLMHAAttnBackend`` (0.5.23) under SGLang's decode graph
 runner: each a context manager re-creating one upstream bug family in the code 0.5.23 runs (the installed files
-are never edited). ``tests/sglang/test_trtllm_graph.py`` runs each with its expected verdict and without it.
+are never edited). ``tests/sglang/test_trtllm_graph.py`` runs each with its expected verdict and without it; the
+target-verify faults (``verify_*``) are run by ``tests/sglang/test_trtllm_verify.py``.
 
 The runner's own padding fault (a padded ``out_cache_loc`` row left at a live slot) is
 ``graph_runner.padded_out_cache_loc_left_stale``, shared with the torch-native backend.
@@ -124,4 +125,68 @@ def swa_loc_not_preset_before_capture() -> Iterator[None]:
         return metadata
 
     with _patched(cls, _build_cuda_graph_metadata=build):
+        yield
+
+
+@contextmanager
+def verify_graph_swa_metadata_not_refreshed() -> Iterator[None]:
+    """The target-verify graph without SWA window metadata of its own batch (the family of SGLang PR 29858 and
+    issue 22679: a verify or draft-extend path that builds the full-pool metadata and skips the SWA one): the
+    in-graph metadata of a ``TARGET_VERIFY`` forward (``_apply_cuda_graph_metadata``) launches the fused kernel
+    without the SWA page table and the SWA write ids, so a replayed verify reads its SWA layers through the
+    capture batch's SWA page table and writes them at the capture batch's SWA ids (zeros: the dummy slot), while
+    its full-pool metadata is rebuilt. Decode graphs and every eager forward are untouched."""
+    load()
+    from sglang.srt.layers.attention import trtllm_mha_backend
+
+    cls = _backend_cls()
+    original = cls._apply_cuda_graph_metadata
+
+    def apply(self, bs, req_pool_indices, seq_lens, forward_mode, spec_info, out_cache_loc=None):  # noqa: ANN001, ANN202
+        if not forward_mode.is_target_verify():
+            return original(self, bs, req_pool_indices, seq_lens, forward_mode, spec_info, out_cache_loc)
+        launch = trtllm_mha_backend.update_trtllm_mha_graph_metadata
+
+        def without_swa(**kwargs):  # noqa: ANN003, ANN202
+            launch(**{**kwargs, "swa_page_table": None, "swa_out_cache_loc": None})
+
+        with _patched(trtllm_mha_backend, update_trtllm_mha_graph_metadata=without_swa):
+            return original(self, bs, req_pool_indices, seq_lens, forward_mode, spec_info, out_cache_loc)
+
+    with _patched(cls, _apply_cuda_graph_metadata=apply):
+        yield
+
+
+
+@contextmanager
+def verify_swa_page_table_without_draft_tokens() -> Iterator[None]:
+    """The eager target-verify metadata with an SWA page table of the committed tokens only (a verify whose SWA
+    window metadata is built by the decode rule, from ``seq_lens`` without the draft tokens: the shape of issue
+    22679): ``init_forward_metadata``'s ``TARGET_VERIFY`` branch builds its full page table over ``seq_lens + 1 +
+    steps`` as 0.5.23 does, and the SWA page table over ``seq_lens`` only, its draft columns at page 0 (the dummy
+    page), so SWA layers read the dummy K/V in place of the draft tokens' own. SGLang's page-table kernel builds the
+    faulty table (``build_trtllm_mha_page_table`` as the backend module looks it up). Decode and extend forwards,
+    and replayed verifies, are untouched."""
+    import torch
+
+    load()
+    from sglang.srt.layers.attention import trtllm_mha_backend
+
+    cls = _backend_cls()
+    original = cls.init_forward_metadata
+
+    def init(self, forward_batch):  # noqa: ANN001, ANN202
+        original(self, forward_batch)
+        metadata = self.forward_metadata
+        if not forward_batch.forward_mode.is_target_verify() or metadata.swa_page_table is None:
+            return
+        committed = torch.zeros_like(metadata.page_table)
+        swa = torch.zeros_like(metadata.swa_page_table)
+        trtllm_mha_backend.build_trtllm_mha_page_table(
+            req_to_token=self.req_to_token, req_pool_indices=forward_batch.req_pool_indices,
+            cache_seqlens=forward_batch.seq_lens.to(torch.int32), page_table=committed, page_size=self.page_size,
+            swa_page_table=swa, full_to_swa=self._swa_kv_pool.full_to_swa_index_mapping)
+        metadata.swa_page_table = swa
+
+    with _patched(cls, init_forward_metadata=init):
         yield

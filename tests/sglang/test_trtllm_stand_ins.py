@@ -1,5 +1,5 @@
 """The CPU stand-ins of FlashInfer's TRT-LLM calls refuse, by name, what they do not compute (attention sinks, FP4
-scale factors, speculative masks, more than one query per request in decode, the other FlashInfer wrappers): a run
+scale factors, speculative masks, a ragged verify's variable queries per request, the other FlashInfer wrappers): a run
 reaching one fails with ``NotOnCPU``, never with attention computed without it."""
 
 from __future__ import annotations
@@ -26,9 +26,31 @@ def test_decode_refuses_each_extra_by_name(extra):
         trtllm_batch_decode_with_kv_cache(**_decode_args(**extra))
 
 
-def test_decode_refuses_more_than_one_query_per_request():
-    with pytest.raises(NotOnCPU, match="one query per request"):
-        trtllm_batch_decode_with_kv_cache(**_decode_args(q_len_per_req=2))
+def test_decode_refuses_a_ragged_verify():
+    with pytest.raises(NotOnCPU, match="fixed q_len_per_req"):
+        trtllm_batch_decode_with_kv_cache(**_decode_args(q_len_per_req=None))
+
+
+def test_a_verify_of_three_queries_per_request_is_three_decodes_at_its_positions():
+    """The TRT-LLM-GEN rule for ``q_len_per_req`` > 1: query j of a request sees its keys up to its own position
+    (``seq_len - q_len + j``), inside the window of that position: causal within the draft."""
+    g = torch.Generator().manual_seed(0)
+    k, v = torch.randn(4, 2, 4, 8, generator=g), torch.randn(4, 2, 4, 8, generator=g)  # 4 pages of 4, 2 kv heads
+    tables = torch.tensor([[2, 0, 3], [1, 3, 0]], dtype=torch.int32)
+    lens = torch.tensor([9, 6], dtype=torch.int32)
+    query = torch.randn(2 * 3, 4, 8, generator=g)
+    common = dict(kv_cache=(k, v), workspace_buffer=torch.zeros(1), max_seq_len=12, bmm1_scale=0.3,
+                  bmm2_scale=1.0, window_left=3)
+    verify = trtllm_batch_decode_with_kv_cache(query=query, block_tables=tables, seq_lens=lens, q_len_per_req=3,
+                                               **common)
+    rows = query.view(2, 3, 4, 8)
+    for j in range(3):
+        one = trtllm_batch_decode_with_kv_cache(query=rows[:, j], block_tables=tables, seq_lens=lens - (2 - j),
+                                                **common)
+        torch.testing.assert_close(verify.view(2, 3, 4, 8)[:, j], one, rtol=0, atol=0)
+    # not the same as every query over all the keys: the rule is what the comparison above tests
+    last_only = trtllm_batch_decode_with_kv_cache(query=rows[:, 0], block_tables=tables, seq_lens=lens, **common)
+    assert not torch.equal(verify.view(2, 3, 4, 8)[:, 0], last_only)
 
 
 def test_decode_without_extras_computes():
