@@ -140,7 +140,7 @@ FUZZ_SOUND_SGLANG ?= forward_batch:eager@sglang
 FUZZ_KNOWN_BAD_SGLANG ?= forward_batch:eager:sglang_skip_evict_mid_prefill@sglang
 # SGLang's own decode graph runner against its eager run (--target sglang-graph): clean, then each fault named here
 FUZZ_GRAPH_SGLANG ?= yes
-FUZZ_GRAPH_FAULTS_SGLANG ?= swa_pad_tail_left_stale metadata_not_refreshed_on_replay
+FUZZ_GRAPH_FAULTS_SGLANG ?= swa_pad_tail_left_stale metadata_not_refreshed_on_replay verify_graph_swa_metadata_not_refreshed
 FUZZ ?=
 FUZZ_FLAGS = fuzz --budget $(FUZZ_BUDGET) --seed $(FUZZ_SEED)$(if $(FUZZ_OUT), --out $(FUZZ_OUT))
 FUZZ_RUN = $(PY) -m harness $(FUZZ_FLAGS)

@@ -175,7 +175,9 @@ class TimelineFinding:
         return (f"{self.heading()}\n  {spec.model.name} (window {spec.model.window}), pool "
                 f"{pool.full_size}/{pool.swa_size} (pages of {pool.page_size})"
                 + (f", {setting}" if (setting := self.setting()) else "") + f": {requests}"
-                + (f", chunk {t.chunk_size}" if t.chunk_size else "") + f"\n  {self.message}")
+                + (f", chunk {t.chunk_size}" if t.chunk_size else "")
+                + (f", drafts of {t.draft_steps} steps (top-k {t.draft_topk}), accept_lens {list(t.accept_lens)}"
+                   if t.draft_steps else "") + f"\n  {self.message}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -5,8 +5,10 @@ eager run is certified by the dense oracle.
 
 A case is a timeline drawn by ``strategies.run_specs`` moved onto the installed SGLang before its pools are
 sized (its free order, its eviction at the drawn interval: the pools run near exhaustion under SGLang's own
-frontier), in ``full`` mode over the drawn decode buckets, without drafts or a prefix cache (the runner's draft
-paths are not adapted; the radix cache is the scheduler's, not the runner's), without a layer whose window is one
+frontier), in ``full`` mode over the drawn decode buckets, without a prefix cache (the radix cache is the
+scheduler's, not the runner's); a drawn draft stays as a chain verified by the target, whose verifies run through
+SGLang's ``TARGET_VERIFY`` path and its runner's verify graphs (``target_verify.py``), a tree becoming a chain and
+a draft-extend or an unverified draft dropped (what that path refuses); without a layer whose window is one
 token (``one_token_window``: a finding of its own), and maybe one of the re-created
 faults of SGLang's graph path (``GRAPH_FAULTS``), active in the replayed run only. It fails in one of three ways:
 
@@ -50,6 +52,7 @@ GRAPH_FAULTS = {
     "swa_pad_tail_left_stale": "harness.sglang.trtllm_faults:swa_pad_tail_left_stale",
     "swa_loc_not_preset_before_capture": "harness.sglang.trtllm_faults:swa_loc_not_preset_before_capture",
     "padded_out_cache_loc_left_stale": "harness.sglang.graph_runner:padded_out_cache_loc_left_stale",
+    "verify_graph_swa_metadata_not_refreshed": "harness.sglang.trtllm_faults:verify_graph_swa_metadata_not_refreshed",
 }
 """the re-created faults of SGLang's graph path this property can switch on (docs/sglang-graphs.md); the pre-fix
 ``_get_layer_cache_loc`` acts only under the overlap ordering, which this property does not run"""
@@ -79,18 +82,29 @@ def cases(fault: str | None = None):
     @st.composite
     def draw_case(draw: st.DrawFn) -> GraphCase:
         spec = draw(run_specs(draw_target))
-        # drafts and the prefix cache are dropped, not filtered: without them the timeline needs fewer slots
-        # than its pools were sized for, so it stays valid; SGLang's eviction at the drawn interval, spelled as
-        # run_timeline reads it (the harness's model of it, which the differential test holds to SGLang's)
-        spec = dataclasses.replace(
-            spec, timeline=dataclasses.replace(spec.timeline, draft_steps=0, draft_topk=1, accept_lens=(),
-                                               draft_extend=False),
-            eviction=EvictionSpec(policy="sglang", interval=spec.eviction.interval))
-        assume(not_expressible(spec) is None and one_token_window(spec) is None)
+        spec = runnable(spec)
+        # not_expressible refuses drafts for SGLang's own schedule (no draft worker); run_timeline drives a verified
+        # chain itself, so the rest of the case is checked without its drafts
+        plain = dataclasses.replace(spec, timeline=dataclasses.replace(spec.timeline, draft_steps=0, accept_lens=()))
+        assume(not_expressible(plain) is None and one_token_window(spec) is None)
         assume(pools_too_small(_as_scenario(spec)) is None)
         return GraphCase(spec=spec, fault=fault)
 
     return draw_case()
+
+
+def runnable(spec: RunSpec) -> RunSpec:
+    """``spec`` as the property runs it. What the runner's speculative path cannot take is dropped, not filtered
+    (without it the timeline needs no more slots than its pools were sized for, so it stays valid): a tree
+    becomes a chain, a draft-extend goes (0.5.23 has only the V2 form), drafts without a verify go; a chain
+    verified by the target stays (``run_timeline`` drives it through SGLang's ``TARGET_VERIFY`` path). The
+    eviction is SGLang's at the drawn interval, spelled as ``run_timeline`` reads it (the harness's model of it,
+    which the differential test holds to SGLang's)."""
+    timeline = dataclasses.replace(spec.timeline, draft_topk=1, draft_extend=False)
+    if not timeline.verifies:
+        timeline = dataclasses.replace(timeline, draft_steps=0, accept_lens=())
+    return dataclasses.replace(spec, timeline=timeline,
+                               eviction=EvictionSpec(policy="sglang", interval=spec.eviction.interval))
 
 
 def one_token_window(spec: RunSpec) -> str | None:
@@ -144,7 +158,9 @@ def judge(case: GraphCase) -> GraphFailure | None:
                                                                  f"pool{'s' if len(pools) > 1 else ''}",
                             message=f"{len(differences)} slots differ from the eager run; the first: {first.pool} "
                                     f"pool, layer {first.layer}, slot {first.slot} (max |diff| {first.max_abs:.3g}); "
-                                    f"buckets replayed: {sorted({d.bucket for d in graph.decodes if d.bucket})}")
+                                    f"buckets replayed: {sorted({d.bucket for d in graph.decodes if d.bucket})}"
+                                    + (f", verify buckets replayed: {sorted({v.bucket for v in graph.verifies if v.bucket})}"
+                                       if graph.verifies else ""))
     return None
 
 

@@ -67,6 +67,47 @@ def test_a_stale_padded_tail_of_the_static_swa_ids_fails_that_case():
     assert failure is not None and failure.signature == "the replay differs in the swa pool", failure
 
 
+def _a_verified_draft(fault=None) -> graph_fuzz.GraphCase:
+    # the verify-graph fault's first shrunk finding (seed 0): one-step drafts, none accepted, three requests in a
+    # bucket of one, so every verify of the width replays the TARGET_VERIFY graph
+    requests = (RequestSpec(rid="r0", prompt_len=1), RequestSpec(rid="r1", prompt_len=1, output_len=2),
+                RequestSpec(rid="r2", prompt_len=1))
+    spec = RunSpec(model=model_spec("gpt-oss-mini"), pool=PoolSpec(full_size=4, swa_size=4, free_order="fifo"),
+                   timeline=TimelineSpec(requests=requests, draft_steps=1, accept_lens=(0,)), design="forward_batch",
+                   mode=Mode.FULL, graphs=GraphSpec(decode_buckets=(1,)),
+                   eviction=EvictionSpec(policy="sglang", interval=1))
+    return graph_fuzz.GraphCase(spec=spec, fault=fault)
+
+
+def test_a_drawn_chain_draft_is_verified_through_sglangs_verify_graph_and_holds():
+    case = _a_verified_draft()
+    assert graph_fuzz.judge(case) is None
+
+
+def test_the_verify_graphs_stale_swa_metadata_fails_a_verified_draft_and_names_the_verify_buckets():
+    failure = graph_fuzz.judge(_a_verified_draft("verify_graph_swa_metadata_not_refreshed"))
+    assert failure is not None and failure.kind == "the replay differs", failure
+    assert "verify buckets replayed: [1]" in failure.message, failure.message
+
+
+def test_the_property_keeps_a_verified_chain_and_drops_what_the_verify_path_refuses():
+    base = _a_verified_draft().spec
+    requests = base.timeline.requests
+
+    def timeline_of(**kwargs):
+        return graph_fuzz.runnable(dataclasses.replace(base, timeline=TimelineSpec(requests=requests, **kwargs))).timeline
+
+    kept = timeline_of(draft_steps=3, accept_lens=(0, 2))
+    assert (kept.draft_steps, kept.accept_lens, kept.draft_topk) == (3, (0, 2), 1)
+    tree = timeline_of(draft_steps=2, draft_topk=2, accept_lens=(1,))
+    assert (tree.draft_steps, tree.draft_topk, tree.accept_lens) == (2, 1, (1,))
+    extended = timeline_of(draft_steps=3, accept_lens=(1,), draft_extend=True)
+    assert (extended.draft_steps, extended.draft_extend) == (3, False)
+    unverified = timeline_of(draft_steps=3)
+    assert (unverified.draft_steps, unverified.accept_lens) == (0, ())
+    assert graph_fuzz.runnable(base).eviction == EvictionSpec(policy="sglang", interval=1)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("fault, signature", [
     ("metadata_not_refreshed_on_replay", "the replay differs in the full and swa pools"),
