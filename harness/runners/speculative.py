@@ -97,16 +97,5 @@ class SpeculativeWorker:
         return key is not None and key.forward_mode is ForwardMode.DRAFT
 
     def _enter_draft_step(self, batch: ForwardBatch, step: int) -> None:
-        assert batch.draft_out_cache_loc is not None and batch.draft_input_ids is not None
-        if step > 0:
-            # decode-shaped forward: every request grows by one token per draft step
-            batch.positions = batch.positions + 1
-            batch.seq_lens = batch.seq_lens + 1
-            batch.extend_prefix_lens = batch.extend_prefix_lens + 1
-        batch.draft_step = step
-        batch.input_ids = batch.draft_input_ids[step]
-        if "stale_swa_after_reassign" in self.faults:
-            batch.out_cache_loc = batch.draft_out_cache_loc[step]  # the whole draft's out_cache_loc_swa stays
-        else:
-            batch.reassign_out_cache_loc(batch.draft_out_cache_loc[step])
-        batch.enter_plan_columns(step * batch.batch_size)  # the plan's draft rows are step-major
+        # under the fault the whole draft's out_cache_loc_swa stays
+        batch.enter_draft_step(step, keep_swa_loc="stale_swa_after_reassign" in self.faults)

@@ -150,6 +150,24 @@ class ForwardBatch:
         self.out_cache_loc = loc
         self.out_cache_loc_swa = None
 
+    def enter_draft_step(self, step: int, *, keep_swa_loc: bool = False) -> None:
+        """Point a DRAFT batch at draft step ``step``, as SGLang's ``draft_forward`` does: every request one token
+        longer per step (a decode-shaped forward), the step's tokens, the step's row of the draft's slots and
+        its columns of the iteration's plan (step-major). ``keep_swa_loc``: rebind ``out_cache_loc`` only and
+        keep the whole draft's ``out_cache_loc_swa`` (the fault ``stale_swa_after_reassign``)."""
+        assert self.draft_out_cache_loc is not None and self.draft_input_ids is not None
+        if step > 0:
+            self.positions = self.positions + 1
+            self.seq_lens = self.seq_lens + 1
+            self.extend_prefix_lens = self.extend_prefix_lens + 1
+        self.draft_step = step
+        self.input_ids = self.draft_input_ids[step]
+        if keep_swa_loc:
+            self.out_cache_loc = self.draft_out_cache_loc[step]
+        else:
+            self.reassign_out_cache_loc(self.draft_out_cache_loc[step])
+        self.enter_plan_columns(step * self.batch_size)
+
     def enter_plan_columns(self, start: int) -> None:
         """Point this forward at its own columns of the iteration's plan (a draft step's, say)."""
         self.kv_loc_cols = (start, start + self.num_tokens)

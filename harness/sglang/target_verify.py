@@ -137,16 +137,9 @@ def verify_forward_batch(api: Any, batch: Any, *, steps: int) -> Any:
 
 
 def enter_draft_step(batch: Any, step: int) -> None:
-    """Point a harness DRAFT batch at draft step ``step``, as the harness's speculative worker does: every request
-    one token longer per step, the step's row of the draft's slots, its columns of the iteration's plan."""
-    if step > 0:
-        batch.positions = batch.positions + 1
-        batch.seq_lens = batch.seq_lens + 1
-        batch.extend_prefix_lens = batch.extend_prefix_lens + 1
-    batch.draft_step = step
-    batch.input_ids = batch.draft_input_ids[step]
-    batch.reassign_out_cache_loc(batch.draft_out_cache_loc[step])
-    batch.enter_plan_columns(step * batch.batch_size)
+    """Point a harness DRAFT batch at draft step ``step``, as the harness's speculative worker does
+    (``ForwardBatch.enter_draft_step``)."""
+    batch.enter_draft_step(step)
 
 
 __all__ = ["VerifyMismatch", "VerifyReplay", "chain_tree", "eagle_chain", "enter_draft_step",
