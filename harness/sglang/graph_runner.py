@@ -27,10 +27,13 @@ What is not SGLang's, each the narrowest change found (``docs/sglang-graphs.md``
 ``SGLangStack``, SGLang's eviction function) twice from the same seed: eagerly (``init_forward_metadata`` and
 ``model.forward`` per batch), and with every decode batch the runner can take replayed (``can_run_graph`` then
 ``execute``); prefill batches are eager in both. ``kv_differences`` compares the two runs' pools slot by slot.
-A speculative timeline (top-k 1 chains with ``accept_lens``, no draft-extend; over ``trtllm_mha``) runs each
-draft's steps as eager decode forwards and its target verify through SGLang's verify path
+A speculative timeline (top-k 1 chains with ``accept_lens``, no draft-extend or the V2 one; over ``trtllm_mha``)
+runs each draft's steps as eager decode forwards and its target verify through SGLang's verify path
 (``target_verify.py``): the model runner is SGLang's EAGLE target, so the runner captures ``TARGET_VERIFY`` of
-``1 + steps`` tokens per request and replays every verify of that width; plain decodes run eagerly.
+``1 + steps`` tokens per request and replays every verify of that width; plain decodes run eagerly. With
+``draft_extend = "v2"`` each verify is followed, before its rejected slots are freed, by an eager
+``DRAFT_EXTEND_V2`` forward over its window through the same backend (and each prefill by an eager draft-extend
+over its chunk).
 With ``overlap`` the next iteration's scheduler work runs where SGLang's WAR fence releases it (inside a replay, at
 the runner's in-graph read-done marker), and ``audit_writes`` checks every write's location (``overlap.py``).
 """
@@ -303,8 +306,9 @@ def run_timeline(spec: RunSpec, *, engine: Any = None, attention: str = "torch_n
 
     A timeline with ``draft_steps`` runs its verifies through SGLang's target-verify path (``target_verify.py``;
     ``TimelineRun.verifies``) under SGLang's speculative configuration (EAGLE, top-k 1, ``1 + steps`` draft
-    tokens); what it cannot drive (trees, draft-extends, unverified drafts, another backend) is refused with a
-    ``ValueError`` naming it."""
+    tokens), and with ``draft_extend = "v2"`` a ``DRAFT_EXTEND_V2`` forward after each verify
+    (``TimelineRun.draft_extends``); what it cannot drive (trees, v1 draft-extends, unverified drafts, another
+    backend) is refused with a ``ValueError`` naming it."""
     if observe is not None and overlap:
         raise ValueError("observe: a step's state after its forwards and before its frees does not exist under "
                          "overlap, whose frees run where the forward's shared reads end")

@@ -19,6 +19,13 @@ What is SGLang's (0.5.23), run unchanged:
   table and the SWA write ids inside the graph);
 * ``forward_extend``'s verify path: the KV writes (``SWAKVPool.set_kv_buffer`` at ``out_cache_loc`` and the
   metadata's ``swa_out_cache_loc``) and ``_run_fixed_q_len_decode`` with ``q_len_per_req = 1 + steps``;
+* with ``timeline.draft_extend = "v2"``, the draft-extend after each verify as 0.5.23's worker builds it
+  (``eagle_worker_common.prepare_for_draft_extend``): its lengths and positions from SGLang's
+  ``prepare_draft_extend_layout`` kernel (interpreted; checked against the harness's batch: ``DraftExtendMismatch``),
+  a ``ForwardBatch`` of ``ForwardMode.DRAFT_EXTEND_V2`` with an ``EagleDraftExtendInput``, the verify's plan bound
+  to it, and the backend's eager ``init_forward_metadata`` and ``forward_extend`` decode-kernel path over the
+  window, run before the verify's rejected slots are freed (the miniature's draft model is the target: the target
+  model runner's backend runs it, eagerly; ``EAGLEDraftExtendCudaGraphRunner`` needs a draft model runner);
 * the graph runner: the installed ``DecodeCudaGraphRunner`` over a model runner whose ``spec_algorithm`` is
   EAGLE (SGLang's target model runner), so it captures ``TARGET_VERIFY`` with ``captured_req_width = 1 + steps``
   (``decode_num_tokens_per_req``), builds its capture ``EagleVerifyInput`` itself (``get_spec_info``), and its
