@@ -60,7 +60,7 @@ class Finding:
         extras = [f"chunk {t.chunk_size}" if t.chunk_size else "", f"{t.draft_steps} draft steps" if t.draft_steps else "",
                   f"a tree of {t.draft_topk} branches" if t.draft_topk > 1 else "",
                   f"verify accepts {list(t.accept_lens)}" if t.accept_lens else "",
-                  "draft-extend" if t.draft_extend else "",
+                  ("draft-extend v2" if t.draft_extend_v2 else "draft-extend") if t.draft_extend else "",
                   "prefix cache" if ev.prefix_cache else "",
                   f"eviction {ev.policy} every {ev.interval}" if ev.policy != "tight" else "",
                   f"over {self.spec.serving}" if self.spec.serving != "miniature" else ""]

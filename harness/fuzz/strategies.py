@@ -28,7 +28,7 @@ from ..scenario.spec import Expectation
 from ..serving.eviction import SGLANG_EVICTION_INTERVAL, EvictionSpec
 from ..serving.model_spec import PRESETS, ModelSpec
 from ..serving.pool_spec import FREE_ORDERS, SUPPORTED_PAGE_SIZES, PoolSpec
-from ..serving.timeline import RequestSpec, TimelineSpec
+from ..serving.timeline import DRAFT_EXTEND_V2, RequestSpec, TimelineSpec
 from .target import MINIATURE, FuzzTarget
 
 CPU_PRESETS = ("gpt-oss-mini", "all-swa", "gemma-mini")
@@ -114,11 +114,12 @@ MAX_DRAFT_TOPK = 3
 
 @st.composite
 def _speculation(draw: st.DrawFn, target: FuzzTarget, backend: type, draft_steps: int, *,
-                 verifies: bool) -> tuple[int, bool]:
+                 verifies: bool) -> tuple[int, bool | str]:
     """(draft_topk, draft_extend) of a timeline with ``draft_steps`` drafts: a chain without a draft-extend
     first; a tree of drafts where a verify frees its rejected branches and the backend reads per-branch keys,
-    a draft-extend where a verify keeps tokens for it and a chain drafts two steps or more (the timeline's own
-    rules: a tree has no draft-extend)."""
+    a draft-extend (SGLang's v1 form first, then its ``DRAFT_EXTEND_V2`` over the verify window) where a verify
+    keeps tokens for it and a chain drafts two steps or more (the timeline's own rules: a tree has no
+    draft-extend)."""
     if not verifies:
         return 1, False
     tree_ok = backend.draft_trees and not target.needs_draft_extend
@@ -126,7 +127,8 @@ def _speculation(draw: st.DrawFn, target: FuzzTarget, backend: type, draft_steps
     draft_topk = draw(st.integers(topk_from, MAX_DRAFT_TOPK)) if tree_ok else 1
     if draft_topk > 1 or draft_steps < 2:
         return draft_topk, False
-    return draft_topk, target.needs_draft_extend or draw(st.booleans())
+    forms = (True, DRAFT_EXTEND_V2) if target.needs_draft_extend else (False, True, DRAFT_EXTEND_V2)
+    return draft_topk, draw(st.sampled_from(forms))
 
 
 _INTERVALS = (1, 2, 4, 8, SGLANG_EVICTION_INTERVAL)

@@ -9,8 +9,10 @@ length). SGLang's draft-extend graph runner captures one shape instead, ``1 + st
 its v1 worker pads each request's accepted tokens up to it, and 0.5.23's v2 worker extends over the whole
 verify window (``DRAFT_EXTEND_V2``, ``num_tokens_per_req = num_draft_tokens``) and picks each request's row
 by its acceptance; the harness's draft-extend covers the kept tokens alone (``batch_builder.DraftExtend``),
-so it keeps one graph per length. The draft-extend after a prefill mixes lengths and runs eagerly, as
-SGLang runs it.
+so it keeps one graph per length. With ``timeline.draft_extend = "v2"`` the draft-extend after a verify is
+the verify's window, ``1 + steps`` tokens per request whatever was accepted: one length, as SGLang captures
+it (a request drafting up to its end verifies fewer and runs eagerly). The draft-extend after a prefill
+mixes lengths and runs eagerly, as SGLang runs it.
 """
 
 from __future__ import annotations
@@ -35,8 +37,12 @@ class DraftExtendGraphRunner:
     @classmethod
     def for_run(cls, ctx: RunnerContext, spec: RunSpec, *, eager: Runner) -> DraftExtendGraphRunner:
         timeline = spec.timeline
-        lengths = sorted({1 + timeline.accepted(i, timeline.draft_steps) for i in range(len(timeline.accept_lens))}
-                         ) if timeline.draft_extend else []
+        if timeline.draft_extend_v2:
+            lengths = [1 + timeline.draft_steps]  # the verify's window, whatever the verify accepted
+        elif timeline.draft_extend:
+            lengths = sorted({1 + timeline.accepted(i, timeline.draft_steps) for i in range(len(timeline.accept_lens))})
+        else:
+            lengths = []
         return cls(ctx, eager=eager, spec=spec, lengths=lengths)
 
     def __init__(self, ctx: RunnerContext, *, eager: Runner, spec: RunSpec, lengths: Sequence[int]) -> None:

@@ -27,6 +27,8 @@ A target forward with a ``draft_extend`` (a timeline with ``draft_extend``: a pr
 its rejected drafts went back) is followed by that draft-extend forward over the tokens the target kept, as
 SGLang's EAGLE worker runs ``forward_draft_extend`` and ``forward_draft_extend_after_decode``; the next draft
 then runs ``draft_steps - 1`` forwards (``ForwardBatch.draft_forwards``), its first token the draft-extend's.
+SGLang 0.5.23's form (``timeline.draft_extend = "v2"``, ``DRAFT_EXTEND_V2``) runs after a verify over its whole
+window instead, right after the verify forward and before the rejected drafts are freed.
 The draft-extend runs through the dispatcher too: after a verify on the draft-extend graphs of its length
 (``draft_extend_graph.py``) where the backend captures uniform batches, eagerly otherwise and after a prefill.
 """
@@ -81,12 +83,17 @@ class SpeculativeWorker:
         """A target forward, the accepted branch kept and the rejected drafts freed after a verify, then its
         draft-extend if it has one."""
         outs = [self.runner.forward(batch)]
+        extend = batch.draft_extend
         if verify is not None:
             verify.accept()
+            if extend is not None and extend.before_frees:
+                # DRAFT_EXTEND_V2: over the verify's window while its rejected drafts still hold their slots
+                outs.append(self.runner.forward(extend.build()))
+                extend = None
             if "skip_free_rejected" not in self.faults:
                 verify.release_rejected(full="free_rejected_swa_only" not in self.faults)
-        if batch.draft_extend is not None:
-            outs.append(self.runner.forward(batch.draft_extend.build()))
+        if extend is not None:
+            outs.append(self.runner.forward(extend.build()))
         return outs
 
     def _graph_takes_whole(self, batch: ForwardBatch) -> bool:

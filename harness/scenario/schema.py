@@ -32,7 +32,7 @@ from ..serving.designs import DEFAULT_DESIGNS
 from ..serving.eviction import EvictionSpec
 from ..serving.model_spec import PRESETS, ModelSpec, model_spec
 from ..serving.pool_spec import FREE_ORDERS, PoolSpec
-from ..serving.timeline import RequestSpec, TimelineSpec
+from ..serving.timeline import DRAFT_EXTEND_V2, DRAFT_EXTEND_VALUES, RequestSpec, TimelineSpec
 from .toml_access import (
     Check,
     Reader,
@@ -325,7 +325,9 @@ def _read_timeline(r: Reader, table: dict | None) -> TimelineSpec | None:
         for name in ("seed", "chunk_size", "draft_steps", "draft_topk", "max_steps")
     }
     accept_lens = r.array(table, "timeline", "accept_lens", integer(), ())
-    draft_extend = r.value(table, "timeline", "draft_extend", boolean(), defaults.draft_extend)
+    draft_extend = r.value(table, "timeline", "draft_extend",
+                           Check(f"{DRAFT_EXTEND_VALUES} (SGLang's DRAFT_EXTEND_V2)",
+                                 lambda v: isinstance(v, bool) or v == DRAFT_EXTEND_V2), defaults.draft_extend)
     raw = table.get("requests")
     if raw is None:
         r.add("timeline.requests", "missing required key; expected an array of tables ([[timeline.requests]])")

@@ -56,10 +56,15 @@ class VerifyStep(Protocol):
 
 class DraftExtendStep(Protocol):
     """The draft-extend forward that follows a target forward (``batch_builder.DraftExtend``): built once the
-    target ran (and, after a verify, once its rejected drafts went back), over the tokens the target kept."""
+    target ran (and, after a verify, once its rejected drafts went back), over the tokens the target kept; or,
+    in SGLang's ``DRAFT_EXTEND_V2`` form (``before_frees``), over the verify's whole window before they go back."""
+
+    @property
+    def before_frees(self) -> bool:
+        """Run right after the verify forward, before its rejected slots are freed (v2)."""
 
     def build(self) -> ForwardBatch:
-        """The draft-extend batch: the kept tokens, their slots and a fresh ``out_cache_loc_swa``."""
+        """The draft-extend batch: its tokens, their slots and a fresh ``out_cache_loc_swa``."""
 
 
 @dataclass(slots=True, kw_only=True)

@@ -9,7 +9,8 @@ worker lays them out). A timeline with ``accept_lens`` follows each draft with a
 and once it ran the rejected draft tokens' slots are freed in both pools. With ``draft_topk`` > 1 a draft is a
 tree of that many branches per request (``draft_tree.py``), its verify tree-masked and accepting along one
 branch. With ``draft_extend`` every target forward (a prefill chunk, a verify) is followed by a draft-extend
-forward over the tokens it kept (``DraftExtend``), and each draft runs one forward fewer than its steps. Slots,
+forward over the tokens it kept (``DraftExtend``; with ``draft_extend = "v2"``, after a verify, over its whole
+window before the rejected slots are freed), and each draft runs one forward fewer than its steps. Slots,
 rows and the batch's SWA locations come from the run's serving stack (``ServingStack.translate``), never a pool
 directly.
 """
@@ -52,16 +53,32 @@ class DraftExtend:
     last token and its accepted drafts (``forward_draft_extend_after_decode``: ``accept_length + 1`` tokens per
     request, positions ``prefix .. prefix + accepted``). The batch is built afresh, so its ``out_cache_loc_swa``
     is translated at creation, as ``ForwardBatch.init_new`` does for SGLang's draft-extend batch. The
-    miniature's draft model is the target, so a correct draft-extend rewrites the K/V the target wrote."""
+    miniature's draft model is the target, so a correct draft-extend rewrites the K/V the target wrote.
+
+    SGLang 0.5.23's form (``timeline.draft_extend = "v2"``, its ``DRAFT_EXTEND_V2``) runs after a verify over the
+    verify's whole window instead: every request's ``1 + steps`` tokens at the verify's slots and positions
+    ``prefix .. prefix + steps``, right after the verify forward and before its rejected slots are freed
+    (``over_verify``), so it writes the rejected drafts' slots too while they are still held."""
 
     builder: BatchBuilder
     reqs: list[Req]
     prefix_lens: list[int]
     extend_lens: list[int]
     slots: torch.Tensor
-    """the kept tokens' full slots, request-major"""
+    """the tokens' full slots, request-major: the kept ones (v1), or the verify's whole allocation (v2)"""
+    over_verify: VerifyPlan | None = None
+    """v2 only: the verify whose window this draft-extend covers; it must run before that verify's rejected
+    slots go back (``VerifyPlan.release_rejected``)"""
+
+    @property
+    def before_frees(self) -> bool:
+        """The speculative worker runs this draft-extend before the verify's rejected slots are freed."""
+        return self.over_verify is not None
 
     def build(self) -> ForwardBatch:
+        if self.over_verify is not None and self.over_verify.released:
+            raise RuntimeError("a V2 draft-extend runs over the verify's whole window, rejected drafts included: "
+                               "it must be built before the verify's rejected slots are freed")
         b, device = self.builder, self.builder.book.device
         ids = [req.tokens[pre : pre + n] for req, pre, n in zip(self.reqs, self.prefix_lens, self.extend_lens,
                                                                   strict=True)]
@@ -117,6 +134,8 @@ class VerifyPlan:
     """per request, the verify slots it keeps (filled by ``build``)"""
     rejected: list[torch.Tensor] = field(default_factory=list)
     """per request, the verify slots of its rejected draft tokens (filled by ``build``)"""
+    released: bool = False
+    """``release_rejected`` ran: the rejected slots are free (or, under a fault, deliberately kept)"""
 
     def build(self) -> ForwardBatch:
         if self.rejected:
@@ -168,7 +187,11 @@ class VerifyPlan:
         )
         if topk > 1:
             batch.draft_tree = verify_tree(prefix, topk=topk, steps=steps)
-        if b.timeline.draft_extend:
+        if b.timeline.draft_extend_v2:  # a chain's (a tree has no draft-extend: TimelineSpec.problems)
+            # SGLang's DRAFT_EXTEND_V2: the verify's tokens, positions and every one of its slots
+            batch.draft_extend = DraftExtend(builder=b, reqs=self.reqs, prefix_lens=self.prefix_lens,
+                                             extend_lens=[per] * len(self.reqs), slots=flat, over_verify=self)
+        elif b.timeline.draft_extend:
             batch.draft_extend = DraftExtend(builder=b, reqs=self.reqs, prefix_lens=self.prefix_lens,
                                              extend_lens=[len(keep)] * len(self.reqs), slots=torch.cat(self.kept))
         return batch
@@ -184,6 +207,7 @@ class VerifyPlan:
     def release_rejected(self, *, full: bool = True, swa: bool = True) -> None:
         if full and not swa:
             raise ValueError("the serving stack frees full slots only together with their SWA slots")
+        self.released = True
         rejected = torch.cat(self.rejected) if self.rejected else self.draft_slots[:0]
         if rejected.numel() == 0 or not swa:
             return
@@ -365,8 +389,9 @@ class BatchBuilder:
             forwards += (tuple(_owner(r.spec.rid, r.seq_len + d, k, accepted_branch) for r in reqs
                                for d, k in nodes),)
             if self.timeline.draft_extend:  # a chain's (a tree has no draft-extend: TimelineSpec.problems)
-                forwards += (tuple(TokenKey(r.spec.rid, r.seq_len + i) for r in reqs
-                                   for i in range(1 + verify.accepted)),)
+                # v2 runs over the verify's whole window, v1 over the kept tokens
+                covered = 1 + (steps if self.timeline.draft_extend_v2 else verify.accepted)
+                forwards += (tuple(TokenKey(r.spec.rid, r.seq_len + i) for r in reqs for i in range(covered)),)
         step_rows = tree_order(by_request, topk=topk, steps=steps)
         prefix_lens = [r.seq_len for r in reqs for _ in range(topk)]
         for req in reqs:

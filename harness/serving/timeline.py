@@ -19,6 +19,10 @@ _TOPK_LIMIT = 64
 """branches per request past this are typos: every branch is a row of every draft step"""
 SEED_MAX = (1 << 63) - 1
 """seeds go to torch.Generator.manual_seed, which takes a signed 64-bit integer"""
+DRAFT_EXTEND_V2 = "v2"
+"""``timeline.draft_extend``'s value for SGLang 0.5.23's draft-extend (``ForwardMode.DRAFT_EXTEND_V2``)"""
+DRAFT_EXTEND_VALUES = 'true, false or "v2"'
+"""what ``timeline.draft_extend`` accepts, as its error messages name it"""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -78,10 +82,13 @@ class TimelineSpec:
     """draft tokens the target-verify forward accepts, one entry per decode iteration (the list cycles), the
     same for every request of the iteration and capped at the draft's steps; empty: no verify forward and
     every draft kept as it was written (the flow without target-verify)"""
-    draft_extend: bool = False
-    """after each target forward (a prefill chunk, a verify) a draft-extend forward over the tokens the target
-    kept, which gives the next draft its first token: each draft then runs ``draft_steps - 1`` forwards, as
-    SGLang's EAGLE worker runs them; needs ``accept_lens`` and two draft steps or more"""
+    draft_extend: bool | str = False
+    """after each target forward (a prefill chunk, a verify) a draft-extend forward, which gives the next draft
+    its first token: each draft then runs ``draft_steps - 1`` forwards, as SGLang's EAGLE worker runs them;
+    needs ``accept_lens`` and two draft steps or more. ``True``: SGLang's v1 form, after a verify over each
+    request's kept ``1 + accepted`` tokens once the rejected ones went back; ``"v2"`` (``DRAFT_EXTEND_V2``, the
+    only form of SGLang 0.5.23): over the verify's whole window, its ``1 + steps`` tokens per request at the
+    verify's slots, before the rejected ones go back. After a prefill chunk both run over the chunk."""
     seed: int = 0
     max_steps: int = 512
 
@@ -111,7 +118,10 @@ class TimelineSpec:
                 if not 0 <= n <= self.draft_steps:
                     out.append(f"accept_lens[{i}]: expected an integer from 0 to draft_steps ({self.draft_steps}), "
                                f"got {n}")
-        if self.draft_extend and self.draft_topk > 1:
+        if self.draft_extend is not True and self.draft_extend is not False and self.draft_extend != DRAFT_EXTEND_V2:
+            out.append(f"draft_extend: expected {DRAFT_EXTEND_VALUES} (SGLang's DRAFT_EXTEND_V2), "
+                       f"got {self.draft_extend!r}")
+        elif self.draft_extend and self.draft_topk > 1:
             # the draft-extend covers a chain's kept tokens; a tree's accepted branch moves its slots first
             out.append(f"draft_extend: tree drafts (draft_topk {self.draft_topk}) with a draft-extend are not "
                        "modelled; set draft_topk to 1 or draft_extend to false")
@@ -158,6 +168,12 @@ class TimelineSpec:
     def verifies(self) -> bool:
         """Each draft is followed by a target-verify forward that accepts ``accept_lens`` of its tokens."""
         return bool(self.accept_lens)
+
+    @property
+    def draft_extend_v2(self) -> bool:
+        """The draft-extend after a verify runs over the verify's whole window, before its rejected slots are
+        freed (SGLang's ``DRAFT_EXTEND_V2``)."""
+        return self.draft_extend == DRAFT_EXTEND_V2
 
     def draft_forwards(self, steps: int) -> int:
         """Forwards a draft of ``steps`` tokens runs: one fewer after a draft-extend, which gave the first."""

@@ -27,10 +27,13 @@ What is not SGLang's, each the narrowest change found (``docs/sglang-graphs.md``
 ``SGLangStack``, SGLang's eviction function) twice from the same seed: eagerly (``init_forward_metadata`` and
 ``model.forward`` per batch), and with every decode batch the runner can take replayed (``can_run_graph`` then
 ``execute``); prefill batches are eager in both. ``kv_differences`` compares the two runs' pools slot by slot.
-A speculative timeline (top-k 1 chains with ``accept_lens``, no draft-extend; over ``trtllm_mha``) runs each
-draft's steps as eager decode forwards and its target verify through SGLang's verify path
+A speculative timeline (top-k 1 chains with ``accept_lens``, no draft-extend or the V2 one; over ``trtllm_mha``)
+runs each draft's steps as eager decode forwards and its target verify through SGLang's verify path
 (``target_verify.py``): the model runner is SGLang's EAGLE target, so the runner captures ``TARGET_VERIFY`` of
-``1 + steps`` tokens per request and replays every verify of that width; plain decodes run eagerly.
+``1 + steps`` tokens per request and replays every verify of that width; plain decodes run eagerly. With
+``draft_extend = "v2"`` each verify is followed, before its rejected slots are freed, by an eager
+``DRAFT_EXTEND_V2`` forward over its window through the same backend (and each prefill by an eager draft-extend
+over its chunk).
 With ``overlap`` the next iteration's scheduler work runs where SGLang's WAR fence releases it (inside a replay, at
 the runner's in-graph read-done marker), and ``audit_writes`` checks every write's location (``overlap.py``).
 """
@@ -58,8 +61,8 @@ from .installed import load
 from .model_runner import harness_model_runner
 from .overlap import MisplacedWrite, WriteLocationLog, arm_at_read_end, check_fence, external_read_done_event
 from .stack import SGLangStack
-from .target_verify import (VerifyReplay, eagle_chain, enter_draft_step, make_target_model_runner,
-                            verify_forward_batch)
+from .target_verify import (DraftExtendReplay, VerifyReplay, draft_extend_v2_forward_batch, eagle_chain,
+                            enter_draft_step, make_target_model_runner, verify_forward_batch)
 from .trtllm_cpu import trtllm_on_cpu
 
 _CLASSES: dict[str, type] = {}
@@ -235,6 +238,8 @@ class TimelineRun:
     """the forward mode the decode runner captured (``decode``; ``target_verify`` for a speculative timeline)"""
     verifies: list[VerifyReplay] = field(default_factory=list)
     """every target-verify forward of a speculative timeline (``target_verify.py``), eager or replayed"""
+    draft_extends: list[DraftExtendReplay] = field(default_factory=list)
+    """every ``DRAFT_EXTEND_V2`` forward after a verify (``timeline.draft_extend = "v2"``), eager"""
 
 
 def _stack(spec: RunSpec) -> SGLangStack:
@@ -301,8 +306,9 @@ def run_timeline(spec: RunSpec, *, engine: Any = None, attention: str = "torch_n
 
     A timeline with ``draft_steps`` runs its verifies through SGLang's target-verify path (``target_verify.py``;
     ``TimelineRun.verifies``) under SGLang's speculative configuration (EAGLE, top-k 1, ``1 + steps`` draft
-    tokens); what it cannot drive (trees, draft-extends, unverified drafts, another backend) is refused with a
-    ``ValueError`` naming it."""
+    tokens), and with ``draft_extend = "v2"`` a ``DRAFT_EXTEND_V2`` forward after each verify
+    (``TimelineRun.draft_extends``); what it cannot drive (trees, v1 draft-extends, unverified drafts, another
+    backend) is refused with a ``ValueError`` naming it."""
     if observe is not None and overlap:
         raise ValueError("observe: a step's state after its forwards and before its frees does not exist under "
                          "overlap, whose frees run where the forward's shared reads end")
@@ -337,9 +343,9 @@ def _speculative_problem(spec: RunSpec, attention: str, overlap: bool, audit_wri
         return "drafts without a verify (accept_lens) are not adapted: SGLang verifies every draft"
     if timeline.draft_topk != 1:
         return "top-k 1 chains only (a tree's verify reads its custom mask)"
-    if timeline.draft_extend:
-        return ("draft-extend: 0.5.23's is DRAFT_EXTEND_V2 over the whole verify window on the draft model runner, "
-                "not the v1 form the harness's scheduler builds")
+    if timeline.draft_extend and not timeline.draft_extend_v2:
+        return ("draft-extend: 0.5.23's is DRAFT_EXTEND_V2 over the whole verify window (timeline.draft_extend = "
+                "\"v2\"), not the v1 form over the kept tokens")
     if overlap or audit_writes or prefill_tokens:
         return "overlap, audit_writes and prefill graphs are not adapted to speculative timelines"
     return None
@@ -460,8 +466,11 @@ def _iteration(api: Any, step: Any, *, sched: Scheduler, model_runner: Any, runn
     else:
         raise ValueError(f"step {step.index}: {batch.forward_mode.value} batches are not adapted "
                          "to SGLang's graph runner")
+    hidden = [_hidden_states(output, batch)]
+    if batch.draft_extend is not None:
+        hidden.append(_prefill_draft_extend(api, batch, fb, model_runner=model_runner, bind_plan=bind_plan))
     if observe is not None:
-        observe(step, sched.live_tokens(), [_hidden_states(output, batch)], stack)
+        observe(step, sched.live_tokens(), hidden, stack)
     if not upcoming:
         # the coarse fence (the whole forward): eager forwards publish no read-done event here, as the
         # harness calls the backend and the model itself, not SGLang's eager runner
@@ -509,8 +518,49 @@ def _draft_and_verify(api: Any, step: Any, *, model_runner: Any, runner: Any, re
         swa_out_cache_loc=() if swa is None else tuple(swa[:n].tolist()), planned_swa_out_cache_loc=planned_swa))
     hidden.append(_hidden_states(output, verify))
     plan.accept()
+    if verify.draft_extend is not None:  # run_timeline refuses all but the V2 form: before the frees
+        hidden.append(_draft_extend_v2(api, step, verify, fb, model_runner=model_runner, accepted=plan.accepted,
+                                       result=result))
     plan.release_rejected()
     return hidden
+
+
+def _draft_extend_v2(api: Any, step: Any, verify: Any, verify_fb: Any, *, model_runner: Any, accepted: int,
+                     result: TimelineRun) -> torch.Tensor:
+    """SGLang's ``DRAFT_EXTEND_V2`` after a verify, eagerly: the draft over the verify's whole window (the
+    miniature's draft model is the target, so the target model runner's backend runs it), before the verify's
+    rejected slots are freed, as ``eagle_worker_v2`` runs it. Returns its hidden states."""
+    backend, pool = model_runner.attn_backend, model_runner.token_to_kv_pool
+    batch = verify.draft_extend.build()
+    steps = batch.extend_seq_lens_cpu[0] - 1
+    fb = draft_extend_v2_forward_batch(api, batch, verify_fb, steps=steps, accepted=accepted,
+                                       translator=model_runner.kv_index_translator)
+    planned_swa = tuple(pool.translate_loc_from_full_to_swa(batch.out_cache_loc).tolist())
+    stack = verify.draft_extend.builder.stack
+    free_full, free_swa = stack.hybrid_free_slots()
+    held = not (set(batch.out_cache_loc.tolist()) & free_full or set(planned_swa) & free_swa)
+    output = _eager(api, model_runner, backend, fb)
+    metadata, n = backend.forward_metadata, batch.num_tokens
+    swa = metadata.swa_out_cache_loc
+    result.draft_extends.append(DraftExtendReplay(
+        step=step.index, raw_bs=batch.batch_size, tokens_per_req=1 + steps, accepted=accepted,
+        seq_lens=tuple(metadata.cache_seqlens_int32[: batch.batch_size].tolist()),
+        swa_out_cache_loc=() if swa is None else tuple(swa[:n].tolist()), planned_swa_out_cache_loc=planned_swa,
+        rejected_held=held))
+    return _hidden_states(output, batch)
+
+
+def _prefill_draft_extend(api: Any, batch: Any, target_fb: Any, *, model_runner: Any, bind_plan: bool) -> torch.Tensor:
+    """The draft-extend after a prefill chunk, eagerly: an ``EXTEND`` over the chunk's tokens at its slots with an
+    ``EagleDraftExtendInput`` (``eagle_worker_v2._draft_extend_for_prefill``), writing the target prefill's plan."""
+    from sglang.srt.speculative.eagle_info import EagleDraftExtendInput
+
+    extend = batch.draft_extend.build()
+    fb = _sglang_batch(api, extend, extend.positions)
+    fb.spec_info = EagleDraftExtendInput(hidden_states=None, num_tokens_per_req=1, num_tokens_for_logprob_per_req=1)
+    if bind_plan:
+        target_fb.kv_loc_plan.bind(fb, model_runner.kv_index_translator)
+    return _hidden_states(_eager(api, model_runner, model_runner.attn_backend, fb), extend)
 
 
 def _static_swa_ids(backend: Any) -> torch.Tensor | None:

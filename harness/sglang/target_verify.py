@@ -19,6 +19,13 @@ What is SGLang's (0.5.23), run unchanged:
   table and the SWA write ids inside the graph);
 * ``forward_extend``'s verify path: the KV writes (``SWAKVPool.set_kv_buffer`` at ``out_cache_loc`` and the
   metadata's ``swa_out_cache_loc``) and ``_run_fixed_q_len_decode`` with ``q_len_per_req = 1 + steps``;
+* with ``timeline.draft_extend = "v2"``, the draft-extend after each verify as 0.5.23's worker builds it
+  (``eagle_worker_common.prepare_for_draft_extend``): its lengths and positions from SGLang's
+  ``prepare_draft_extend_layout`` kernel (interpreted; checked against the harness's batch: ``DraftExtendMismatch``),
+  a ``ForwardBatch`` of ``ForwardMode.DRAFT_EXTEND_V2`` with an ``EagleDraftExtendInput``, the verify's plan bound
+  to it, and the backend's eager ``init_forward_metadata`` and ``forward_extend`` decode-kernel path over the
+  window, run before the verify's rejected slots are freed (the miniature's draft model is the target: the target
+  model runner's backend runs it, eagerly; ``EAGLEDraftExtendCudaGraphRunner`` needs a draft model runner);
 * the graph runner: the installed ``DecodeCudaGraphRunner`` over a model runner whose ``spec_algorithm`` is
   EAGLE (SGLang's target model runner), so it captures ``TARGET_VERIFY`` with ``captured_req_width = 1 + steps``
   (``decode_num_tokens_per_req``), builds its capture ``EagleVerifyInput`` itself (``get_spec_info``), and its
@@ -136,11 +143,95 @@ def verify_forward_batch(api: Any, batch: Any, *, steps: int) -> Any:
     )
 
 
+class DraftExtendMismatch(AssertionError):
+    """SGLang's draft-extend layout kernel and the harness's V2 draft-extend disagree on its lengths or positions."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DraftExtendReplay:
+    """What one ``DRAFT_EXTEND_V2`` forward (the draft-extend over a verify's window) ran on."""
+
+    step: int
+    raw_bs: int
+    tokens_per_req: int
+    accepted: int
+    """draft tokens the verify before it accepted (each request's ``num_correct_drafts``)"""
+    seq_lens: tuple[int, ...] = ()
+    """the backend's ``cache_seqlens`` after the forward: committed length plus the whole window"""
+    swa_out_cache_loc: tuple[int, ...] = ()
+    """where the forward wrote its SWA layers (the metadata's ``swa_out_cache_loc``)"""
+    planned_swa_out_cache_loc: tuple[int, ...] = ()
+    """the translation of the verify's ``out_cache_loc`` when the draft-extend's batch was built (before the frees)"""
+    rejected_held: bool = False
+    """none of the verify's slots (the rejected drafts' included) was free in either pool when it ran"""
+
+
+def draft_extend_layout(seq_lens: torch.Tensor, num_draft_tokens: int) -> tuple[torch.Tensor, ...]:
+    """SGLang's ``prepare_draft_extend_layout`` (its Triton kernel in Triton's interpreter) over the committed
+    ``seq_lens``: ``(prefix_lens, extend_lens, post_seq_lens, positions, start_locs)`` of a ``DRAFT_EXTEND_V2``
+    over ``num_draft_tokens`` tokens per request."""
+    load()
+    from sglang.kernels.ops.speculative import eagle as module
+
+    with interpreted(module, "_prepare_draft_extend_lengths_kernel"):
+        prefix, extend, post, (positions, starts, _) = module.prepare_draft_extend_layout(
+            seq_lens, num_draft_tokens, False)
+    return prefix, extend, post, positions, starts
+
+
+def draft_extend_v2_forward_batch(api: Any, batch: Any, verify_fb: Any, *, steps: int, accepted: int,
+                                  translator: Any) -> Any:
+    """The installed ``ForwardBatch`` of a harness V2 draft-extend (``batch``: ``1 + steps`` tokens per request at
+    the verify's slots), as ``eagle_worker_common.prepare_for_draft_extend`` builds it: ``ForwardMode.
+    DRAFT_EXTEND_V2``, the committed lengths as prefixes and the window as the extend (SGLang's layout kernel),
+    ``seq_lens`` the post-write lengths, an ``EagleDraftExtendInput`` as ``spec_info``, and the verify's
+    ``kv_loc_plan`` bound to it (the window it writes again)."""
+    from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
+    from sglang.srt.speculative.eagle_info import EagleDraftExtendInput
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    bs, width = batch.batch_size, 1 + steps
+    committed = batch.extend_prefix_lens.to(torch.int64)
+    prefix, extend, post, positions, starts = draft_extend_layout(committed, width)
+    for name, theirs, ours in (("prefix_lens", prefix, batch.extend_prefix_lens),
+                               ("extend_lens", extend, batch.extend_seq_lens), ("seq_lens", post, batch.seq_lens),
+                               ("positions", positions, batch.positions),
+                               ("out_cache_loc", verify_fb.out_cache_loc, batch.out_cache_loc)):
+        if not torch.equal(theirs.to(torch.int64), ours.to(torch.int64)):
+            raise DraftExtendMismatch(f"draft-extend {name}: SGLang's {theirs.tolist()}, the harness's "
+                                      f"{ours.tolist()}")
+    post_cpu = post.cpu()
+    req_pool_indices = batch.req_pool_indices.to(torch.int64)
+    correct = torch.full((bs,), accepted, dtype=torch.int32)
+    spec_info = EagleDraftExtendInput(
+        hidden_states=None, num_correct_drafts=correct, num_accept_tokens=correct + 1,
+        num_accept_tokens_cpu=[accepted + 1] * bs, input_ids=batch.input_ids.to(torch.int64), seq_lens=post,
+        seq_lens_cpu=post_cpu, req_pool_indices=req_pool_indices, positions=positions,
+        capture_hidden_mode=CaptureHiddenMode.FULL, num_tokens_per_req=width,
+        select_index=torch.arange(bs, dtype=torch.int64) * width + accepted)
+    fb = api.ForwardBatch(
+        forward_mode=api.ForwardMode.DRAFT_EXTEND_V2, batch_size=bs, input_ids=batch.input_ids.to(torch.int64),
+        req_pool_indices=req_pool_indices, seq_lens=post, out_cache_loc=verify_fb.out_cache_loc,
+        seq_lens_sum=int(post_cpu.sum()), positions=positions, seq_lens_cpu=post_cpu,
+        spec_algorithm=SpeculativeAlgorithm.EAGLE, spec_info=spec_info, capture_hidden_mode=CaptureHiddenMode.FULL,
+    )
+    fb.extend_seq_lens = extend
+    fb.extend_prefix_lens = prefix
+    fb.extend_seq_lens_cpu = [width] * bs
+    fb.extend_prefix_lens_cpu = committed.tolist()
+    fb.extend_num_tokens = bs * width
+    fb.extend_start_loc = starts
+    # prepare_for_draft_extend hands init_new the iteration's plan: the draft-extend writes the verify's window
+    verify_fb.kv_loc_plan.bind(fb, translator)
+    return fb
+
+
 def enter_draft_step(batch: Any, step: int) -> None:
     """Point a harness DRAFT batch at draft step ``step``, as the harness's speculative worker does
     (``ForwardBatch.enter_draft_step``)."""
     batch.enter_draft_step(step)
 
 
-__all__ = ["VerifyMismatch", "VerifyReplay", "chain_tree", "eagle_chain", "enter_draft_step",
+__all__ = ["DraftExtendMismatch", "DraftExtendReplay", "VerifyMismatch", "VerifyReplay", "chain_tree",
+           "draft_extend_layout", "draft_extend_v2_forward_batch", "eagle_chain", "enter_draft_step",
            "make_target_model_runner", "verify_forward_batch"]

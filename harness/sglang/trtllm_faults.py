@@ -1,7 +1,8 @@
 """Faults patched, at run time, into the installed ``TRTLLMHAAttnBackend`` (0.5.23) under SGLang's decode graph
 runner: each a context manager re-creating one upstream bug family in the code 0.5.23 runs (the installed files
 are never edited). ``tests/sglang/test_trtllm_graph.py`` runs each with its expected verdict and without it; the
-target-verify faults (``verify_*``) are run by ``tests/sglang/test_trtllm_verify.py``.
+target-verify faults (``verify_*``) are run by ``tests/sglang/test_trtllm_verify.py``, the draft-extend one
+(``draft_extend_v2_*``) by ``tests/sglang/test_trtllm_draft_extend_v2.py``.
 
 The runner's own padding fault (a padded ``out_cache_loc`` row left at a live slot) is
 ``graph_runner.padded_out_cache_loc_left_stale``, shared with the torch-native backend.
@@ -185,6 +186,42 @@ def verify_swa_page_table_without_draft_tokens() -> Iterator[None]:
         trtllm_mha_backend.build_trtllm_mha_page_table(
             req_to_token=self.req_to_token, req_pool_indices=forward_batch.req_pool_indices,
             cache_seqlens=forward_batch.seq_lens.to(torch.int32), page_table=committed, page_size=self.page_size,
+            swa_page_table=swa, full_to_swa=self._swa_kv_pool.full_to_swa_index_mapping)
+        metadata.swa_page_table = swa
+
+    with _patched(cls, init_forward_metadata=init):
+        yield
+
+
+
+@contextmanager
+def draft_extend_v2_swa_page_table_without_window() -> Iterator[None]:
+    """The eager ``DRAFT_EXTEND_V2`` metadata with an SWA page table of the committed tokens only (the draft-extend's
+    SWA window metadata built from the lengths before the verify window, as if its ``seq_lens`` had not been
+    bumped by ``num_draft_tokens``: the shape of issue 22679 on the draft-extend path): ``init_forward_metadata``
+    builds its full page table over the post-write lengths as 0.5.23 does, and the SWA page table over
+    ``seq_lens - (1 + steps)`` only, the window's columns at page 0 (the dummy page), so the draft-extend's SWA
+    layers read the dummy K/V in place of the window's own keys. SGLang's page-table kernel builds the faulty
+    table. Its write ids are untouched; verifies, decodes and extends are too."""
+    import torch
+
+    load()
+    from sglang.srt.layers.attention import trtllm_mha_backend
+
+    cls = _backend_cls()
+    original = cls.init_forward_metadata
+
+    def init(self, forward_batch):  # noqa: ANN001, ANN202
+        original(self, forward_batch)
+        metadata = self.forward_metadata
+        if not forward_batch.forward_mode.is_draft_extend_v2() or metadata.swa_page_table is None:
+            return
+        committed_lens = (forward_batch.seq_lens - forward_batch.extend_seq_lens).to(torch.int32)
+        committed = torch.zeros_like(metadata.page_table)
+        swa = torch.zeros_like(metadata.swa_page_table)
+        trtllm_mha_backend.build_trtllm_mha_page_table(
+            req_to_token=self.req_to_token, req_pool_indices=forward_batch.req_pool_indices,
+            cache_seqlens=committed_lens, page_table=committed, page_size=self.page_size,
             swa_page_table=swa, full_to_swa=self._swa_kv_pool.full_to_swa_index_mapping)
         metadata.swa_page_table = swa
 

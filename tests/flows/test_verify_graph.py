@@ -14,7 +14,7 @@ from workloads import heterogeneous_drafts
 from ._flows import graph_equals_eager_bitwise, replace, spec_for
 
 
-def _verified(window: int, draft_extend: bool = False):
+def _verified(window: int, draft_extend: bool | str = False):
     return dataclasses.replace(heterogeneous_drafts(window), accept_lens=(1, 0, 2), draft_extend=draft_extend)
 
 
@@ -29,7 +29,7 @@ def _verify_runner(session) -> VerifyGraphRunner:
 
 
 @pytest.mark.parametrize("backend", ["torch_native", "torch_gather"])
-@pytest.mark.parametrize("draft_extend", [False, True])
+@pytest.mark.parametrize("draft_extend", [False, True, "v2"])
 def test_verify_graph_replays_equal_the_eager_verify_bitwise(draft_extend, backend):
     graph_equals_eager_bitwise(_spec("full", backend=backend, draft_extend=draft_extend))
 
@@ -92,3 +92,25 @@ def test_each_draft_extend_after_a_verify_replays_the_graphs_of_its_length_and_t
     for n, bs, graph in seen:
         bucket = 2 if bs <= 2 else 4
         assert graph == f"draft_extend/bs{bucket}" + (f"x{n}" if n > 1 else ""), (n, bs, graph)
+
+
+def test_each_v2_draft_extend_replays_the_graph_of_the_verify_window_whatever_was_accepted():
+    spec = _spec("full", draft_extend="v2")
+    # whole verifies that accept none and all of their 2 drafts
+    session = assemble(replace(spec, timeline=dataclasses.replace(spec.timeline, accept_lens=(0, 2, 1))))
+    seen = []
+    while (step := session.scheduler.next_step()) is not None:
+        mark = len(session.runner.forward_log())
+        session.run_batch(step.batch)
+        ran = session.runner.forward_log()[mark:]
+        if step.batch.verify is not None:
+            # the verify, then the draft-extend over its window (both before the next step's batch)
+            seen.append((step.batch.draft_steps, step.batch.verify.accepted, step.batch.batch_size,
+                         ran[-2].graph, ran[-1].graph))
+        session.scheduler.finish_step()
+    whole = [(accepted, bs, graph) for steps, accepted, bs, _, graph in seen if steps == 2]
+    assert {accepted for accepted, _, _ in whole} == {0, 2}
+    for accepted, bs, graph in whole:
+        assert graph == f"draft_extend/bs{2 if bs <= 2 else 4}x3", (accepted, bs, graph)
+    # a request drafting up to its end verifies (and draft-extends) fewer tokens: eagerly, as its verify runs
+    assert {(verify, graph) for steps, _, _, verify, graph in seen if steps < 2} == {("eager", "eager")}
