@@ -7,8 +7,9 @@ A case is a timeline drawn by ``strategies.run_specs`` moved onto the installed 
 sized (its free order, its eviction at the drawn interval: the pools run near exhaustion under SGLang's own
 frontier), in ``full`` mode over the drawn decode buckets, without a prefix cache (the radix cache is the
 scheduler's, not the runner's); a drawn draft stays as a chain verified by the target, whose verifies run through
-SGLang's ``TARGET_VERIFY`` path and its runner's verify graphs (``target_verify.py``), a tree becoming a chain and
-a draft-extend or an unverified draft dropped (what that path refuses); without a layer whose window is one
+SGLang's ``TARGET_VERIFY`` path and its runner's verify graphs (``target_verify.py``) and its ``DRAFT_EXTEND_V2``
+draft-extends eagerly, a tree becoming a chain and a v1 draft-extend or an unverified draft dropped (what that
+path refuses); without a layer whose window is one
 token (``one_token_window``: a finding of its own), and maybe one of the re-created
 faults of SGLang's graph path (``GRAPH_FAULTS``), active in the replayed run only. It fails in one of three ways:
 
@@ -42,6 +43,7 @@ from ..fuzz.target import FuzzTarget
 from ..imports import load_named
 from ..runspec import Mode, RunSpec
 from ..serving.eviction import EvictionSpec
+from ..serving.timeline import DRAFT_EXTEND_V2
 from .fuzz import Failure, TimelineFinding, property_command, raised
 
 NAME = "sglang-graph"
@@ -96,11 +98,14 @@ def cases(fault: str | None = None):
 def runnable(spec: RunSpec) -> RunSpec:
     """``spec`` as the property runs it. What the runner's speculative path cannot take is dropped, not filtered
     (without it the timeline needs no more slots than its pools were sized for, so it stays valid): a tree
-    becomes a chain, a draft-extend goes (0.5.23 has only the V2 form), drafts without a verify go; a chain
-    verified by the target stays (``run_timeline`` drives it through SGLang's ``TARGET_VERIFY`` path). The
+    becomes a chain (and loses its draft-extend), a v1 draft-extend goes (0.5.23 has only the V2 form, which stays:
+    ``run_timeline`` runs it through SGLang's ``DRAFT_EXTEND_V2`` path after each verify), drafts without a verify
+    go; a chain verified by the target stays (``run_timeline`` drives it through SGLang's ``TARGET_VERIFY`` path). The
     eviction is SGLang's at the drawn interval, spelled as ``run_timeline`` reads it (the harness's model of it,
     which the differential test holds to SGLang's)."""
-    timeline = dataclasses.replace(spec.timeline, draft_topk=1, draft_extend=False)
+    # a v1 draft-extend has no SGLang form to run; a V2 one runs after each verify (eagerly)
+    v2 = spec.timeline.draft_extend_v2 and spec.timeline.draft_topk == 1
+    timeline = dataclasses.replace(spec.timeline, draft_topk=1, draft_extend=DRAFT_EXTEND_V2 if v2 else False)
     if not timeline.verifies:
         timeline = dataclasses.replace(timeline, draft_steps=0, accept_lens=())
     return dataclasses.replace(spec, timeline=timeline,

@@ -103,6 +103,8 @@ def test_the_property_keeps_a_verified_chain_and_drops_what_the_verify_path_refu
     assert (tree.draft_steps, tree.draft_topk, tree.accept_lens) == (2, 1, (1,))
     extended = timeline_of(draft_steps=3, accept_lens=(1,), draft_extend=True)
     assert (extended.draft_steps, extended.draft_extend) == (3, False)
+    v2 = timeline_of(draft_steps=3, accept_lens=(1,), draft_extend="v2")
+    assert (v2.draft_steps, v2.draft_extend) == (3, "v2")
     unverified = timeline_of(draft_steps=3)
     assert (unverified.draft_steps, unverified.accept_lens) == (0, ())
     assert graph_fuzz.runnable(base).eviction == EvictionSpec(policy="sglang", interval=1)
