@@ -26,7 +26,7 @@ def _observed(graph_runner, oracle_certifier, spec, engine):
     return run
 
 
-@pytest.fixture(scope="module", params=VERIFY, ids=lambda p: p.stem)
+@pytest.fixture(scope="module", params=VERIFY, ids=lambda p: p.stem.removeprefix("swa_spec_verify_"))
 def verify_runs(request, clean_spec, graph_runner, oracle_certifier):
     """``(spec, eager, graph)``: a verify scenario eagerly and under the TARGET_VERIFY graph runner, both observed
     and certified."""
@@ -144,7 +144,7 @@ def test_an_eager_verify_whose_swa_page_table_misses_the_draft_is_flagged_at_the
     ("swa_spec_draft_extend_accept_some", "draft-extend"),
     ("swa_spec_tree_accept_some", "top-k 1"),
     ("swa_spec_draft_after_prefill", "without a verify"),
-])
+], ids=["draft-extend-v1", "tree", "unverified"])  # ids without scenario names: -k <family> selects scenarios only
 def test_speculative_timelines_the_adapter_does_not_drive_are_refused_by_name(clean_spec, graph_runner, scenario,
                                                                              refused):
     with pytest.raises(ValueError, match=refused):
