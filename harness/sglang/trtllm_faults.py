@@ -160,14 +160,11 @@ def verify_graph_swa_metadata_not_refreshed() -> Iterator[None]:
 
 
 @contextmanager
-def verify_swa_page_table_without_draft_tokens() -> Iterator[None]:
-    """The eager target-verify metadata with an SWA page table of the committed tokens only (a verify whose SWA
-    window metadata is built by the decode rule, from ``seq_lens`` without the draft tokens: the shape of issue
-    22679): ``init_forward_metadata``'s ``TARGET_VERIFY`` branch builds its full page table over ``seq_lens + 1 +
-    steps`` as 0.5.23 does, and the SWA page table over ``seq_lens`` only, its draft columns at page 0 (the dummy
-    page), so SWA layers read the dummy K/V in place of the draft tokens' own. SGLang's page-table kernel builds the
-    faulty table (``build_trtllm_mha_page_table`` as the backend module looks it up). Decode and extend forwards,
-    and replayed verifies, are untouched."""
+def _eager_swa_page_table_over(applies: Any, lengths: Any) -> Iterator[None]:
+    """``init_forward_metadata`` as 0.5.23 builds it, then, for the forwards ``applies(forward_batch)`` picks, an SWA
+    page table rebuilt by SGLang's page-table kernel (as the backend module looks it up) over ``lengths(
+    forward_batch)`` only: the columns past them at page 0 (the dummy page). What both eager SWA-window faults
+    below share."""
     import torch
 
     load()
@@ -179,17 +176,30 @@ def verify_swa_page_table_without_draft_tokens() -> Iterator[None]:
     def init(self, forward_batch):  # noqa: ANN001, ANN202
         original(self, forward_batch)
         metadata = self.forward_metadata
-        if not forward_batch.forward_mode.is_target_verify() or metadata.swa_page_table is None:
+        if not applies(forward_batch) or metadata.swa_page_table is None:
             return
         committed = torch.zeros_like(metadata.page_table)
         swa = torch.zeros_like(metadata.swa_page_table)
         trtllm_mha_backend.build_trtllm_mha_page_table(
             req_to_token=self.req_to_token, req_pool_indices=forward_batch.req_pool_indices,
-            cache_seqlens=forward_batch.seq_lens.to(torch.int32), page_table=committed, page_size=self.page_size,
+            cache_seqlens=lengths(forward_batch).to(torch.int32), page_table=committed, page_size=self.page_size,
             swa_page_table=swa, full_to_swa=self._swa_kv_pool.full_to_swa_index_mapping)
         metadata.swa_page_table = swa
 
     with _patched(cls, init_forward_metadata=init):
+        yield
+
+
+@contextmanager
+def verify_swa_page_table_without_draft_tokens() -> Iterator[None]:
+    """The eager target-verify metadata with an SWA page table of the committed tokens only (a verify whose SWA
+    window metadata is built by the decode rule, from ``seq_lens`` without the draft tokens: the shape of issue
+    22679): ``init_forward_metadata``'s ``TARGET_VERIFY`` branch builds its full page table over ``seq_lens + 1 +
+    steps`` as 0.5.23 does, and the SWA page table over ``seq_lens`` only, its draft columns at page 0 (the dummy
+    page), so SWA layers read the dummy K/V in place of the draft tokens' own. SGLang's page-table kernel builds the
+    faulty table (``build_trtllm_mha_page_table`` as the backend module looks it up). Decode and extend forwards,
+    and replayed verifies, are untouched."""
+    with _eager_swa_page_table_over(lambda fb: fb.forward_mode.is_target_verify(), lambda fb: fb.seq_lens):
         yield
 
 
@@ -203,27 +213,5 @@ def draft_extend_v2_swa_page_table_without_window() -> Iterator[None]:
     ``seq_lens - (1 + steps)`` only, the window's columns at page 0 (the dummy page), so the draft-extend's SWA
     layers read the dummy K/V in place of the window's own keys. SGLang's page-table kernel builds the faulty
     table. Its write ids are untouched; verifies, decodes and extends are too."""
-    import torch
-
-    load()
-    from sglang.srt.layers.attention import trtllm_mha_backend
-
-    cls = _backend_cls()
-    original = cls.init_forward_metadata
-
-    def init(self, forward_batch):  # noqa: ANN001, ANN202
-        original(self, forward_batch)
-        metadata = self.forward_metadata
-        if not forward_batch.forward_mode.is_draft_extend_v2() or metadata.swa_page_table is None:
-            return
-        committed_lens = (forward_batch.seq_lens - forward_batch.extend_seq_lens).to(torch.int32)
-        committed = torch.zeros_like(metadata.page_table)
-        swa = torch.zeros_like(metadata.swa_page_table)
-        trtllm_mha_backend.build_trtllm_mha_page_table(
-            req_to_token=self.req_to_token, req_pool_indices=forward_batch.req_pool_indices,
-            cache_seqlens=committed_lens, page_table=committed, page_size=self.page_size,
-            swa_page_table=swa, full_to_swa=self._swa_kv_pool.full_to_swa_index_mapping)
-        metadata.swa_page_table = swa
-
-    with _patched(cls, init_forward_metadata=init):
+    with _eager_swa_page_table_over(lambda fb: fb.forward_mode.is_draft_extend_v2(), lambda fb: fb.seq_lens - fb.extend_seq_lens):
         yield

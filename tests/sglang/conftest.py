@@ -78,3 +78,16 @@ def oracle_certifier():
     from harness.fuzz.driven import step_certifier
 
     return step_certifier
+
+
+@pytest.fixture(scope="session")
+def observed_trtllm_run(graph_runner, oracle_certifier):
+    """``observed(spec, engine)``: ``run_timeline`` over the TRT-LLM MHA backend, observed step by step, with its
+    certification against the dense oracle as ``run.certification``."""
+    def observed(spec, engine):
+        observe, certification = oracle_certifier(spec)
+        run = graph_runner.run_timeline(spec, engine=engine, attention="trtllm_mha", observe=observe)
+        run.certification = certification()
+        return run
+
+    return observed

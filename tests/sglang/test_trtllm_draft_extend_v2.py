@@ -20,20 +20,13 @@ V2 = ROOT / "scenarios" / "swa_spec_draft_extend_v2_accept_mixed.toml"
 TRTLLM = "trtllm_mha"
 
 
-def _observed(graph_runner, oracle_certifier, spec, engine):
-    observe, certification = oracle_certifier(spec)
-    run = graph_runner.run_timeline(spec, engine=engine, attention=TRTLLM, observe=observe)
-    run.certification = certification()
-    return run
-
-
 @pytest.fixture(scope="module")
-def v2_runs(clean_spec, graph_runner, oracle_certifier):
+def v2_runs(clean_spec, graph_runner, observed_trtllm_run):
     """``(spec, eager, graph)``: the V2 scenario eagerly and with its verifies under the TARGET_VERIFY graph runner
     (the draft-extends eager in both), observed and certified."""
     spec = clean_spec(V2)
-    return (spec, _observed(graph_runner, oracle_certifier, spec, None),
-            _observed(graph_runner, oracle_certifier, spec, get_engine("tape")))
+    return (spec, observed_trtllm_run(spec, None),
+            observed_trtllm_run(spec, get_engine("tape")))
 
 
 def test_sglangs_layout_kernel_lays_the_draft_extend_over_the_verify_window():
@@ -73,12 +66,12 @@ def test_the_run_with_replayed_verifies_leaves_both_pools_as_the_eager_run_does(
 
 
 def test_a_draft_extend_whose_swa_page_table_misses_the_window_is_flagged_at_the_first_draft_extend(
-        clean_spec, graph_runner, oracle_certifier):
+        clean_spec, graph_runner, observed_trtllm_run):
     from harness.sglang import trtllm_faults
 
     spec = clean_spec(V2)
     with trtllm_faults.draft_extend_v2_swa_page_table_without_window():
-        faulty = _observed(graph_runner, oracle_certifier, spec, None)
+        faulty = observed_trtllm_run(spec, None)
     found = faulty.certification
     assert not found.ok, found
     first = int(re.match(r"step (\d+) ", found.problems[0]).group(1))

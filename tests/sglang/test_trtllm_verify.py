@@ -19,20 +19,13 @@ VERIFY = [ROOT / "scenarios" / f"swa_spec_verify_accept_{name}.toml" for name in
 TRTLLM = "trtllm_mha"
 
 
-def _observed(graph_runner, oracle_certifier, spec, engine):
-    observe, certification = oracle_certifier(spec)
-    run = graph_runner.run_timeline(spec, engine=engine, attention=TRTLLM, observe=observe)
-    run.certification = certification()
-    return run
-
-
 @pytest.fixture(scope="module", params=VERIFY, ids=lambda p: p.stem.removeprefix("swa_spec_verify_"))
-def verify_runs(request, clean_spec, graph_runner, oracle_certifier):
+def verify_runs(request, clean_spec, graph_runner, observed_trtllm_run):
     """``(spec, eager, graph)``: a verify scenario eagerly and under the TARGET_VERIFY graph runner, both observed
     and certified."""
     spec = clean_spec(request.param)
-    return (spec, _observed(graph_runner, oracle_certifier, spec, None),
-            _observed(graph_runner, oracle_certifier, spec, get_engine("tape")))
+    return (spec, observed_trtllm_run(spec, None),
+            observed_trtllm_run(spec, get_engine("tape")))
 
 
 def test_the_eager_and_the_replayed_verifies_are_certified_by_the_dense_oracle(verify_runs):
@@ -74,13 +67,13 @@ def test_every_verify_writes_its_swa_layers_at_its_own_translated_ids(verify_run
     assert [v.seq_lens for v in eager.verifies] == [v.seq_lens for v in graph.verifies]
 
 
-def test_a_padded_verify_bucket_replays_to_the_eager_pools(clean_spec, graph_runner, oracle_certifier):
+def test_a_padded_verify_bucket_replays_to_the_eager_pools(clean_spec, graph_runner, observed_trtllm_run):
     """Verifies of two requests replayed in the graph of bucket 4: two padded requests of four tokens each, at the
     dummy slot and row."""
     spec = clean_spec(VERIFY[0])
     spec = dataclasses.replace(spec, graphs=dataclasses.replace(spec.graphs, decode_buckets=(4,)))
     eager = graph_runner.run_timeline(spec, engine=None, attention=TRTLLM)
-    graph = _observed(graph_runner, oracle_certifier, spec, get_engine("tape"))
+    graph = observed_trtllm_run(spec, get_engine("tape"))
     assert {v.bucket for v in graph.verifies} - {None} == {4}
     assert all(v.raw_bs < 4 for v in graph.verifies)
     assert graph.certification.ok, graph.certification.problems
@@ -88,14 +81,14 @@ def test_a_padded_verify_bucket_replays_to_the_eager_pools(clean_spec, graph_run
 
 
 def test_verifies_of_three_requests_of_mixed_lengths_replay_padded_to_the_eager_pools(clean_spec, graph_runner,
-                                                                                     oracle_certifier):
+                                                                                     observed_trtllm_run):
     """swa_spec_verify_graph_padded_buckets without its draft-extends (which the adapter refuses): verifies of three
     requests of different committed lengths in bucket 4 (one padded request), then of two and one in bucket 2,
     while eviction frees SWA slots; the shorter last verifies run eagerly."""
     spec = clean_spec(ROOT / "scenarios" / "swa_spec_verify_graph_padded_buckets.toml")
     spec = dataclasses.replace(spec, timeline=dataclasses.replace(spec.timeline, draft_extend=False))
     eager = graph_runner.run_timeline(spec, engine=None, attention=TRTLLM)
-    graph = _observed(graph_runner, oracle_certifier, spec, get_engine("tape"))
+    graph = observed_trtllm_run(spec, get_engine("tape"))
     assert (3, 4) in {(v.raw_bs, v.bucket) for v in graph.verifies}
     assert any(v.bucket is None for v in graph.verifies)
     assert graph.certification.ok, graph.certification.problems
@@ -103,13 +96,13 @@ def test_verifies_of_three_requests_of_mixed_lengths_replay_padded_to_the_eager_
 
 
 def test_the_verify_graphs_swa_metadata_not_refreshed_is_flagged_at_the_first_replayed_verify(
-        clean_spec, graph_runner, oracle_certifier):
+        clean_spec, graph_runner, observed_trtllm_run):
     from harness.sglang import trtllm_faults
 
     spec = clean_spec(VERIFY[0])
     eager = graph_runner.run_timeline(spec, engine=None, attention=TRTLLM)
     with trtllm_faults.verify_graph_swa_metadata_not_refreshed():
-        faulty = _observed(graph_runner, oracle_certifier, spec, get_engine("tape"))
+        faulty = observed_trtllm_run(spec, get_engine("tape"))
     replayed = [v for v in faulty.verifies if v.bucket is not None]
     assert replayed
     # the replays wrote their SWA layers at the capture batch's ids (the dummy slot), not the plan's
@@ -124,14 +117,14 @@ def test_the_verify_graphs_swa_metadata_not_refreshed_is_flagged_at_the_first_re
 
 
 def test_an_eager_verify_whose_swa_page_table_misses_the_draft_is_flagged_at_the_first_verify(
-        clean_spec, graph_runner, oracle_certifier):
+        clean_spec, graph_runner, observed_trtllm_run):
     """The dense oracle certifies the eager verify path itself: with the SWA page table built over the committed
     tokens only, every SWA layer of the first verify reads the dummy page for its draft tokens' keys."""
     from harness.sglang import trtllm_faults
 
     spec = clean_spec(VERIFY[0])
     with trtllm_faults.verify_swa_page_table_without_draft_tokens():
-        faulty = _observed(graph_runner, oracle_certifier, spec, None)
+        faulty = observed_trtllm_run(spec, None)
     found = faulty.certification
     assert not found.ok and found.max_hidden_error > 0, found
     first = int(re.match(r"step (\d+) ", found.problems[0]).group(1))
