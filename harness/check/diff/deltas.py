@@ -58,29 +58,58 @@ class DeltaRows:
         assert dim == 0
         n = index.numel()
         out = torch.empty((n, self.shape[1]), dtype=self.dtype) if out is None else out
+        if not n:
+            return out
         slot = index % self.size
         layer = torch.div(index, self.size, rounding_mode="floor")
         src = hj.take(self.src, slot)
         at = hj.take(self.at, slot)
-        lo, hi = (int(src.min()), int(src.max())) if n else (0, 0)
+        lo, hi = int(src.min()), int(src.max())
         if lo == hi:  # one delta holds them all (or none does): one gather
             self._fill(out, None, lo, layer, at)
             return out
+        # The source holding most of the rows is gathered straight into ``out`` for every row (the others'
+        # rows read a row of it, overwritten next), the few others scattered over it: one pass over the
+        # many rows rather than a gather and a scatter of each.
+        held = torch.bincount(src + 1)
+        base = int(held.argmax()) - 1
+        mine = src == base
+        self._fill(out, None, base, torch.where(mine, layer, 0), torch.where(mine, at, 0))
         for j in torch.unique(src).tolist():
-            where = (src == j).nonzero().flatten()
-            self._fill(out, where, j, hj.take(layer, where), hj.take(at, where))
+            if j != base:
+                where = (src == j).nonzero().flatten()
+                self._fill(out, where, j, hj.take(layer, where), hj.take(at, where))
         return out
 
     def _fill(self, out: torch.Tensor, where: torch.Tensor | None, j: int, layer: torch.Tensor,
               at: torch.Tensor) -> None:
         if j < 0:
             rows = self.poison.expand(layer.numel(), -1)
+            if where is None:
+                out.copy_(rows)
+            else:
+                out.index_copy_(0, where, rows)
+        elif where is None:
+            torch.index_select(self.parts[j], 0, layer * self.counts[j] + at, out=out)
         else:
-            rows = hj.take(self.parts[j], layer * self.counts[j] + at)
-        if where is None:
-            out.copy_(rows)
-        else:
-            out.index_copy_(0, where, rows)
+            out.index_copy_(0, where, hj.take(self.parts[j], layer * self.counts[j] + at))
+
+    def same_place(self, other: DeltaRows, rows: torch.Tensor) -> torch.Tensor:
+        """[len(rows)] bool: row ``rows[i]`` is read from the same bytes here as in ``other`` (the same
+        delta's tensor at the same index, or poison in both): equal without reading them. ``other`` is a
+        map of the same pool (another step of the same run: its deltas are appended in the same order)."""
+        slot = rows % self.size
+        src, other_src = hj.take(self.src, slot), hj.take(other.src, slot)
+        same = (src == other_src) & (hj.take(self.at, slot) == hj.take(other.at, slot))
+        # a source index names the same delta in both only where both hold the same tensor there (slot 0:
+        # poison, equal bytes in both)
+        shared = min(len(self.parts), len(other.parts))
+        alike = torch.tensor([torch.equal(self.poison, other.poison)]
+                             + [self.parts[j].data_ptr() == other.parts[j].data_ptr()
+                                and self.parts[j].shape == other.parts[j].shape
+                                and self.parts[j].stride() == other.parts[j].stride() for j in range(shared)],
+                             dtype=torch.bool)
+        return same & hj.take(alike, (src + 1).clamp_(max=shared))
 
     def __getitem__(self, key: slice | torch.Tensor | tuple) -> torch.Tensor:
         """Rows by a slice or an index tensor, gathered (then any further indices applied to them)."""

@@ -461,9 +461,10 @@ def _pair(pool: WorkingPool | DeltaPool) -> tuple:
 def _refresh(d: _Differ, memos: list[tuple[torch.Tensor, torch.Tensor]], sub: KVSnapshot, ref: KVSnapshot,
              sub_now: DeltaCursor, ref_now: DeltaCursor) -> None:
     """Bring each large pool's memo (which rows differ from the reference's, slot for slot) to this step: only
-    the slots either run changed are compared again. The slots both steps changed are read from the two
-    deltas where they lie (in place on a side whose delta holds no other slot, else gathered from that one
-    delta); the few only one run changed are gathered from the pools."""
+    the slots either run changed are compared again. Where both deltas hold the same slots they are read in
+    place; else, where the slots both hold make few runs at consecutive places in both, run by run in place;
+    else the delta holding more slots is read in place against the other pool's rows of its slots,
+    gathered. The few slots only the other run changed are gathered from both pools."""
     for g_index, (mine, theirs) in enumerate(zip(sub.pools, ref.pools)):
         s_slots, r_slots = mine.slots, theirs.slots
         now, their_now = sub_now.pools[g_index], ref_now.pools[g_index]
@@ -474,37 +475,52 @@ def _refresh(d: _Differ, memos: list[tuple[torch.Tensor, torch.Tensor]], sub: KV
         if not (s_slots.numel() or r_slots.numel()):
             continue
         typed = dict(dtype=now.wk.typed, row_shape=now.wk.row_shape)
-        if torch.equal(s_slots, r_slots):
-            both, at_s, at_r = s_slots, None, None
-        elif s_slots.numel() and r_slots.numel():
-            pos = torch.searchsorted(r_slots, s_slots).clamp_(max=r_slots.numel() - 1)
-            hit = (hj.take(r_slots, pos) == s_slots).nonzero().flatten()
-            both, at_s, at_r = hj.take(s_slots, hit), hit, hj.take(pos, hit)
-            at_s = None if both.numel() == s_slots.numel() else at_s
-            at_r = None if both.numel() == r_slots.numel() else at_r
-        else:
-            both = at_s = at_r = torch.empty(0, dtype=torch.int64)
         layer = torch.arange(layers)[:, None]
-        rows = (layer * size + both).flatten()
-        if both.numel():
-            in_order = at_s is None and at_r is None  # both read in place, streamed by differs_rows
-            runs = _runs(at_s, at_r, both.numel()) if d.bytes_only(now.wk.typed) and not in_order else None
-            def in_delta(at: torch.Tensor | None, count: int) -> torch.Tensor | None:
-                return None if at is None else (layer * count + at).flatten()
-            a_rows, b_rows = in_delta(at_s, s_slots.numel()), in_delta(at_r, r_slots.numel())
+        if torch.equal(s_slots, r_slots):  # both deltas read in place, streamed by differs_rows
+            rows = (layer * size + s_slots).flatten()
             for memo, a, b in zip(memos[g_index], (mine.k, mine.v), (theirs.k, theirs.v)):
-                if runs is not None:
-                    memo[rows] = _differs_in_runs(hj.words(a), hj.words(b), runs, both.numel())
-                    continue
-                memo[rows] = d.differs_rows(hj.words(a).reshape(layers * s_slots.numel(), -1), a_rows,
-                                            hj.words(b).reshape(layers * r_slots.numel(), -1), b_rows,
-                                            n=rows.numel(), **typed)
+                memo[rows] = d.differs_rows(hj.words(a).reshape(rows.numel(), -1), None,
+                                            hj.words(b).reshape(rows.numel(), -1), None, n=rows.numel(), **typed)
+            continue
+        both, at_s, at_r = _common(s_slots, r_slots)
+        runs = _runs(at_s, at_r, both.numel()) if d.bytes_only(now.wk.typed) and both.numel() else None
+        if runs is not None:
+            # few runs of slots at consecutive places in both deltas: each run compared in place
+            rows = (layer * size + both).flatten()
+            for memo, a, b in zip(memos[g_index], (mine.k, mine.v), (theirs.k, theirs.v)):
+                memo[rows] = _differs_in_runs(hj.words(a), hj.words(b), runs, both.numel())
+            lead = both
+        else:
+            # The side whose delta holds more slots is read in place, the other side's rows of those slots
+            # gathered from its pool (mostly its own delta, in address order): one gather, where aligning
+            # the two deltas on the slots both hold gathers both.
+            subject_leads = s_slots.numel() >= r_slots.numel()
+            lead = s_slots if subject_leads else r_slots
+            rows = (layer * size + lead).flatten()
+            for memo, delta, a, b in zip(memos[g_index], (mine.k, mine.v) if subject_leads else (theirs.k, theirs.v),
+                                         (now.wk, now.wv), (their_now.wk, their_now.wv)):
+                in_place = hj.words(delta).reshape(rows.numel(), -1)
+                memo[rows] = (d.differs_rows(in_place, None, b, rows, n=rows.numel(), **typed) if subject_leads else
+                              d.differs_rows(a, rows, in_place, None, n=rows.numel(), **typed))
         either = torch.cat([s_slots, r_slots])
-        only = either[~torch.isin(either, both)].unique()
+        only = either[~torch.isin(either, lead)].unique()
         if only.numel():
             rest = (layer * size + only).flatten()
             for memo, a, b in zip(memos[g_index], (now.wk, now.wv), (their_now.wk, their_now.wv)):
                 memo[rest] = d.differs_rows(a, rest, b, rest, n=rest.numel(), **typed)
+
+
+def _common(s_slots: torch.Tensor, r_slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None,
+                                                                   torch.Tensor | None]:
+    """The slots both ascending lists hold, and their places in each (None: every slot, in order)."""
+    if not (s_slots.numel() and r_slots.numel()):
+        empty = torch.empty(0, dtype=torch.int64)
+        return empty, empty, empty
+    pos = torch.searchsorted(r_slots, s_slots).clamp_(max=r_slots.numel() - 1)
+    hit = (hj.take(r_slots, pos) == s_slots).nonzero().flatten()
+    both, at_s, at_r = hj.take(s_slots, hit), hit, hj.take(pos, hit)
+    return (both, None if both.numel() == s_slots.numel() else at_s,
+            None if both.numel() == r_slots.numel() else at_r)
 
 
 _RUN_SLOTS = 64
