@@ -482,13 +482,13 @@ def _refresh(d: _Differ, memos: list[tuple[torch.Tensor, torch.Tensor]], sub: KV
                 memo[rows] = d.differs_rows(hj.words(a).reshape(rows.numel(), -1), None,
                                             hj.words(b).reshape(rows.numel(), -1), None, n=rows.numel(), **typed)
             continue
-        both, at_s, at_r = _common(s_slots, r_slots)
+        both, at_s, at_r = _common(s_slots, r_slots, size)
         runs = _runs(at_s, at_r, both.numel()) if d.bytes_only(now.wk.typed) and both.numel() else None
         if runs is not None:
             # few runs of slots at consecutive places in both deltas: each run compared in place
             rows = (layer * size + both).flatten()
             for memo, a, b in zip(memos[g_index], (mine.k, mine.v), (theirs.k, theirs.v)):
-                memo[rows] = _differs_in_runs(hj.words(a), hj.words(b), runs, both.numel())
+                memo[rows] = _differs_in_runs(hj.words(a), hj.words(b), runs, both.numel(), d.scratch)
             lead = both
         else:
             # The side whose delta holds more slots is read in place, the other side's rows of those slots
@@ -502,22 +502,32 @@ def _refresh(d: _Differ, memos: list[tuple[torch.Tensor, torch.Tensor]], sub: KV
                 in_place = hj.words(delta).reshape(rows.numel(), -1)
                 memo[rows] = (d.differs_rows(in_place, None, b, rows, n=rows.numel(), **typed) if subject_leads else
                               d.differs_rows(a, rows, in_place, None, n=rows.numel(), **typed))
-        either = torch.cat([s_slots, r_slots])
-        only = either[~torch.isin(either, lead)].unique()
+        # the slots outside ``lead`` either run changed (distinct: ``lead`` holds the slots both changed)
+        only = torch.cat([x[~_held(x, lead, size)] for x in (s_slots, r_slots)])
         if only.numel():
             rest = (layer * size + only).flatten()
             for memo, a, b in zip(memos[g_index], (now.wk, now.wv), (their_now.wk, their_now.wv)):
                 memo[rest] = d.differs_rows(a, rest, b, rest, n=rest.numel(), **typed)
 
 
-def _common(s_slots: torch.Tensor, r_slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None,
-                                                                   torch.Tensor | None]:
+def _held(x: torch.Tensor, slots: torch.Tensor, size: int) -> torch.Tensor:
+    """[len(x)] bool: each of ``x`` is among ``slots`` (of a pool of ``size``): a mask of the pool's slots,
+    which costs a fraction of ``torch.isin``'s sort or a binary search per slot."""
+    mask = torch.zeros(size, dtype=torch.bool)
+    mask[slots] = True
+    return hj.take(mask, x)
+
+
+def _common(s_slots: torch.Tensor, r_slots: torch.Tensor, size: int) -> tuple[torch.Tensor, torch.Tensor | None,
+                                                                              torch.Tensor | None]:
     """The slots both ascending lists hold, and their places in each (None: every slot, in order)."""
     if not (s_slots.numel() and r_slots.numel()):
         empty = torch.empty(0, dtype=torch.int64)
         return empty, empty, empty
-    pos = torch.searchsorted(r_slots, s_slots).clamp_(max=r_slots.numel() - 1)
-    hit = (hj.take(r_slots, pos) == s_slots).nonzero().flatten()
+    place = torch.full((size,), -1, dtype=torch.int64)
+    place[r_slots] = torch.arange(r_slots.numel())
+    pos = hj.take(place, s_slots)
+    hit = (pos >= 0).nonzero().flatten()
     both, at_s, at_r = hj.take(s_slots, hit), hit, hj.take(pos, hit)
     return (both, None if both.numel() == s_slots.numel() else at_s,
             None if both.numel() == r_slots.numel() else at_r)
@@ -525,6 +535,10 @@ def _common(s_slots: torch.Tensor, r_slots: torch.Tensor) -> tuple[torch.Tensor,
 
 _RUN_SLOTS = 64
 """slots both deltas hold are compared in place, run by run, where their runs average this many slots or more"""
+
+
+_RUN_FLAG_BYTES = 4 << 20
+"""the word flags of runs compared in place are reduced this many bytes at a time"""
 
 
 def _runs(at_s: torch.Tensor | None, at_r: torch.Tensor | None, n: int) -> list[tuple[int, int, int, int]] | None:
@@ -542,15 +556,35 @@ def _runs(at_s: torch.Tensor | None, at_r: torch.Tensor | None, n: int) -> list[
     return [(st, en - st, fa, fb) for st, en, fa, fb in zip(starts, ends, firsts_a, firsts_b)]
 
 
-def _differs_in_runs(a: torch.Tensor, b: torch.Tensor, runs: list[tuple[int, int, int, int]], n: int) -> torch.Tensor:
+def _differs_in_runs(a: torch.Tensor, b: torch.Tensor, runs: list[tuple[int, int, int, int]], n: int,
+                     scratch: hj.Scratch) -> torch.Tensor:
     """[layers * n] bool, layer by layer: the rows of the runs' slots differ bitwise between the delta words
     ``a`` and ``b`` [layers, slots, words], each run read in place."""
-    out = torch.empty((a.shape[0], n), dtype=torch.bool)
-    piece = max(1, (4 << 20) // max(1, a.shape[0] * a.shape[2] * a.element_size()))  # a few MiB of flags at most
+    layers, words = a.shape[0], a.shape[2]
+    out = torch.empty((layers, n), dtype=torch.bool)
+    # The runs tile 0..n in order, so their word flags are laid side by side in one buffer of a few MiB and
+    # reduced a buffer at a time: one op per run (runs are short where a delta holds many slots the other
+    # does not, and the ops' fixed costs were most of the comparison).
+    width = min(n, max(1, _RUN_FLAG_BYTES // max(1, layers * words * a.element_size())))
+    flags = scratch.get("run_flags", (layers, width, words), torch.bool)
+    base = 0
+
+    def reduce(end: int) -> None:
+        m = end - base
+        out[:, base:end] = hj.any_per_row(flags[:, :m].reshape(layers * m, words)).view(layers, m)
+
     for start, length, at_a, at_b in runs:
-        for i in range(0, length, piece):
-            m = min(piece, length - i)
-            out[:, start + i : start + i + m] = (a[:, at_a + i : at_a + i + m] != b[:, at_b + i : at_b + i + m]).any(-1)
+        i = 0
+        while i < length:
+            pos = start + i
+            if pos - base == width:
+                reduce(pos)
+                base = pos
+            m = min(length - i, base + width - pos)
+            torch.ne(a[:, at_a + i : at_a + i + m], b[:, at_b + i : at_b + i + m],
+                     out=flags[:, pos - base : pos - base + m])
+            i += m
+    reduce(n)
     return out.flatten()
 
 

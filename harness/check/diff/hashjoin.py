@@ -55,7 +55,7 @@ from dataclasses import dataclass
 import torch
 
 __all__ = [
-    "Matches", "Rows", "Scratch", "hash_hits", "line_hash", "match", "parts_differ", "row_hash", "rows_differ",
+    "Matches", "Rows", "Scratch", "any_per_row", "hash_hits", "line_hash", "match", "parts_differ", "row_hash", "rows_differ",
     "salted", "salted_blocks", "streams", "take", "words",
 ]
 
@@ -118,7 +118,7 @@ class Scratch:
 
 # ---- comparing rows -------------------------------------------------------------------------------------
 
-def _any_per_row(flags: torch.Tensor) -> torch.Tensor:
+def any_per_row(flags: torch.Tensor) -> torch.Tensor:
     """[n, w] bool -> [n]. ``any`` over a short last dim is slow on CPU; a sum of the flags read eight at a
     time as int64 is not, and cannot wrap to zero below 256 such words (each is at most 0x0101...01)."""
     if flags.shape[1] % 8 or flags.shape[1] // 8 > 255:
@@ -161,7 +161,7 @@ def rows_differ(
         )
         flags = scratch.get("flags", (rows, a.shape[1]), torch.bool)
         torch.ne(x, y, out=flags)
-        out[i : i + rows] = _any_per_row(flags)
+        out[i : i + rows] = any_per_row(flags)
     return out
 
 
