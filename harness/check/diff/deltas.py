@@ -94,6 +94,18 @@ class DeltaRows:
         else:
             out.index_copy_(0, where, hj.take(self.parts[j], layer * self.counts[j] + at))
 
+    def places(self, rows: torch.Tensor) -> torch.Tensor:
+        """[len(rows), 2] int64: where each row's bytes lie, (the address of its delta's tensor, its index
+        there), the poison row's for a row never written. Equal places hold equal bytes in every part: a
+        delta's K and V are appended together, so one index names a slot's K and V alike."""
+        slot = rows % self.size
+        layer = torch.div(rows, self.size, rounding_mode="floor")
+        src = hj.take(self.src, slot)
+        address = torch.tensor([self.poison.data_ptr()] + [p.data_ptr() for p in self.parts], dtype=torch.int64)
+        count = torch.tensor([0, *self.counts], dtype=torch.int64)
+        index = layer * hj.take(count, src + 1) + hj.take(self.at, slot)
+        return torch.stack([hj.take(address, src + 1), torch.where(src < 0, 0, index)], 1)
+
     def same_place(self, other: DeltaRows, rows: torch.Tensor) -> torch.Tensor:
         """[len(rows)] bool: row ``rows[i]`` is read from the same bytes here as in ``other`` (the same
         delta's tensor at the same index, or poison in both): equal without reading them. ``other`` is a
