@@ -75,7 +75,7 @@ class DeltaRows:
         base = int(held.argmax()) - 1
         mine = src == base
         self._fill(out, None, base, torch.where(mine, layer, 0), torch.where(mine, at, 0))
-        for j in torch.unique(src).tolist():
+        for j in (held.nonzero().flatten() - 1).tolist():  # the sources present, without unique's sort
             if j != base:
                 where = (src == j).nonzero().flatten()
                 self._fill(out, where, j, hj.take(layer, where), hj.take(at, where))
