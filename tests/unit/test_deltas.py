@@ -65,3 +65,23 @@ def test_same_place_is_true_only_for_rows_read_from_the_same_bytes():
     assert torch.equal(same, untouched)
     # rows of the same place hold the same bytes
     assert torch.equal(a.index_select(0, rows[same]), b.index_select(0, rows[same]))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_plan_gathers_its_rows_a_chunk_at_a_time_as_index_select_does(seed):
+    snaps = _steps(seed, steps=5)
+    mapped = DeltaCursor(snaps[0])
+    for snap in snaps:
+        mapped.apply(snap)
+    table = mapped.pools[0].wk
+    rows = torch.randint(0, table.shape[0], (61,), generator=torch.Generator().manual_seed(seed))
+    plan = table.plan(rows)
+    want = table.index_select(0, rows)
+    for chunk in (1, 7, 61):
+        got = torch.cat([table.gather(plan, i, min(chunk, 61 - i), torch.empty((min(chunk, 61 - i), table.shape[1]),
+                                                                             dtype=table.dtype))
+                         for i in range(0, 61, chunk)])
+        assert torch.equal(got, want)
+    # K and V share the map, so one plan serves both
+    assert torch.equal(mapped.pools[0].wv.gather(plan, 0, 61, torch.empty_like(want)),
+                       mapped.pools[0].wv.index_select(0, rows))

@@ -48,7 +48,7 @@ from dataclasses import dataclass
 import torch
 
 from . import hashjoin as hj
-from .deltas import DeltaCursor, DeltaPool, DeltaRows
+from .deltas import DeltaCursor, DeltaPool, DeltaRows, Plan
 from .rules import RULES, BadRows, Finding, Reported, Rule, classify
 from ...serving.pool import NEVER_WRITTEN
 from .snapshot import IN_WINDOW, POS, SHARED, SLOTS, Cursor, KVSnapshot, PoolDelta, WorkingPool
@@ -194,16 +194,19 @@ class _Differ:
         bad[at[close]] = False
         return bad
 
-    def differs_rows(self, a: torch.Tensor | DeltaRows, a_rows: torch.Tensor | None, b: torch.Tensor | DeltaRows,
-                     b_rows: torch.Tensor | None, *, n: int, dtype: torch.dtype, row_shape: torch.Size) -> torch.Tensor:
+    def differs_rows(self, a: torch.Tensor | DeltaRows, a_rows: torch.Tensor | Plan | None,
+                     b: torch.Tensor | DeltaRows, b_rows: torch.Tensor | Plan | None, *, n: int, dtype: torch.dtype,
+                     row_shape: torch.Size) -> torch.Tensor:
         """[n] bool: row ``a_rows[i]`` of the word table ``a`` differs from row ``b_rows[i]`` of ``b`` (no index:
-        row i, read in place), bytes or beyond tolerance; gathered rows a chunk at a time."""
+        row i, read in place; a ``deltas.Plan``: the rows it was made for), bytes or beyond tolerance; gathered
+        rows a chunk at a time."""
         out = torch.empty(n, dtype=torch.bool)
         chunk = max(1, (4 << 20) // max(1, a.shape[1] * a.element_size()))
         for i in range(0, n, chunk):
             m = min(chunk, n - i)
             x, y = (t[i : i + m] if index is None else
-                    hj._select(t, index[i : i + m], self.scratch.get(name, (m, t.shape[1]), t.dtype))
+                    t.gather(index, i, m, self.scratch.get(name, (m, t.shape[1]), t.dtype)) if isinstance(index, Plan)
+                    else hj._select(t, index[i : i + m], self.scratch.get(name, (m, t.shape[1]), t.dtype))
                     for t, index, name in ((a, a_rows, "delta_a"), (b, b_rows, "delta_b")))
             bad = hj.rows_differ(x, y, scratch=self.scratch)
             if not self.bytes_only(dtype) and bool(bad.any()):
@@ -497,11 +500,12 @@ def _refresh(d: _Differ, memos: list[tuple[torch.Tensor, torch.Tensor]], sub: KV
             subject_leads = s_slots.numel() >= r_slots.numel()
             lead = s_slots if subject_leads else r_slots
             rows = (layer * size + lead).flatten()
+            plan = (their_now if subject_leads else now).wk.plan(rows)  # where the gathered rows lie, K and V
             for memo, delta, a, b in zip(memos[g_index], (mine.k, mine.v) if subject_leads else (theirs.k, theirs.v),
                                          (now.wk, now.wv), (their_now.wk, their_now.wv)):
                 in_place = hj.words(delta).reshape(rows.numel(), -1)
-                memo[rows] = (d.differs_rows(in_place, None, b, rows, n=rows.numel(), **typed) if subject_leads else
-                              d.differs_rows(a, rows, in_place, None, n=rows.numel(), **typed))
+                memo[rows] = (d.differs_rows(in_place, None, b, plan, n=rows.numel(), **typed) if subject_leads else
+                              d.differs_rows(a, plan, in_place, None, n=rows.numel(), **typed))
         # the slots outside ``lead`` either run changed (distinct: ``lead`` holds the slots both changed)
         only = torch.cat([x[~_held(x, lead, size)] for x in (s_slots, r_slots)])
         if only.numel():
