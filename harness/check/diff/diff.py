@@ -22,6 +22,9 @@ small pools (a handful of ops a step). A large pool (``_LARGE_BYTES`` and up) is
 deltas where they lie (``deltas.DeltaCursor``: a slot map, no copy, so the diff's memory stays a small
 share of a snapshot's), and a per-row memo of which rows differ from the reference's is brought up to date
 with only the slots either run changed in the step, each side read in place from its delta where it can be.
+The rules' byte comparisons of rows that lie in the deltas are kept per pair of places (``hashjoin.Pairs``),
+and a row the subject's delta map places where it did a step before is unchanged without a read, so a step
+that asks about the rows an earlier step compared reads neither again.
 
 A bad slot is classified by where its content came from, by the first of the rules of ``rules.py`` that
 claims it (poison, another live token's row, a stale write, a misplaced row, old bytes kept, drift).
