@@ -289,6 +289,7 @@ def test_each_way_of_refreshing_a_large_pool_gives_the_same_diff(seed, path, mon
     monkeypatch.setattr(diff_module, "_LARGE_BYTES", 0)
     if path == "gathered":
         monkeypatch.setattr(diff_module, "_RUN_SLOTS", 1 << 40)
+        monkeypatch.setattr(diff_module, "_PLAN_ROWS", 3)
     elif path == "pairs of places colliding":
         # every pair of places under one hash, and room for a few: the byte comparisons kept from one step
         # for the next (``hashjoin.Pairs``) are looked up wrongly only if a pair is not checked whole

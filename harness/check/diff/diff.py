@@ -503,12 +503,18 @@ def _refresh(d: _Differ, memos: list[tuple[torch.Tensor, torch.Tensor]], sub: KV
             subject_leads = s_slots.numel() >= r_slots.numel()
             lead = s_slots if subject_leads else r_slots
             rows = (layer * size + lead).flatten()
-            plan = (their_now if subject_leads else now).wk.plan(rows)  # where the gathered rows lie, K and V
-            for memo, delta, a, b in zip(memos[g_index], (mine.k, mine.v) if subject_leads else (theirs.k, theirs.v),
-                                         (now.wk, now.wv), (their_now.wk, their_now.wv)):
-                in_place = hj.words(delta).reshape(rows.numel(), -1)
-                memo[rows] = (d.differs_rows(in_place, None, b, plan, n=rows.numel(), **typed) if subject_leads else
-                              d.differs_rows(a, plan, in_place, None, n=rows.numel(), **typed))
+            gathered = (their_now if subject_leads else now).wk
+            in_place = [hj.words(delta).reshape(rows.numel(), -1)
+                        for delta in ((mine.k, mine.v) if subject_leads else (theirs.k, theirs.v))]
+            # where the gathered rows lie is worked out once for K and V, a block of rows at a time (a plan
+            # holds a few integers a row: for the whole pool at once, a share of its memory)
+            for i in range(0, rows.numel(), _PLAN_ROWS):
+                block = rows[i : i + _PLAN_ROWS]
+                plan, m = gathered.plan(block), block.numel()
+                for memo, here, a, b in zip(memos[g_index], in_place, (now.wk, now.wv), (their_now.wk, their_now.wv)):
+                    here = here[i : i + m]
+                    memo[block] = (d.differs_rows(here, None, b, plan, n=m, **typed) if subject_leads else
+                                   d.differs_rows(a, plan, here, None, n=m, **typed))
         # the slots outside ``lead`` either run changed (distinct: ``lead`` holds the slots both changed)
         only = torch.cat([x[~_held(x, lead, size)] for x in (s_slots, r_slots)])
         if only.numel():
@@ -543,6 +549,9 @@ def _common(s_slots: torch.Tensor, r_slots: torch.Tensor, size: int) -> tuple[to
 _RUN_SLOTS = 64
 """slots both deltas hold are compared in place, run by run, where their runs average this many slots or more"""
 
+
+_PLAN_ROWS = 1 << 16
+"""rows of a pool gathered against a delta read in place are planned (``deltas.Plan``) this many at a time"""
 
 _RUN_FLAG_BYTES = 4 << 20
 """the word flags of runs compared in place are reduced this many bytes at a time"""
