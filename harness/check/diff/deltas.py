@@ -14,11 +14,24 @@ The map also says which slots a step changed, in either run, so the diff compare
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from ...serving.pool import NEVER_WRITTEN
 from . import hashjoin as hj
 from .snapshot import KVSnapshot, PoolDelta, blank_rows
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """Where some rows of a ``DeltaRows`` lie: the source (a delta's index, -1: poison) that holds most of
+    them and each row's index in it (0 for the rows it does not hold), and per other source the positions of
+    the rows it holds, ascending, and their indices there."""
+
+    base: int
+    rows: torch.Tensor
+    others: list[tuple[int, torch.Tensor, torch.Tensor]]
 
 
 class DeltaRows:
@@ -58,29 +71,77 @@ class DeltaRows:
         assert dim == 0
         n = index.numel()
         out = torch.empty((n, self.shape[1]), dtype=self.dtype) if out is None else out
+        return self.gather(self.plan(index), 0, n, out) if n else out
+
+    def plan(self, index: torch.Tensor) -> Plan:
+        """Where rows ``index`` lie, for ``gather``: worked out once for rows read a chunk at a time, and for
+        K and V alike (one map)."""
         slot = index % self.size
         layer = torch.div(index, self.size, rounding_mode="floor")
         src = hj.take(self.src, slot)
         at = hj.take(self.at, slot)
-        lo, hi = (int(src.min()), int(src.max())) if n else (0, 0)
-        if lo == hi:  # one delta holds them all (or none does): one gather
-            self._fill(out, None, lo, layer, at)
-            return out
-        for j in torch.unique(src).tolist():
-            where = (src == j).nonzero().flatten()
-            self._fill(out, where, j, hj.take(layer, where), hj.take(at, where))
+        count = torch.tensor([0, *self.counts], dtype=torch.int64)
+        row = layer * hj.take(count, src + 1) + at
+        held = torch.bincount(src + 1)
+        base = int(held.argmax()) - 1
+        mine = src == base
+        others = []
+        for j in (held.nonzero().flatten() - 1).tolist():  # the sources present, without unique's sort
+            if j != base:
+                where = (src == j).nonzero().flatten()
+                others.append((j, where, hj.take(row, where)))
+        return Plan(base=base, rows=torch.where(mine, row, 0), others=others)
+
+    def gather(self, plan: Plan, start: int, length: int, out: torch.Tensor) -> torch.Tensor:
+        """Rows ``start .. start + length`` of the rows ``plan`` was made for, into ``out``.
+
+        The source holding most of the rows is gathered straight into ``out`` for every row (the others' rows
+        read a row of it, overwritten next), the few others scattered over it: one pass over the many rows
+        rather than a gather and a scatter of each."""
+        if plan.base < 0:
+            out.copy_(self.poison.expand(length, -1))
+        else:
+            torch.index_select(self.parts[plan.base], 0, plan.rows[start : start + length], out=out)
+        whole = start == 0 and length == plan.rows.numel()
+        for j, where, row in plan.others:
+            if whole:
+                lo, hi = 0, where.numel()
+            else:
+                lo, hi = torch.searchsorted(where, torch.tensor([start, start + length])).tolist()
+            if lo == hi:
+                continue
+            at = where[lo:hi] - start if start else where[lo:hi]
+            out.index_copy_(0, at, self.poison.expand(hi - lo, -1) if j < 0 else hj.take(self.parts[j], row[lo:hi]))
         return out
 
-    def _fill(self, out: torch.Tensor, where: torch.Tensor | None, j: int, layer: torch.Tensor,
-              at: torch.Tensor) -> None:
-        if j < 0:
-            rows = self.poison.expand(layer.numel(), -1)
-        else:
-            rows = hj.take(self.parts[j], layer * self.counts[j] + at)
-        if where is None:
-            out.copy_(rows)
-        else:
-            out.index_copy_(0, where, rows)
+    def places(self, rows: torch.Tensor) -> torch.Tensor:
+        """[len(rows), 2] int64: where each row's bytes lie, (the address of its delta's tensor, its index
+        there), the poison row's for a row never written. Equal places hold equal bytes in every part: a
+        delta's K and V are appended together, so one index names a slot's K and V alike."""
+        slot = rows % self.size
+        layer = torch.div(rows, self.size, rounding_mode="floor")
+        src = hj.take(self.src, slot)
+        address = torch.tensor([self.poison.data_ptr()] + [p.data_ptr() for p in self.parts], dtype=torch.int64)
+        count = torch.tensor([0, *self.counts], dtype=torch.int64)
+        index = layer * hj.take(count, src + 1) + hj.take(self.at, slot)
+        return torch.stack([hj.take(address, src + 1), torch.where(src < 0, 0, index)], 1)
+
+    def same_place(self, other: DeltaRows, rows: torch.Tensor) -> torch.Tensor:
+        """[len(rows)] bool: row ``rows[i]`` is read from the same bytes here as in ``other`` (the same
+        delta's tensor at the same index, or poison in both): equal without reading them. ``other`` is a
+        map of the same pool (another step of the same run: its deltas are appended in the same order)."""
+        slot = rows % self.size
+        src, other_src = hj.take(self.src, slot), hj.take(other.src, slot)
+        same = (src == other_src) & (hj.take(self.at, slot) == hj.take(other.at, slot))
+        # a source index names the same delta in both only where both hold the same tensor there (slot 0:
+        # poison, equal bytes in both)
+        shared = min(len(self.parts), len(other.parts))
+        alike = torch.tensor([torch.equal(self.poison, other.poison)]
+                             + [self.parts[j].data_ptr() == other.parts[j].data_ptr()
+                                and self.parts[j].shape == other.parts[j].shape
+                                and self.parts[j].stride() == other.parts[j].stride() for j in range(shared)],
+                             dtype=torch.bool)
+        return same & hj.take(alike, (src + 1).clamp_(max=shared))
 
     def __getitem__(self, key: slice | torch.Tensor | tuple) -> torch.Tensor:
         """Rows by a slice or an index tensor, gathered (then any further indices applied to them)."""

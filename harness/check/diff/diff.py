@@ -22,6 +22,9 @@ small pools (a handful of ops a step). A large pool (``_LARGE_BYTES`` and up) is
 deltas where they lie (``deltas.DeltaCursor``: a slot map, no copy, so the diff's memory stays a small
 share of a snapshot's), and a per-row memo of which rows differ from the reference's is brought up to date
 with only the slots either run changed in the step, each side read in place from its delta where it can be.
+The rules' byte comparisons of rows that lie in the deltas are kept per pair of places (``hashjoin.Pairs``),
+and a row the subject's delta map places where it did a step before is unchanged without a read, so a step
+that asks about the rows an earlier step compared reads neither again.
 
 A bad slot is classified by where its content came from, by the first of the rules of ``rules.py`` that
 claims it (poison, another live token's row, a stale write, a misplaced row, old bytes kept, drift).
@@ -48,7 +51,7 @@ from dataclasses import dataclass
 import torch
 
 from . import hashjoin as hj
-from .deltas import DeltaCursor, DeltaPool, DeltaRows
+from .deltas import DeltaCursor, DeltaPool, DeltaRows, Plan
 from .rules import RULES, BadRows, Finding, Reported, Rule, classify
 from ...serving.pool import NEVER_WRITTEN
 from .snapshot import IN_WINDOW, POS, SHARED, SLOTS, Cursor, KVSnapshot, PoolDelta, WorkingPool
@@ -194,16 +197,19 @@ class _Differ:
         bad[at[close]] = False
         return bad
 
-    def differs_rows(self, a: torch.Tensor | DeltaRows, a_rows: torch.Tensor | None, b: torch.Tensor | DeltaRows,
-                     b_rows: torch.Tensor | None, *, n: int, dtype: torch.dtype, row_shape: torch.Size) -> torch.Tensor:
+    def differs_rows(self, a: torch.Tensor | DeltaRows, a_rows: torch.Tensor | Plan | None,
+                     b: torch.Tensor | DeltaRows, b_rows: torch.Tensor | Plan | None, *, n: int, dtype: torch.dtype,
+                     row_shape: torch.Size) -> torch.Tensor:
         """[n] bool: row ``a_rows[i]`` of the word table ``a`` differs from row ``b_rows[i]`` of ``b`` (no index:
-        row i, read in place), bytes or beyond tolerance; gathered rows a chunk at a time."""
+        row i, read in place; a ``deltas.Plan``: the rows it was made for), bytes or beyond tolerance; gathered
+        rows a chunk at a time."""
         out = torch.empty(n, dtype=torch.bool)
         chunk = max(1, (4 << 20) // max(1, a.shape[1] * a.element_size()))
         for i in range(0, n, chunk):
             m = min(chunk, n - i)
             x, y = (t[i : i + m] if index is None else
-                    hj._select(t, index[i : i + m], self.scratch.get(name, (m, t.shape[1]), t.dtype))
+                    t.gather(index, i, m, self.scratch.get(name, (m, t.shape[1]), t.dtype)) if isinstance(index, Plan)
+                    else hj._select(t, index[i : i + m], self.scratch.get(name, (m, t.shape[1]), t.dtype))
                     for t, index, name in ((a, a_rows, "delta_a"), (b, b_rows, "delta_b")))
             bad = hj.rows_differ(x, y, scratch=self.scratch)
             if not self.bytes_only(dtype) and bool(bad.any()):
@@ -461,9 +467,10 @@ def _pair(pool: WorkingPool | DeltaPool) -> tuple:
 def _refresh(d: _Differ, memos: list[tuple[torch.Tensor, torch.Tensor]], sub: KVSnapshot, ref: KVSnapshot,
              sub_now: DeltaCursor, ref_now: DeltaCursor) -> None:
     """Bring each large pool's memo (which rows differ from the reference's, slot for slot) to this step: only
-    the slots either run changed are compared again. The slots both steps changed are read from the two
-    deltas where they lie (in place on a side whose delta holds no other slot, else gathered from that one
-    delta); the few only one run changed are gathered from the pools."""
+    the slots either run changed are compared again. Where both deltas hold the same slots they are read in
+    place; else, where the slots both hold make few runs at consecutive places in both, run by run in place;
+    else the delta holding more slots is read in place against the other pool's rows of its slots,
+    gathered. The few slots only the other run changed are gathered from both pools."""
     for g_index, (mine, theirs) in enumerate(zip(sub.pools, ref.pools)):
         s_slots, r_slots = mine.slots, theirs.slots
         now, their_now = sub_now.pools[g_index], ref_now.pools[g_index]
@@ -474,41 +481,80 @@ def _refresh(d: _Differ, memos: list[tuple[torch.Tensor, torch.Tensor]], sub: KV
         if not (s_slots.numel() or r_slots.numel()):
             continue
         typed = dict(dtype=now.wk.typed, row_shape=now.wk.row_shape)
-        if torch.equal(s_slots, r_slots):
-            both, at_s, at_r = s_slots, None, None
-        elif s_slots.numel() and r_slots.numel():
-            pos = torch.searchsorted(r_slots, s_slots).clamp_(max=r_slots.numel() - 1)
-            hit = (hj.take(r_slots, pos) == s_slots).nonzero().flatten()
-            both, at_s, at_r = hj.take(s_slots, hit), hit, hj.take(pos, hit)
-            at_s = None if both.numel() == s_slots.numel() else at_s
-            at_r = None if both.numel() == r_slots.numel() else at_r
-        else:
-            both = at_s = at_r = torch.empty(0, dtype=torch.int64)
         layer = torch.arange(layers)[:, None]
-        rows = (layer * size + both).flatten()
-        if both.numel():
-            in_order = at_s is None and at_r is None  # both read in place, streamed by differs_rows
-            runs = _runs(at_s, at_r, both.numel()) if d.bytes_only(now.wk.typed) and not in_order else None
-            def in_delta(at: torch.Tensor | None, count: int) -> torch.Tensor | None:
-                return None if at is None else (layer * count + at).flatten()
-            a_rows, b_rows = in_delta(at_s, s_slots.numel()), in_delta(at_r, r_slots.numel())
+        if torch.equal(s_slots, r_slots):  # both deltas read in place, streamed by differs_rows
+            rows = (layer * size + s_slots).flatten()
             for memo, a, b in zip(memos[g_index], (mine.k, mine.v), (theirs.k, theirs.v)):
-                if runs is not None:
-                    memo[rows] = _differs_in_runs(hj.words(a), hj.words(b), runs, both.numel())
-                    continue
-                memo[rows] = d.differs_rows(hj.words(a).reshape(layers * s_slots.numel(), -1), a_rows,
-                                            hj.words(b).reshape(layers * r_slots.numel(), -1), b_rows,
-                                            n=rows.numel(), **typed)
-        either = torch.cat([s_slots, r_slots])
-        only = either[~torch.isin(either, both)].unique()
+                memo[rows] = d.differs_rows(hj.words(a).reshape(rows.numel(), -1), None,
+                                            hj.words(b).reshape(rows.numel(), -1), None, n=rows.numel(), **typed)
+            continue
+        both, at_s, at_r = _common(s_slots, r_slots, size)
+        runs = _runs(at_s, at_r, both.numel()) if d.bytes_only(now.wk.typed) and both.numel() else None
+        if runs is not None:
+            # few runs of slots at consecutive places in both deltas: each run compared in place
+            rows = (layer * size + both).flatten()
+            for memo, a, b in zip(memos[g_index], (mine.k, mine.v), (theirs.k, theirs.v)):
+                memo[rows] = _differs_in_runs(hj.words(a), hj.words(b), runs, both.numel(), d.scratch)
+            lead = both
+        else:
+            # The side whose delta holds more slots is read in place, the other side's rows of those slots
+            # gathered from its pool (mostly its own delta, in address order): one gather, where aligning
+            # the two deltas on the slots both hold gathers both.
+            subject_leads = s_slots.numel() >= r_slots.numel()
+            lead = s_slots if subject_leads else r_slots
+            rows = (layer * size + lead).flatten()
+            gathered = (their_now if subject_leads else now).wk
+            in_place = [hj.words(delta).reshape(rows.numel(), -1)
+                        for delta in ((mine.k, mine.v) if subject_leads else (theirs.k, theirs.v))]
+            # where the gathered rows lie is worked out once for K and V, a block of rows at a time (a plan
+            # holds a few integers a row: for the whole pool at once, a share of its memory)
+            for i in range(0, rows.numel(), _PLAN_ROWS):
+                block = rows[i : i + _PLAN_ROWS]
+                plan, m = gathered.plan(block), block.numel()
+                for memo, here, a, b in zip(memos[g_index], in_place, (now.wk, now.wv), (their_now.wk, their_now.wv)):
+                    here = here[i : i + m]
+                    memo[block] = (d.differs_rows(here, None, b, plan, n=m, **typed) if subject_leads else
+                                   d.differs_rows(a, plan, here, None, n=m, **typed))
+        # the slots outside ``lead`` either run changed (distinct: ``lead`` holds the slots both changed)
+        only = torch.cat([x[~_held(x, lead, size)] for x in (s_slots, r_slots)])
         if only.numel():
             rest = (layer * size + only).flatten()
             for memo, a, b in zip(memos[g_index], (now.wk, now.wv), (their_now.wk, their_now.wv)):
                 memo[rest] = d.differs_rows(a, rest, b, rest, n=rest.numel(), **typed)
 
 
+def _held(x: torch.Tensor, slots: torch.Tensor, size: int) -> torch.Tensor:
+    """[len(x)] bool: each of ``x`` is among ``slots`` (of a pool of ``size``): a mask of the pool's slots,
+    which costs a fraction of ``torch.isin``'s sort or a binary search per slot."""
+    mask = torch.zeros(size, dtype=torch.bool)
+    mask[slots] = True
+    return hj.take(mask, x)
+
+
+def _common(s_slots: torch.Tensor, r_slots: torch.Tensor, size: int) -> tuple[torch.Tensor, torch.Tensor | None,
+                                                                              torch.Tensor | None]:
+    """The slots both ascending lists hold, and their places in each (None: every slot, in order)."""
+    if not (s_slots.numel() and r_slots.numel()):
+        empty = torch.empty(0, dtype=torch.int64)
+        return empty, empty, empty
+    place = torch.full((size,), -1, dtype=torch.int64)
+    place[r_slots] = torch.arange(r_slots.numel())
+    pos = hj.take(place, s_slots)
+    hit = (pos >= 0).nonzero().flatten()
+    both, at_s, at_r = hj.take(s_slots, hit), hit, hj.take(pos, hit)
+    return (both, None if both.numel() == s_slots.numel() else at_s,
+            None if both.numel() == r_slots.numel() else at_r)
+
+
 _RUN_SLOTS = 64
 """slots both deltas hold are compared in place, run by run, where their runs average this many slots or more"""
+
+
+_PLAN_ROWS = 1 << 16
+"""rows of a pool gathered against a delta read in place are planned (``deltas.Plan``) this many at a time"""
+
+_RUN_FLAG_BYTES = 4 << 20
+"""the word flags of runs compared in place are reduced this many bytes at a time"""
 
 
 def _runs(at_s: torch.Tensor | None, at_r: torch.Tensor | None, n: int) -> list[tuple[int, int, int, int]] | None:
@@ -526,15 +572,35 @@ def _runs(at_s: torch.Tensor | None, at_r: torch.Tensor | None, n: int) -> list[
     return [(st, en - st, fa, fb) for st, en, fa, fb in zip(starts, ends, firsts_a, firsts_b)]
 
 
-def _differs_in_runs(a: torch.Tensor, b: torch.Tensor, runs: list[tuple[int, int, int, int]], n: int) -> torch.Tensor:
+def _differs_in_runs(a: torch.Tensor, b: torch.Tensor, runs: list[tuple[int, int, int, int]], n: int,
+                     scratch: hj.Scratch) -> torch.Tensor:
     """[layers * n] bool, layer by layer: the rows of the runs' slots differ bitwise between the delta words
     ``a`` and ``b`` [layers, slots, words], each run read in place."""
-    out = torch.empty((a.shape[0], n), dtype=torch.bool)
-    piece = max(1, (4 << 20) // max(1, a.shape[0] * a.shape[2] * a.element_size()))  # a few MiB of flags at most
+    layers, words = a.shape[0], a.shape[2]
+    out = torch.empty((layers, n), dtype=torch.bool)
+    # The runs tile 0..n in order, so their word flags are laid side by side in one buffer of a few MiB and
+    # reduced a buffer at a time: one op per run (runs are short where a delta holds many slots the other
+    # does not, and the ops' fixed costs were most of the comparison).
+    width = min(n, max(1, _RUN_FLAG_BYTES // max(1, layers * words * a.element_size())))
+    flags = scratch.get("run_flags", (layers, width, words), torch.bool)
+    base = 0
+
+    def reduce(end: int) -> None:
+        m = end - base
+        out[:, base:end] = hj.any_per_row(flags[:, :m].reshape(layers * m, words)).view(layers, m)
+
     for start, length, at_a, at_b in runs:
-        for i in range(0, length, piece):
-            m = min(piece, length - i)
-            out[:, start + i : start + i + m] = (a[:, at_a + i : at_a + i + m] != b[:, at_b + i : at_b + i + m]).any(-1)
+        i = 0
+        while i < length:
+            pos = start + i
+            if pos - base == width:
+                reduce(pos)
+                base = pos
+            m = min(length - i, base + width - pos)
+            torch.ne(a[:, at_a + i : at_a + i + m], b[:, at_b + i : at_b + i + m],
+                     out=flags[:, pos - base : pos - base + m])
+            i += m
+    reduce(n)
     return out.flatten()
 
 

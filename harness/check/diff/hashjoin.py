@@ -55,7 +55,7 @@ from dataclasses import dataclass
 import torch
 
 __all__ = [
-    "Matches", "Rows", "Scratch", "hash_hits", "line_hash", "match", "parts_differ", "row_hash", "rows_differ",
+    "Matches", "Rows", "Scratch", "any_per_row", "hash_hits", "line_hash", "match", "parts_differ", "row_hash", "rows_differ",
     "salted", "salted_blocks", "streams", "take", "words",
 ]
 
@@ -100,12 +100,60 @@ def words(rows: torch.Tensor) -> torch.Tensor:
     return flat
 
 
+class Pairs:
+    """Whether the rows at two places differ, for the pairs of places already compared in a diff: a place is
+    (the address of the tensor that holds a row, the row's index in it), [n, 2] int64, naming bytes that do
+    not change while the diff runs. Kept sorted by a hash of the pair; at most ``_PAIRS`` pairs (the first
+    ones asked), a few bytes each."""
+
+    def __init__(self) -> None:
+        self.hash = torch.empty(0, dtype=torch.int64)
+        self.keys = torch.empty((0, 4), dtype=torch.int64)
+        self.result = torch.empty(0, dtype=torch.bool)
+
+    @staticmethod
+    def _hash(keys: torch.Tensor) -> torch.Tensor:
+        # odd multipliers, wrapping: any pair may share a hash with another, which ``differ`` checks
+        return (keys * _PAIR_MIX).sum(1)
+
+    def differ(self, a: torch.Tensor, b: torch.Tensor, compare) -> torch.Tensor:
+        """[n] bool for the pairs of places ``a[i]``, ``b[i]``: known ones looked up, the others from
+        ``compare(positions)`` and kept."""
+        keys = torch.cat([a, b], 1)
+        h = self._hash(keys)
+        out = torch.empty(h.numel(), dtype=torch.bool)
+        known = torch.zeros(h.numel(), dtype=torch.bool)
+        if self.hash.numel():
+            # the first entry of each hash is checked against the whole pair: a hash two pairs share at
+            # most costs a comparison again, never a wrong answer
+            pos = torch.searchsorted(self.hash, h).clamp_(max=self.hash.numel() - 1)
+            known = (take(self.keys, pos) == keys).all(1)
+            out[known] = take(self.result, pos[known])
+        new = (~known).nonzero().flatten()
+        if new.numel():
+            out[new] = got = compare(new)
+            room = _PAIRS - self.hash.numel()
+            if room > 0:
+                add = new[:room]
+                h_all = torch.cat([self.hash, take(h, add)])
+                order = torch.sort(h_all, stable=True).indices
+                self.hash = take(h_all, order)
+                self.keys = take(torch.cat([self.keys, take(keys, add)]), order)
+                self.result = take(torch.cat([self.result, got[: add.numel()]]), order)
+        return out
+
+
+_PAIRS = 1 << 20
+_PAIR_MIX = torch.tensor([_BLOCK_SALT, 0x632BE59BD9B4E019, 0x4F1BBCDCBFA53E0B, 1], dtype=torch.int64)
+
+
 class Scratch:
     """Buffers reused for a whole diff: a fresh large tensor pays a page fault per 4 KiB on first touch,
-    which costs more than the comparison done in it."""
+    which costs more than the comparison done in it. Also the diff's ``Pairs``."""
 
     def __init__(self) -> None:
         self._buffers: dict[tuple[str, torch.dtype], torch.Tensor] = {}
+        self.pairs = Pairs()
 
     def get(self, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         """A buffer of ``shape`` named ``name``, its contents undefined."""
@@ -118,7 +166,7 @@ class Scratch:
 
 # ---- comparing rows -------------------------------------------------------------------------------------
 
-def _any_per_row(flags: torch.Tensor) -> torch.Tensor:
+def any_per_row(flags: torch.Tensor) -> torch.Tensor:
     """[n, w] bool -> [n]. ``any`` over a short last dim is slow on CPU; a sum of the flags read eight at a
     time as int64 is not, and cannot wrap to zero below 256 such words (each is at most 0x0101...01)."""
     if flags.shape[1] % 8 or flags.shape[1] // 8 > 255:
@@ -161,7 +209,7 @@ def rows_differ(
         )
         flags = scratch.get("flags", (rows, a.shape[1]), torch.bool)
         torch.ne(x, y, out=flags)
-        out[i : i + rows] = _any_per_row(flags)
+        out[i : i + rows] = any_per_row(flags)
     return out
 
 
@@ -173,7 +221,18 @@ def _select(t: torch.Tensor, index: torch.Tensor, out: torch.Tensor) -> torch.Te
 
 def parts_differ(a: Parts, a_rows: torch.Tensor, b: Parts, b_rows: torch.Tensor, *, scratch: Scratch) -> torch.Tensor:
     """[n] bool: some part of row ``a_rows[i]`` of ``a`` differs from row ``b_rows[i]`` of ``b`` (a part is
-    read only where the parts before it are equal)."""
+    read only where the parts before it are equal).
+
+    Tables whose first part names where each row's bytes lie (``places``, as ``deltas.DeltaRows`` does:
+    bytes that never change while a diff runs) have their answers kept in ``scratch``, per pair of places:
+    a later step asking about the same pair of rows reads neither."""
+    if hasattr(a[0], "places") and hasattr(b[0], "places") and a_rows.numel():
+        return scratch.pairs.differ(a[0].places(a_rows), b[0].places(b_rows),
+                                    lambda at: _parts_differ(a, a_rows[at], b, b_rows[at], scratch=scratch))
+    return _parts_differ(a, a_rows, b, b_rows, scratch=scratch)
+
+
+def _parts_differ(a: Parts, a_rows: torch.Tensor, b: Parts, b_rows: torch.Tensor, *, scratch: Scratch) -> torch.Tensor:
     out = rows_differ(a[0], b[0], a_rows, b_rows, scratch=scratch)
     for x, y in zip(a[1:], b[1:]):
         same = (~out).nonzero().flatten()

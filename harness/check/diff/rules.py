@@ -138,7 +138,16 @@ class BadRows:
             # equal hashes prove nothing: their bytes decide
             check = (~changed).nonzero().flatten()
             if check.numel():
-                changed[check] = hj.parts_differ(self.prev, rows[check], self.sub, rows[check], scratch=self.scratch)
+                r = rows[check]
+                # rows read from the same bytes at both steps (a large pool's deltas, ``deltas.DeltaRows``)
+                # are unchanged without reading them
+                place = getattr(self.prev[0], "same_place", None)
+                if place is not None:
+                    same = place(self.sub[0], r) & self.prev[1].same_place(self.sub[1], r)
+                    changed[check[same]] = False
+                    check, r = check[~same], r[~same]
+                if check.numel():
+                    changed[check] = hj.parts_differ(self.prev, r, self.sub, r, scratch=self.scratch)
             self._changed[need] = changed
             self._known[need] = True
         return hj.take(self._changed, at)
