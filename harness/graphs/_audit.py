@@ -46,10 +46,11 @@ import dataclasses
 import enum
 import keyword
 import types
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from operator import attrgetter, itemgetter
-from typing import Any
+from typing import Any, Union
 
 import torch
 
@@ -340,8 +341,38 @@ def _base_of(candidates: list[tuple[str, _Found]], t: torch.Tensor) -> tuple[str
 # ---------------------------------------------------------------- the watch
 
 
+class _Held:
+    """A root that takes no weak reference (a dict, a class with ``__slots__``): held, as the program holds it."""
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj: object) -> None:
+        self.obj = obj
+
+    def __call__(self) -> object:
+        return self.obj
+
+
+_RootRef = Union["weakref.ref[Any]", _Held]
+
+
+def _root_ref(root: object) -> _RootRef:
+    """How the watch reaches a root: weakly where it can.
+
+    The program holds its graphs (a runner's ``graphs``) and the graph's watch holds the roots it resolves
+    paths from (the runner): a strong reference would tie the two into a cycle that only the cyclic
+    collector frees, and with them everything the graph holds. A CUDA graph keeps no Python object alive
+    either. A root the program dropped is one it can no longer rebind anything under: its paths report
+    nothing.
+    """
+    try:
+        return weakref.ref(root)
+    except TypeError:
+        return _Held(root)
+
+
 def _compile_watch(
-    leaves: list[tuple[object, tuple[Step, ...], torch.Tensor]],
+    leaves: list[tuple[_RootRef, tuple[Step, ...], torch.Tensor]],
     tensors: list[torch.Tensor],
     layouts: list[_Layout],
     tracked: list[bool],
@@ -359,6 +390,7 @@ def _compile_watch(
     reference, in place); the tensors whose data pointer, size or stride may differ from capture.
     """
     names: dict[str, Any] = {"V": versions}
+    roots: list[str] = []
     walk: list[str] = []
     nodes: dict[tuple[int, tuple[Step, ...]], str] = {}
     ends: list[str] = []
@@ -366,7 +398,8 @@ def _compile_watch(
         var = nodes.get((id(root), ()))
         if var is None:
             var = f"r{len(names)}"
-            names[var] = root
+            names[f"{var}w"] = root
+            roots.append(f"        {var} = {var}w()")
             nodes[(id(root), ())] = var
         for depth in range(1, len(steps) + 1):
             prefix = steps[:depth]
@@ -409,7 +442,7 @@ def _compile_watch(
         f"t{k}._version == V[{k}] and t{k}.data_ptr() == p{k}" if ok else "False" for k, ok in enumerate(tracked)
     ) or "True"
     lines = [
-        "def probe():", "    stale = ()", "    try:", "        pass", *walk, "    except Exception:", "        stale = None",
+        "def probe():", "    stale = ()", "    try:", "        pass", *roots, *walk, "    except Exception:", "        stale = None",
         "    else:", f"        if {same}:",
         f"            if {unchanged}:", "                return None",  # the fast path: nothing moved
         "        else:", "            stale = []",
@@ -422,16 +455,18 @@ def _compile_watch(
         code = _CODE[source] = compile(source, "<graph input watch>", "exec")
     scope: dict[str, Any] = dict(names)
     exec(code, scope)  # noqa: S102 - generated from walked attribute names, keys via repr
-    return scope["probe"]
+    return scope.pop("probe")  # not left in its own globals: a cycle only the cyclic collector frees
 
 
 _CODE: dict[str, Any] = {}
 
 
-def _walk_plan(leaves: list[tuple[object, tuple[Step, ...], torch.Tensor]]
-               ) -> tuple[list[object], list[tuple[int, int, Callable[[Any], Any]]], list[int]]:
-    """``_compile_watch``'s walk as data: the roots, then per path node (in the generated function's order, each
-    prefix once) its slot, its parent's slot and its getter; and the slot each leaf ends at."""
+def _walk_plan(leaves: list[tuple[_RootRef, tuple[Step, ...], torch.Tensor]]
+               ) -> tuple[list[tuple[int, _RootRef]], int, list[tuple[int, int, Callable[[Any], Any]]], list[int]]:
+    """``_compile_watch``'s walk as data: each root's slot and reference, the number of slots, then per path
+    node (in the generated function's order, each prefix once) its slot, its parent's slot and its getter; and
+    the slot each leaf ends at."""
+    roots: list[tuple[int, _RootRef]] = []
     values: list[object] = []
     nodes: dict[tuple[int, tuple[Step, ...]], int] = {}
     walk: list[tuple[int, int, Callable[[Any], Any]]] = []
@@ -440,7 +475,8 @@ def _walk_plan(leaves: list[tuple[object, tuple[Step, ...], torch.Tensor]]
         at = nodes.get((id(root), ()))
         if at is None:
             at = nodes[(id(root), ())] = len(values)
-            values.append(root)
+            roots.append((at, root))
+            values.append(None)
         for depth in range(1, len(steps) + 1):
             prefix = steps[:depth]
             child = nodes.get((id(root), prefix))
@@ -450,11 +486,11 @@ def _walk_plan(leaves: list[tuple[object, tuple[Step, ...], torch.Tensor]]
                 walk.append((child, at, _getter(prefix[-1])))
             at = child
         ends.append(at)
-    return values, walk, ends
+    return roots, len(values), walk, ends
 
 
 def _listed_watch(
-    leaves: list[tuple[object, tuple[Step, ...], torch.Tensor]],
+    leaves: list[tuple[_RootRef, tuple[Step, ...], torch.Tensor]],
     tensors: list[torch.Tensor],
     layouts: list[_Layout],
     tracked: list[bool],
@@ -463,13 +499,15 @@ def _listed_watch(
 ) -> Callable[[], tuple[tuple[int, ...] | list[int] | None, list[int], list[int]] | None]:
     """``_compile_watch``'s probe as loops over lists: the same reads in the same order and the same answers,
     without the cost of compiling its source (``StaleWatch`` uses it for a graph's first replays)."""
-    values, walk, ends = _walk_plan(leaves)
+    roots, slots, walk, ends = _walk_plan(leaves)
     held = [h for _, _, h in leaves]
     checks = list(zip(range(len(tensors)), tensors, layouts, tracked, ptrs))
 
     def probe() -> tuple[tuple[int, ...] | list[int] | None, list[int], list[int]] | None:
         stale: tuple[int, ...] | list[int] | None = ()
-        now = list(values)
+        now: list[Any] = [None] * slots
+        for at, ref in roots:
+            now[at] = ref()
         try:
             for child, parent, get in walk:
                 now[child] = get(now[parent])
@@ -506,7 +544,7 @@ _MISSING = object()
 @dataclasses.dataclass(slots=True)
 class _Leaf:
     path: str  # the input's path (the base's path plus the slice for a view)
-    root: object
+    root: _RootRef  # the object the path starts from (``_root_ref``)
     steps: tuple[Step, ...]
     getters: tuple[Callable[[Any], Any], ...]
     held: torch.Tensor  # what the path held at capture
@@ -601,7 +639,9 @@ class StaleWatch:
         out = []
         for n in indices:
             leaf = self._leaves[n]
-            obj: Any = leaf.root
+            obj: Any = leaf.root()
+            if obj is None:  # the program dropped the root: nothing can rebind what its path reached
+                continue
             try:
                 for get in leaf.getters:
                     obj = get(obj)
@@ -654,6 +694,13 @@ def build_audit(
     watched: dict[int, int] = {}
     tensors: list[torch.Tensor] = []
     layouts: list[_Layout] = []
+    refs: dict[int, _RootRef] = {}  # one per root: the watch groups paths by their root
+
+    def root_ref(root: object) -> _RootRef:
+        found = refs.get(id(root))
+        if found is None:
+            found = refs[id(root)] = _root_ref(root)
+        return found
 
     def watch(t: torch.Tensor, path: str) -> int:
         index = watched.get(id(t))
@@ -681,7 +728,7 @@ def build_audit(
         if found is not None and path is not None:
             f = found[1]
             held_index = watch(f.held, found[0])
-            leaves.append(_Leaf(path, f.root, f.steps, tuple(_getter(s) for s in f.steps), f.held, describe(t), held_index))
+            leaves.append(_Leaf(path, root_ref(f.root), f.steps, tuple(_getter(s) for s in f.steps), f.held, describe(t), held_index))
         # A view held under its own name (pool.swa_loc) may also be a slice of a buffer another attribute owns
         # (runner.out_cache_loc_swa): watch that owner too, so rebinding the buffer is named where it happens.
         others = [h for h in by_storage.get(key, []) if found is not None and h[1].held is not found[1].held]
@@ -689,7 +736,7 @@ def build_audit(
         if base is not None:
             b = base[1]
             base_path = base[0] + _index_text(b.held, t)
-            leaves.append(_Leaf(base_path, b.root, b.steps, tuple(_getter(s) for s in b.steps), b.held, describe(t),
+            leaves.append(_Leaf(base_path, root_ref(b.root), b.steps, tuple(_getter(s) for s in b.steps), b.held, describe(t),
                                 watch(b.held, base[0])))
     audit = InputAudit(inputs=tuple(entries), notes=tuple(notes), rerun_ops=tuple(rerun_ops))
     return audit, StaleWatch(leaves, tensors, layouts)

@@ -497,7 +497,7 @@ def _listed(ops: tuple[_Call, ...]) -> Callable[[], None]:
     loop compiled once, named and placed as ``_flat``'s function)."""
     scope: dict[str, Any] = {"OPS": ops, "AT_LINE": _at_line}
     exec(_LISTED, scope)  # noqa: S102 - a fixed loop over the calls bound at capture
-    return scope["run"]
+    return scope.pop("run")  # not left in its own globals: a cycle only the cyclic collector frees
 
 
 class _Plan:
@@ -552,7 +552,7 @@ def _flat(ops: tuple[_Call, ...]) -> Callable[[], None]:
     if code is None:
         code = _FLAT_CODE[source] = compile(source, "<tape replay>", "exec")
     exec(code, scope)  # noqa: S102 - generated from positions and schema argument names
-    return scope["run"]
+    return scope.pop("run")  # as ``_listed``: the tape dies with its graph, by reference counting
 
 
 

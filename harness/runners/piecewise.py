@@ -16,7 +16,8 @@ batch's SWA locations are where two more replay bugs lived: left at the bucket's
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Collection
+import weakref
+from collections.abc import Callable, Collection
 
 import torch
 
@@ -59,6 +60,7 @@ class PiecewisePrefillRunner(GraphRunner):
         self._hidden_width = self.model.spec.num_heads * self.model.spec.head_dim
         self._batch: ForwardBatch | None = None
         self._num_real = 0
+        self._island = _weak_method(self._attention)
         for bucket in reversed(self.buckets):
             self._capture(bucket)
 
@@ -134,7 +136,7 @@ class PiecewisePrefillRunner(GraphRunner):
         produced: list[torch.Tensor] = []
 
         def forward() -> torch.Tensor:
-            out = model.forward(ids, pos, lambda layer_id, q, k, v: eager_island(self._attention, layer_id, q, k, v))
+            out = model.forward(ids, pos, lambda layer_id, q, k, v: eager_island(self._island, layer_id, q, k, v))
             produced.append(out)
             return out
 
@@ -168,3 +170,23 @@ class PiecewisePrefillRunner(GraphRunner):
             self.pool.invalidate_translate_cache()
         self.backend.init_forward_metadata(self._batch)
         return self._replay(bucket, n)
+
+
+def _weak_method(method: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """``method`` of a runner, called through a weak reference to the runner, named as the method.
+
+    The runner holds its graphs and each graph holds its island: through the bound method the two would form
+    a cycle that only the cyclic collector frees, and every tape with it. The runner outlives its graphs'
+    replays (they replay from its ``forward``).
+    """
+    ref = weakref.WeakMethod(method)  # type: ignore[arg-type]
+    name = method.__qualname__  # the name only: the closure holds no reference to the runner
+
+    def island(*args: torch.Tensor) -> torch.Tensor:
+        bound = ref()
+        if bound is None:
+            raise RuntimeError(f"{name}: its runner is gone; the graph cannot replay without it")
+        return bound(*args)
+
+    island.__name__, island.__qualname__, island.__doc__ = method.__name__, name, method.__doc__
+    return island

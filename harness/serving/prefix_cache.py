@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import weakref
 from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -84,6 +85,13 @@ class Match:
     """tokens behind ``_end`` whose SWA slots the lock holds"""
 
 
+def _weakly(stack: SlotOwner) -> SlotOwner:
+    try:
+        return weakref.proxy(stack)  # type: ignore[return-value]
+    except TypeError:  # a stack that takes no weak reference is held
+        return stack
+
+
 class SWARadixCache:
     """Radix tree of cached prompts, keyed by page, holding full slots with SWA tombstones. A key is any
     sequence of hashable entries, one per cached position: tokens, or EAGLE's pairs of adjacent tokens."""
@@ -91,7 +99,9 @@ class SWARadixCache:
     component = Component.PREFIX_CACHE
 
     def __init__(self, stack: SlotOwner, *, window: int, page_size: int = 1, faults: Collection[str] = ()) -> None:
-        self.stack = stack
+        # the stack holds this cache too (``ServingStack.hold_prefix_cache``): a weak reference back keeps the
+        # two out of a cycle, which only the cyclic collector would free, and everything the stack reaches with it
+        self.stack: SlotOwner = _weakly(stack)
         self.window = window
         """keys a query reads, its own included: a match needs ``window - 1`` live SWA tokens before its end"""
         self.page_size = page_size

@@ -7,6 +7,8 @@ target) is no input.  Module-level state of the code under test (``module_roots`
 
 from __future__ import annotations
 
+import gc
+import weakref
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
@@ -321,3 +323,59 @@ def test_module_roots_name_the_defining_modules_of_functions_classes_and_instanc
     engine = tape.TapeEngine()
     assert list(module_roots(_reads_module_state, engine, tape.TapeGraph)) == [__name__]  # graph machinery is never walked
     assert list(module_roots(SimpleNamespace(), torch.nn.Linear(2, 2), print)) == []  # nor stdlib, torch or builtins
+
+
+class _Runner:
+    """A runner as serving engines write one: it holds its buffers and the graph captured over them."""
+
+    def __init__(self, device: str) -> None:
+        self.loc = torch.arange(4, device=device)
+        self.graph = None
+
+
+def _replays_until_compiled(g, n: int = 12) -> None:
+    # past the tape's and the watch's COMPILE_AFTER: the generated replay and probe are built and run too
+    for _ in range(n):
+        assert g.replay() == ()
+
+
+def test_a_runner_holding_its_graph_dies_by_reference_counting_alone(engine):
+    name, device = engine
+    runner = _Runner(device)
+    runner.graph = capture(lambda: runner.loc * 2, roots={"runner": runner}, engine=name)
+    _replays_until_compiled(runner.graph)
+    died = weakref.ref(runner)
+    enabled = gc.isenabled()
+    gc.disable()  # nothing but reference counting frees the runner, its graph and the graph's tape
+    try:
+        del runner
+        assert died() is None
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def test_a_root_without_weak_references_is_held_and_its_paths_still_watched(engine):
+    name, device = engine
+    state = {"table": torch.zeros(3, device=device)}  # a dict takes no weak reference
+    g = capture(lambda: state["table"] + 1, roots={"state": state}, engine=name)
+    _replays_until_compiled(g)
+    state["table"] = torch.ones(3, device=device)
+    (stale,) = g.replay()
+    assert (stale.path, stale.kind, stale.benign) == ("state[table]", "rebound", False)
+
+
+def test_a_graph_replayed_after_its_root_is_gone_reports_nothing_of_the_root_and_still_watches_memory(engine):
+    name, device = engine
+    runner = _Runner(device)
+    loc = runner.loc
+    g = capture(lambda: loc * 2, roots={"runner": runner}, engine=name)
+    _replays_until_compiled(g, 3)
+    del runner  # nobody can rebind anything under it any more: the graph reads what it captured
+    for _ in range(10):  # the listed probe, then the compiled one
+        assert g.replay() == ()
+    sync(device)
+    assert g.outputs[0].tolist() == [0, 2, 4, 6]
+    loc.data = torch.zeros(4, dtype=torch.int64, device=device)  # the captured tensor itself re-pointed
+    (stale,) = g.replay()
+    assert stale.kind == "memory"

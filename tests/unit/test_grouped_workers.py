@@ -111,3 +111,27 @@ def test_a_task_that_kills_its_parent_kills_only_its_guard_and_the_group_goes_on
     assert results[3] == WorkerDied("worker died (signal 6)")  # the guard dies as its task did
     assert [r.split()[0] for r in results if isinstance(r, str)] == ["a", "b", "c"]
     assert all(int(r.split()[-1]) != os.getpid() for r in results if isinstance(r, str))
+
+
+class _Cycle:
+    def __init__(self) -> None:
+        self.me = self
+
+
+_cycles: list = []
+
+
+def _collector_task(what: str) -> tuple[bool, bool | None]:
+    """The collector's state in a task, and whether the previous task's cyclic garbage was freed before it."""
+    import gc
+    import weakref
+
+    freed = _cycles[-1]() is None if _cycles else None
+    if what == "cycle":
+        _cycles.append(weakref.ref(_Cycle()))  # garbage at once, but only the cyclic collector frees it
+    return gc.isenabled(), freed
+
+
+def test_a_task_runs_without_the_cyclic_collector_and_its_cyclic_garbage_is_freed_before_the_next():
+    results = run_grouped(_collector_task, ["cycle", "look"], [[0, 1]], jobs=1, timeout_s=lambda _: 30.0)
+    assert results == [(False, None), (False, True)]
