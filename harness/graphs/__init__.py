@@ -24,6 +24,7 @@ from .engine import (
     StaleInput,
     eager_island,
     module_roots,
+    weakly_bound,
 )
 from .registry import get_engine
 
@@ -38,4 +39,5 @@ __all__ = [
     "eager_island",
     "get_engine",
     "module_roots",
+    "weakly_bound",
 ]

@@ -10,6 +10,7 @@ engines themselves live in :mod:`harness.graphs.tape` and
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Iterable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
@@ -179,3 +180,23 @@ def eager_island(
     if host is None:
         return fn(*args, **kwargs)
     return host.run_island(fn, args, kwargs)
+
+
+def weakly_bound(method: Callable[..., Any]) -> Callable[..., Any]:
+    """``method``, called through a weak reference to its object, and named as the method.
+
+    For an island whose object holds the graphs it is captured into (a runner's attention): bound strongly,
+    the object, its graphs and their islands form a reference cycle that only the cyclic collector frees, and
+    every tape with it. The object must outlive the graph's replays (a runner replays from its own methods).
+    """
+    ref = weakref.WeakMethod(method)  # type: ignore[arg-type]
+    name = method.__qualname__  # the name only: the closure holds nothing of the object
+
+    def island(*args: Any, **kwargs: Any) -> Any:
+        bound = ref()
+        if bound is None:
+            raise RuntimeError(f"{name}: its object is gone; a graph cannot replay an island without it")
+        return bound(*args, **kwargs)
+
+    island.__name__, island.__qualname__, island.__doc__ = method.__name__, name, method.__doc__
+    return island

@@ -16,12 +16,11 @@ batch's SWA locations are where two more replay bugs lived: left at the bucket's
 from __future__ import annotations
 
 import dataclasses
-import weakref
-from collections.abc import Callable, Collection
+from collections.abc import Collection
 
 import torch
 
-from ..graphs.engine import GraphEngine, eager_island, module_roots
+from ..graphs.engine import GraphEngine, eager_island, module_roots, weakly_bound
 from ..graphs.registry import get_engine
 from ..runspec import RunSpec
 from ..serving.batch import ForwardBatch, ForwardMode, make_forward_batch
@@ -60,7 +59,8 @@ class PiecewisePrefillRunner(GraphRunner):
         self._hidden_width = self.model.spec.num_heads * self.model.spec.head_dim
         self._batch: ForwardBatch | None = None
         self._num_real = 0
-        self._island = _weak_method(self._attention)
+        # the runner holds its graphs and each graph its island: bound weakly, they form no reference cycle
+        self._island = weakly_bound(self._attention)
         for bucket in reversed(self.buckets):
             self._capture(bucket)
 
@@ -171,22 +171,3 @@ class PiecewisePrefillRunner(GraphRunner):
         self.backend.init_forward_metadata(self._batch)
         return self._replay(bucket, n)
 
-
-def _weak_method(method: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
-    """``method`` of a runner, called through a weak reference to the runner, named as the method.
-
-    The runner holds its graphs and each graph holds its island: through the bound method the two would form
-    a cycle that only the cyclic collector frees, and every tape with it. The runner outlives its graphs'
-    replays (they replay from its ``forward``).
-    """
-    ref = weakref.WeakMethod(method)  # type: ignore[arg-type]
-    name = method.__qualname__  # the name only: the closure holds no reference to the runner
-
-    def island(*args: torch.Tensor) -> torch.Tensor:
-        bound = ref()
-        if bound is None:
-            raise RuntimeError(f"{name}: its runner is gone; the graph cannot replay without it")
-        return bound(*args)
-
-    island.__name__, island.__qualname__, island.__doc__ = method.__name__, name, method.__doc__
-    return island

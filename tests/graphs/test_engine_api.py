@@ -63,3 +63,41 @@ def test_captures_do_not_nest():
 def test_cuda_engine_without_cuda_says_so():
     with pytest.raises(RuntimeError, match="CUDA device"):
         get_engine("cuda").capture(lambda: None, label="x", roots={}, static_inputs=[])
+
+
+class _IslandOwner:
+    """Holds the graph its island is captured into, as a piecewise runner does."""
+
+    def __init__(self) -> None:
+        self.scale = torch.tensor(2.0)
+        self.x = torch.arange(3.0)
+        self.graph = None
+
+    def attend(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.scale
+
+
+def test_a_weakly_bound_island_replays_keeps_its_name_and_no_cycle_holds_its_owner():
+    import gc
+    import weakref
+
+    from harness.graphs import eager_island, weakly_bound
+
+    owner = _IslandOwner()
+    island = weakly_bound(owner.attend)
+    assert island.__qualname__ == "_IslandOwner.attend"
+    owner.graph = capture(lambda: eager_island(island, owner.x) + 1, islands=True)
+    owner.scale.fill_(3.0)  # the island is Python again at every replay: it reads the new scale
+    owner.graph.replay()
+    assert owner.graph.outputs[0].tolist() == [1.0, 4.0, 7.0]
+    graph, died = owner.graph, weakref.ref(owner)
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        del owner
+        assert died() is None  # reference counting alone freed it: the graph's island holds it weakly
+    finally:
+        if enabled:
+            gc.enable()
+    with pytest.raises(RuntimeError, match="_IslandOwner.attend: its object is gone"):
+        graph.replay()
