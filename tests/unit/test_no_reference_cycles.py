@@ -22,11 +22,12 @@ SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
 _ALLOWED = {"harness.serving.prefix_cache._Node"}
 
 
+# ids without the scenarios' names: ``-k swa_prefill`` selects scenario items only (tests/plugin/test_front_door.py)
 @pytest.mark.parametrize(("scenario", "mode"), [
-    ("swa_prefill_all_swa", "full"),
-    ("swa_prefill_all_swa", "piecewise"),
-    ("swa_prefix_multi_turn", "full"),
-    ("swa_prefix_multi_turn", "piecewise"),
+    pytest.param("swa_prefill_all_swa", "full", id="prefill-full"),
+    pytest.param("swa_prefill_all_swa", "piecewise", id="prefill-piecewise"),
+    pytest.param("swa_prefix_multi_turn", "full", id="radix-full"),
+    pytest.param("swa_prefix_multi_turn", "piecewise", id="radix-piecewise"),
 ])
 def test_a_run_leaves_no_cyclic_garbage_of_the_harness(scenario, mode):
     spec = load_scenario(SCENARIOS / f"{scenario}.toml")
