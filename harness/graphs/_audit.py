@@ -467,26 +467,23 @@ def _walk_plan(leaves: list[tuple[_RootRef, tuple[Step, ...], torch.Tensor]]
     node (in the generated function's order, each prefix once) its slot, its parent's slot and its getter; and
     the slot each leaf ends at."""
     roots: list[tuple[int, _RootRef]] = []
-    values: list[object] = []
-    nodes: dict[tuple[int, tuple[Step, ...]], int] = {}
+    nodes: dict[tuple[int, tuple[Step, ...]], int] = {}  # each node's slot: the order it was met in
     walk: list[tuple[int, int, Callable[[Any], Any]]] = []
     ends: list[int] = []
     for root, steps, _ in leaves:
         at = nodes.get((id(root), ()))
         if at is None:
-            at = nodes[(id(root), ())] = len(values)
+            at = nodes[(id(root), ())] = len(nodes)
             roots.append((at, root))
-            values.append(None)
         for depth in range(1, len(steps) + 1):
             prefix = steps[:depth]
             child = nodes.get((id(root), prefix))
             if child is None:
-                child = nodes[(id(root), prefix)] = len(values)
-                values.append(None)
+                child = nodes[(id(root), prefix)] = len(nodes)
                 walk.append((child, at, _getter(prefix[-1])))
             at = child
         ends.append(at)
-    return roots, len(values), walk, ends
+    return roots, len(nodes), walk, ends
 
 
 def _listed_watch(

@@ -170,4 +170,3 @@ class PiecewisePrefillRunner(GraphRunner):
             self.pool.invalidate_translate_cache()
         self.backend.init_forward_metadata(self._batch)
         return self._replay(bucket, n)
-
