@@ -105,8 +105,14 @@ def test_the_workers_of_a_controller_killed_with_sigkill_end_with_it(tmp_path, w
     proc = _start(tmp_path, write_scenario)
     try:
         _read_until(proc, f"PASSED scenarios/{HANG}.toml::{HANG}[translate")  # its worker is in the hang now
-        workers = _children(proc.pid)
-        below = [pid for w in workers for pid in _children(w)]  # the runs' processes
+        # the controller prints the verdict before the worker has forked the next run: wait for that fork
+        deadline = time.monotonic() + 60
+        while True:
+            workers = _children(proc.pid)
+            below = [pid for w in workers for pid in _children(w)]  # the runs' processes
+            if (len(workers) == 2 and below) or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
         assert len(workers) == 2 and below, (workers, below)
         os.kill(proc.pid, signal.SIGKILL)
         deadline = time.monotonic() + 30
