@@ -20,6 +20,35 @@ INFORMATION = "information"
 """``check.matrix.expect.INFORMATION`` (not imported: the views need nothing of the checking): the expectation of
 an added design's run under a fault scenario's faults by default; whatever it gives is as expected"""
 
+_ATOMS = frozenset({str, int, float, bool, type(None)})
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def plain(obj: Any) -> Any:
+    """``dataclasses.asdict`` of a view, field for field: a results file holds millions of values, and
+    ``asdict`` asks ``fields()`` of every object and deep-copies every string and number (immutable, so
+    handed on here as they are), which made it most of the time a report took to write."""
+    cls = type(obj)
+    if cls in _ATOMS:
+        return obj
+    names = _FIELD_NAMES.get(cls)
+    if names is None and dataclasses.is_dataclass(cls):
+        names = _FIELD_NAMES[cls] = tuple(f.name for f in dataclasses.fields(cls))
+    # atoms are handed on without a call: they are most of the values
+    if names is not None:
+        return {name: v if type(v := getattr(obj, name)) in _ATOMS else plain(v) for name in names}
+    if cls is list or cls is tuple:
+        return cls([v if type(v) in _ATOMS else plain(v) for v in obj])
+    if cls is dict:
+        return {plain(k): v if type(v) in _ATOMS else plain(v) for k, v in obj.items()}
+    return dataclasses.asdict(_Boxed(obj))["value"]  # anything else exactly as asdict would give it
+
+
+@dataclass(frozen=True, slots=True)
+class _Boxed:
+    value: Any
+
+
 RECORD_VERSION = 1
 """schema version of a JSON record; bumped when a field changes meaning or goes away"""
 
@@ -256,7 +285,7 @@ class CaseView:
         Records are deterministic: the same inputs give equal records. ``timing`` adds the run's duration,
         for carrying a view between processes (pytest-xdist), never for results files.
         """
-        record = dataclasses.asdict(self)
+        record = plain(self)
         if not timing:
             del record["duration_s"]
         record["version"] = RECORD_VERSION
