@@ -18,8 +18,12 @@ from .views import CaseView, ErrorView, FindingView, GraphView, MismatchView, Ta
 
 def printable(text: object, *, keep_newlines: bool = False) -> str:
     """``text`` with every non-printable character escaped (``\\x1b``, ``\\n``, ``\\u2028``)."""
+    text = str(text)
+    # nearly every string is printable whole: one check in C instead of one per character
+    if text.isprintable() or (keep_newlines and text.replace("\n", "").isprintable()):
+        return text
     out = []
-    for ch in str(text):
+    for ch in text:
         if ch.isprintable() or (keep_newlines and ch == "\n"):
             out.append(ch)
         else:
