@@ -23,14 +23,15 @@ from pathlib import Path
 from typing import Any
 
 import jinja2
-from markupsafe import Markup
+from markupsafe import Markup, escape
 
+from .figures import Figure
 from .files import PAGES_DIR, ReportFolder
 from .matrix import results_csv
 from .pages import VERDICTS, IndexPage, index_page
 from .paths import page_names
 from .records import environment as current_environment
-from .records import results_document
+from .records import document_text, results_document
 from .scenario_page import ScenarioPage, run_anchors, scenario_page
 from .text import printable
 from .views import CaseView
@@ -61,6 +62,42 @@ def _finalize(value: Any) -> Any:
     return printable(value, keep_newlines=True)
 
 
+def _attr(value: Any) -> str:
+    """One ``{{ value }}`` of a template: finalized, then escaped (numbers print as themselves)."""
+    if type(value) in _NUMBERS:
+        return str(value)
+    return str(escape(_finalize(value)))
+
+
+_NUMBERS = frozenset({int, float, bool})
+
+
+def svg_figure(f: Figure) -> Markup:
+    """A figure as inline SVG, every value finalized and escaped as a template's are. Written here rather than as
+    a template macro: the library's pages hold hundreds of thousands of shapes, and a macro cost twenty template
+    expressions per shape (a third of the time a report took to write)."""
+    a = _attr
+    out = [f'<svg class="fig fig-{a(f.name)}" data-figure="{a(f.name)}" role="img" aria-label="{a(f.label)}" '
+           f'width="{a(f.width)}" height="{a(f.height)}" viewBox="0 0 {a(f.width)} {a(f.height)}" '
+           'xmlns="http://www.w3.org/2000/svg">\n']
+    for s in f.shapes:
+        title = f"<title>{a(s.title)}</title>" if s.title else ""
+        dash = f' stroke-dasharray="{a(s.dash)}"' if s.dash else ""
+        if s.kind == "rect":
+            stroke = f' stroke="{a(s.stroke)}" stroke-width="{a(s.stroke_width)}"' if s.stroke else ""
+            data = "".join(f' data-{a(k)}="{a(v)}"' for k, v in s.data)
+            out.append(f'<rect x="{a(s.x)}" y="{a(s.y)}" width="{a(s.w)}" height="{a(s.h)}" rx="{a(s.rx)}" '
+                       f'fill="{a(s.fill)}"{stroke}{dash}{data}>{title}</rect>\n')
+        elif s.kind == "line":
+            out.append(f'<line x1="{a(s.x)}" y1="{a(s.y)}" x2="{a(s.x + s.w)}" y2="{a(s.y + s.h)}" '
+                       f'stroke="{a(s.stroke)}" stroke-width="{a(s.stroke_width)}"{dash}/>\n')
+        else:
+            out.append(f'<text x="{a(s.x)}" y="{a(s.y)}" text-anchor="{a(s.anchor)}" font-size="{a(s.size)}" '
+                       f'font-weight="{a(s.weight)}" fill="{a(s.fill)}">{title}{a(s.text)}</text>\n')
+    out.append("</svg>")
+    return Markup("".join(out))
+
+
 def _asset(name: str) -> str:
     return (resources.files(__package__) / "static" / name).read_text(encoding="utf-8")
 
@@ -82,6 +119,7 @@ def _environment() -> jinja2.Environment:
         script_hash="'sha256-" + base64.b64encode(hashlib.sha256(script.encode("utf-8")).digest()).decode() + "'",
     )
     env.filters["json_script"] = json_for_script
+    env.filters["svg"] = svg_figure
     return env
 
 
@@ -137,7 +175,7 @@ def write_report(
             page = scenario_page(group, index_href="../index.html", anchors=anchors)
             folder.write(pages[key], render_scenario(page))
         doc = document if document is not None else results_document(views, complete=complete, duration_s=duration_s)
-        folder.write("results.json", json.dumps(doc, indent=1) + "\n")
+        folder.write("results.json", document_text(doc))
         folder.write("results.csv", results_csv(views))
         for name, text in (extra or {}).items():
             folder.write(name, text)
