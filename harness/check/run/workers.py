@@ -36,7 +36,6 @@ import hashlib
 import io
 import multiprocessing
 import os
-import pickle
 import signal
 import sys
 import time
@@ -47,6 +46,8 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any, TypeVar
+
+from . import wire
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -224,11 +225,9 @@ def _child(conn: Connection, out: tuple[int, int], parent: int, fn: Callable[[An
         except BaseException as exc:  # noqa: BLE001 - whatever escapes the task is reported, never lost
             payload = ("raised", f"{type(exc).__name__}: {exc}")
         try:
-            # the plain pickler copies tensors; multiprocessing's would send shared-memory handles that die
-            # with this process
-            data = pickle.dumps(payload)
+            data = wire.dumps(payload)
         except Exception as exc:  # noqa: BLE001 - an unpicklable result is still an answer
-            data = pickle.dumps(("raised", f"the result could not be sent back: {type(exc).__name__}: {exc}"))
+            data = wire.dumps(("raised", f"the result could not be sent back: {type(exc).__name__}: {exc}"))
         for stream in (sys.stdout, sys.stderr):
             try:
                 # the task's own output (the parent flushed its buffers before forking), in the pipe before
@@ -389,7 +388,7 @@ def _death(proc: Any) -> WorkerDied:
 def _answer(run: _Running) -> tuple[Any, bool]:
     """The running task's result, and whether the child is gone (it died, or its group is done)."""
     try:
-        kind, value = pickle.loads(run.conn.recv_bytes())
+        kind, value = wire.loads(run.conn.recv_bytes())
     except (EOFError, OSError):
         # the task's process is gone; its guard dies the same way a moment later: wait for it, so that the
         # group's kill does not become the death the caller reports
