@@ -16,6 +16,7 @@ import base64
 import datetime as dt
 import hashlib
 import json
+import re
 from collections.abc import Mapping, Sequence
 from functools import lru_cache
 from importlib import resources
@@ -32,7 +33,7 @@ from .pages import VERDICTS, IndexPage, index_page
 from .paths import page_names
 from .records import environment as current_environment
 from .records import document_text, results_document
-from .scenario_page import ScenarioPage, run_anchors, scenario_page
+from .scenario_page import BadRow, ScenarioPage, run_anchors, scenario_page
 from .text import printable
 from .views import CaseView
 
@@ -64,12 +65,18 @@ def _finalize(value: Any) -> Any:
 
 def _attr(value: Any) -> str:
     """One ``{{ value }}`` of a template: finalized, then escaped (numbers print as themselves)."""
-    if type(value) in _NUMBERS:
+    kind = type(value)
+    if kind in _NUMBERS:
         return str(value)
+    # most values are names and labels that neither finalizing nor escaping changes
+    if kind is str and value.isprintable() and _ESCAPED.search(value) is None:
+        return value
     return str(escape(_finalize(value)))
 
 
 _NUMBERS = frozenset({int, float, bool})
+_ESCAPED = re.compile("[&<>\"']")
+"""the characters ``markupsafe.escape`` replaces"""
 
 
 def svg_figure(f: Figure) -> Markup:
@@ -98,6 +105,19 @@ def svg_figure(f: Figure) -> Markup:
     return Markup("".join(out))
 
 
+def bad_rows(rows: Sequence[BadRow]) -> Markup:
+    """The rows of a run's bad-slots table, written here for the reason ``svg_figure`` is: a run can list
+    thousands of slots, and each row cost ten template expressions. Rows after the first are indented as the
+    template's line that holds them is."""
+    a = _attr
+    return Markup("\n    ".join(
+        f'<tr data-class="{a(b.classification)}"><td>{a(b.step)}</td><td>{a(b.pool)}</td>'
+        f'<td>{"" if b.layer is None else a(b.layer)}</td><td>{"" if b.slot is None else a(b.slot)}</td>'
+        f'<td><code>{a(b.owner)}</code></td><td>{a(b.observed)}</td>'
+        f'<td><span class="badge c-{a(b.classification)}">{a(b.classification)}</span></td><td>{a(b.what)}</td></tr>'
+        for b in rows))
+
+
 def _asset(name: str) -> str:
     return (resources.files(__package__) / "static" / name).read_text(encoding="utf-8")
 
@@ -120,6 +140,7 @@ def _environment() -> jinja2.Environment:
     )
     env.filters["json_script"] = json_for_script
     env.filters["svg"] = svg_figure
+    env.filters["bad_rows"] = bad_rows
     return env
 
 

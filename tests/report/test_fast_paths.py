@@ -16,7 +16,7 @@ from markupsafe import Markup
 from harness.report import html
 from harness.report.figures import Figure, Shape
 from harness.report.records import document_text, results_document
-from harness.report.scenario_page import run_anchors, scenario_page
+from harness.report.scenario_page import BadRow, run_anchors, scenario_page
 from harness.report.text import printable
 from harness.report.views import plain
 
@@ -134,3 +134,39 @@ def test_figures_are_drawn_as_the_macro_drew_them(sample_views):
         assert isinstance(drawn, Markup)
         assert str(drawn) == str(macro(f))
     assert "<script>" not in str(html.svg_figure(evil))
+
+
+def test_a_value_is_written_as_a_template_expression_writes_it():
+    env = jinja2.Environment(autoescape=True, finalize=html._finalize)
+    expression = env.from_string("{{ v }}")
+    values = ["", "plain", "a&b", "<b>", '"q"', "it's", "tab\t", "a\nb", EVIL, EVIL_RID, "é 漢", "\u2028",
+              Markup("<i>kept</i>"), 0, -3, 2.5, 1e-9, True, None, ("t", 1)]
+    for v in values:
+        assert html._attr(v) == expression.render(v=v), v
+
+
+# the rows of the bad-slots table as the template wrote them before ``html.bad_rows``
+_BAD_ROWS = """    {% for b in bad %}
+    <tr data-class="{{ b.classification }}"><td>{{ b.step }}</td><td>{{ b.pool }}</td><td>{{ b.layer if b.layer is not none else "" }}</td><td>{{ b.slot if b.slot is not none else "" }}</td><td><code>{{ b.owner }}</code></td><td>{{ b.observed }}</td><td><span class="badge c-{{ b.classification }}">{{ b.classification }}</span></td><td>{{ b.what }}</td></tr>
+    {% endfor %}
+    </tbody>
+"""
+
+
+def test_bad_slot_rows_are_written_as_the_template_wrote_them(sample_views):
+    views = [*sample_views, *(hostile(v) for v in sample_views)]
+    anchors = run_anchors(views)
+    tables = []
+    for name in dict.fromkeys(v.scenario for v in views):
+        page = scenario_page([v for v in views if v.scenario == name], index_href="../index.html", anchors=anchors)
+        tables += [s.bad for s in page.sections if s.bad]
+    evil = BadRow(step=0, pool=EVIL, layer=None, slot=None, owner=EVIL_RID, observed=EVIL, classification=EVIL,
+                  what="<kv>")
+    tables += [(evil,), (evil, *tables[0])]
+    assert sum(map(len, tables)) > 4 and any(b.layer is None for t in tables for b in t)
+    env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined, finalize=html._finalize,
+                             trim_blocks=True, lstrip_blocks=True)
+    env.filters["rows"] = html.bad_rows
+    template, ours = env.from_string(_BAD_ROWS), env.from_string("    {{ bad|rows }}\n    </tbody>\n")
+    for bad in tables:
+        assert ours.render(bad=bad) == template.render(bad=bad)
