@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 from .slots import SlotState, Tenure
 from .views import ForwardView, HeatView, StepView
@@ -206,6 +207,7 @@ def heat_colour(count: int, most: int) -> str:
     return f"#{r:02x}{g:02x}{b:02x}"
 
 
+@lru_cache(maxsize=1024)  # a page has a few dozen colours and tens of thousands of cells
 def _dark(colour: str) -> bool:
     r, g, b = (int(colour[i : i + 2], 16) for i in (1, 3, 5))
     return 0.299 * r + 0.587 * g + 0.114 * b < 150
