@@ -104,18 +104,23 @@ _MACRO = """{% macro figure(f) -%}
 {%- endmacro %}"""
 
 
-def _macro():
-    env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined, finalize=html._finalize,
-                             trim_blocks=True, lstrip_blocks=True)
-    return env.from_string(_MACRO).module.figure
+def _environment() -> jinja2.Environment:
+    """The report templates' Jinja2 settings."""
+    return jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined, finalize=html._finalize,
+                              trim_blocks=True, lstrip_blocks=True)
+
+
+def _pages(sample_views):
+    """The scenario pages of the sample views and of their hostile twins."""
+    views = [*sample_views, *(hostile(v) for v in sample_views)]
+    anchors = run_anchors(views)
+    return [scenario_page([v for v in views if v.scenario == name], index_href="../index.html", anchors=anchors)
+            for name in dict.fromkeys(v.scenario for v in views)]
 
 
 def test_figures_are_drawn_as_the_macro_drew_them(sample_views):
-    views = [*sample_views, *(hostile(v) for v in sample_views)]
-    anchors = run_anchors(views)
     figures = []
-    for name in dict.fromkeys(v.scenario for v in views):
-        page = scenario_page([v for v in views if v.scenario == name], index_href="../index.html", anchors=anchors)
+    for page in _pages(sample_views):
         figures += [page.timeline] if page.timeline is not None else []
         figures += [p.figure for s in page.sections for p in (*s.heatmaps, *s.slotmaps)]
     evil = Figure(width=10.5, height=3, label=EVIL, name=EVIL_RID, shapes=(
@@ -128,7 +133,7 @@ def test_figures_are_drawn_as_the_macro_drew_them(sample_views):
     ))
     figures.append(evil)
     assert len({f.name for f in figures}) >= 3  # timelines, heatmaps and slot maps, and the hostile one
-    macro = _macro()
+    macro = _environment().from_string(_MACRO).module.figure
     for f in figures:
         drawn = html.svg_figure(f)
         assert isinstance(drawn, Markup)
@@ -154,18 +159,12 @@ _BAD_ROWS = """    {% for b in bad %}
 
 
 def test_bad_slot_rows_are_written_as_the_template_wrote_them(sample_views):
-    views = [*sample_views, *(hostile(v) for v in sample_views)]
-    anchors = run_anchors(views)
-    tables = []
-    for name in dict.fromkeys(v.scenario for v in views):
-        page = scenario_page([v for v in views if v.scenario == name], index_href="../index.html", anchors=anchors)
-        tables += [s.bad for s in page.sections if s.bad]
+    tables = [s.bad for page in _pages(sample_views) for s in page.sections if s.bad]
     evil = BadRow(step=0, pool=EVIL, layer=None, slot=None, owner=EVIL_RID, observed=EVIL, classification=EVIL,
                   what="<kv>")
     tables += [(evil,), (evil, *tables[0])]
     assert sum(map(len, tables)) > 4 and any(b.layer is None for t in tables for b in t)
-    env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined, finalize=html._finalize,
-                             trim_blocks=True, lstrip_blocks=True)
+    env = _environment()
     env.filters["rows"] = html.bad_rows
     template, ours = env.from_string(_BAD_ROWS), env.from_string("    {{ bad|rows }}\n    </tbody>\n")
     for bad in tables:
