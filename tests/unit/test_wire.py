@@ -4,6 +4,7 @@ their field values, everything else as pickle carries it."""
 from __future__ import annotations
 
 import pickle
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,16 @@ class Plain:
     value: int
 
 
+@dataclass(frozen=True)
+class Unslotted(Leaf):  # inherits Leaf's pickling, but its own fields live in a __dict__
+    note: str = "n"
+
+
+@dataclass(frozen=True, slots=True, weakref_slot=True)
+class Weak:
+    value: int
+
+
 def _roundtrip(obj: Any) -> Any:
     return wire.loads(wire.dumps(obj))
 
@@ -75,6 +86,10 @@ def test_an_object_that_leads_back_to_itself_is_one_object_again() -> None:
 def test_classes_with_their_own_pickling_keep_it() -> None:
     assert _roundtrip(OwnReduce(2)) == OwnReduce(20)
     assert _roundtrip([Plain(1), {"k": Path("/x")}]) == [Plain(1), {"k": Path("/x")}]
+    assert wire._names(Unslotted) is None and wire._names(OwnReduce) is None
+    assert _roundtrip(Unslotted(1, note="kept")) == Unslotted(1, note="kept")
+    weak = _roundtrip(Weak(5))
+    assert weak == Weak(5) and weakref.ref(weak)() is weak
 
 
 def test_the_fast_path_gives_what_pickle_gives() -> None:
