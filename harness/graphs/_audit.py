@@ -54,6 +54,7 @@ from typing import Any, Union
 
 import torch
 
+from ..fields import field_names
 from ._ops import storage_key
 from .engine import GraphInput, InputAudit, StaleInput
 
@@ -101,7 +102,6 @@ def _view_key(t: torch.Tensor) -> _ViewKey | None:
 
 
 _SLOT_NAMES: dict[type, tuple[str, ...]] = {}
-_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
 
 
 def _slot_names(cls: type) -> tuple[str, ...]:
@@ -114,13 +114,6 @@ def _slot_names(cls: type) -> tuple[str, ...]:
                 slots = (slots,)
             names.extend(s for s in slots if s not in ("__dict__", "__weakref__"))
         found = _SLOT_NAMES[cls] = tuple(names)
-    return found
-
-
-def _field_names(cls: type) -> tuple[str, ...]:
-    found = _FIELD_NAMES.get(cls)
-    if found is None:
-        found = _FIELD_NAMES[cls] = tuple(f.name for f in dataclasses.fields(cls))
     return found
 
 
@@ -156,11 +149,10 @@ def _children(obj: object) -> Iterable[tuple[Step, object]]:
                     seen.add(k)
                     yield (kind, k), v
         seen.update(_MODULE_STORES.values())
-    if dataclasses.is_dataclass(obj):
-        for name in _field_names(type(obj)):
-            if name not in seen and hasattr(obj, name):
-                seen.add(name)
-                yield ("attr", name), getattr(obj, name)
+    for name in field_names(type(obj)) or ():
+        if name not in seen and hasattr(obj, name):
+            seen.add(name)
+            yield ("attr", name), getattr(obj, name)
     attrs = getattr(obj, "__dict__", None)
     if isinstance(attrs, dict):
         for k, v in list(attrs.items())[:_MAX_ITEMS]:

@@ -16,12 +16,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..fields import field_names
+
 INFORMATION = "information"
 """``check.matrix.expect.INFORMATION`` (not imported: the views need nothing of the checking): the expectation of
 an added design's run under a fault scenario's faults by default; whatever it gives is as expected"""
 
 _ATOMS = frozenset({str, int, float, bool, type(None)})
-_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
 
 
 def plain(obj: Any) -> Any:
@@ -31,9 +32,7 @@ def plain(obj: Any) -> Any:
     cls = type(obj)
     if cls in _ATOMS:
         return obj
-    names = _FIELD_NAMES.get(cls)
-    if names is None and dataclasses.is_dataclass(cls):
-        names = _FIELD_NAMES[cls] = tuple(f.name for f in dataclasses.fields(cls))
+    names = field_names(cls)
     # atoms are handed on without a call: they are most of the values
     if names is not None:
         return {name: v if type(v := getattr(obj, name)) in _ATOMS else plain(v) for name in names}

@@ -31,6 +31,9 @@ FORBIDDEN = {
     # the checks of third-party declarations: primitives each registry applies to its own kind, importing none
     "declarations": {"serving", "graphs", "backends", "runners", "check", "scenario", "report", "runspec",
                      "imports", "gpuci", *TARGETS},
+    # a dataclass's field names, for whoever walks objects: the audit, the records, the results channel
+    "fields": {"serving", "graphs", "backends", "runners", "check", "scenario", "report", "runspec", "imports",
+               "declarations", "options", "gpuci", *TARGETS},
     "options": {"serving", "graphs", "backends", "runners", "check", "scenario", "report", "runspec", "imports",
                 "gpuci", *TARGETS},
     # the SGLang target adapts the serving stack, the backends and the scenarios to the installed SGLang; the

@@ -86,7 +86,7 @@ def test_an_object_that_leads_back_to_itself_is_one_object_again() -> None:
 def test_classes_with_their_own_pickling_keep_it() -> None:
     assert _roundtrip(OwnReduce(2)) == OwnReduce(20)
     assert _roundtrip([Plain(1), {"k": Path("/x")}]) == [Plain(1), {"k": Path("/x")}]
-    assert wire._names(Unslotted) is None and wire._names(OwnReduce) is None
+    assert wire._fast(Unslotted) is None and wire._fast(OwnReduce) is None
     assert _roundtrip(Unslotted(1, note="kept")) == Unslotted(1, note="kept")
     weak = _roundtrip(Weak(5))
     assert weak == Weak(5) and weakref.ref(weak)() is weak

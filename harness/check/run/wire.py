@@ -18,56 +18,51 @@ import pickle
 import types
 from typing import Any
 
+from ...fields import field_names
+
 _DATACLASS_GETSTATE = getattr(dataclasses, "_dataclass_getstate", None)
 """what ``@dataclass(frozen=True, slots=True)`` pickles with; a class that brings its own keeps it"""
 
-_NAMES: dict[type, tuple[str, ...] | None] = {}
-_SETTERS: dict[type, tuple[Any, ...]] = {}
-"""per class: its fields' slot descriptors' ``__set__``, in field order (they write past a frozen ``__setattr__``)"""
+_FAST: dict[type, tuple[tuple[str, ...], tuple[Any, ...]] | None] = {}
+"""per class: its field names and their slot descriptors' ``__set__`` (which write past a frozen
+``__setattr__``), in field order; None for a class that pickles pickle's way"""
 
 
-def _names(cls: type) -> tuple[str, ...] | None:
-    """The field names of a frozen slotted dataclass whose pickling is dataclasses' own, else None."""
+def _fast(cls: type) -> tuple[tuple[str, ...], tuple[Any, ...]] | None:
+    """The fields of a frozen slotted dataclass whose pickling is dataclasses' own, else None."""
     try:
-        return _NAMES[cls]
+        return _FAST[cls]
     except KeyError:
         pass
-    names = None
+    found = None
     if (_DATACLASS_GETSTATE is not None and getattr(cls, "__getstate__", None) is _DATACLASS_GETSTATE
             and cls.__reduce_ex__ is object.__reduce_ex__ and cls.__reduce__ is object.__reduce__
-            and dataclasses.is_dataclass(cls)):
-        names = tuple(f.name for f in dataclasses.fields(cls))
+            and (names := field_names(cls)) is not None):
         slots = [getattr(cls, n, None) for n in names]
+        # a field that is not a slot of its own (a subclass without slots): pickle's way, whatever it is
         if all(type(d) is types.MemberDescriptorType for d in slots):
-            _SETTERS[cls] = tuple(d.__set__ for d in slots)
-        else:
-            names = None  # a field that is not a slot of its own: pickle's way, whatever it is
-    _NAMES[cls] = names
-    return names
+            found = names, tuple(d.__set__ for d in slots)
+    _FAST[cls] = found
+    return found
 
 
 def _set_fields(obj: Any, values: tuple[Any, ...]) -> None:
-    cls = type(obj)
-    setters = _SETTERS.get(cls)
-    if setters is None:
-        _names(cls)
-        setters = _SETTERS.get(cls)
-    if setters is None or len(setters) != len(values):
-        raise pickle.UnpicklingError(f"{cls.__qualname__}: {len(values)} field values for a class that takes "
-                                     f"{'none this way' if setters is None else len(setters)}")
-    for set_, value in zip(setters, values):
+    fast = _fast(type(obj))
+    if fast is None or len(fast[1]) != len(values):
+        raise pickle.UnpicklingError(f"{type(obj).__qualname__}: {len(values)} field values for a class that "
+                                     f"takes {'none this way' if fast is None else len(fast[1])}")
+    for set_, value in zip(fast[1], values):
         set_(obj, value)
 
 
 class _Pickler(pickle.Pickler):
     def reducer_override(self, obj: Any) -> Any:
-        cls = type(obj)
-        names = _NAMES[cls] if cls in _NAMES else _names(cls)
-        if names is None:
+        fast = _fast(type(obj))
+        if fast is None:
             return NotImplemented
         # ``copyreg.__newobj__`` pickles as the NEWOBJ opcode, the object made in C and memoized before its
         # fields are pickled (a field that leads back to it pickles as a reference, as with pickle's own state)
-        return copyreg.__newobj__, (cls,), tuple([getattr(obj, n) for n in names]), None, None, _set_fields
+        return copyreg.__newobj__, (type(obj),), tuple([getattr(obj, n) for n in fast[0]]), None, None, _set_fields
 
 
 def dumps(obj: Any) -> bytes:
