@@ -47,7 +47,10 @@ kwargs)`` triples, one per op that does work at replay:
   the buffer keeps whatever the previous replay left in it;
 * in-place and ``out=`` ops are re-run as recorded;
 * every other op is redirected into the tensor captured as its output through the
-  op's ``.out`` overload (found by schema), else computed and ``copy_``-ed in;
+  op's ``.out`` overload (found by schema), else computed and ``copy_``-ed in; an op
+  that only moves data and whose ``.out`` only the boxed call reaches (a gather by
+  one index tensor, a roll, a constant pad, a masked fill) runs as cheaper calls
+  that leave the same bytes (``_replay_ops.py``);
 * ops whose results nothing reads (not a later op, not an output, not a tensor
   the program still holds) are dropped;
 * memory is pooled as a graph's private pool pools it: a storage allocated during
@@ -111,6 +114,7 @@ from ._homes import Homes
 from ._islands import island_outputs, island_runner, static_outputs
 from ._ops import StorageKey, flat_outputs, poison_storage, storage_key
 from ._record import IslandStep, OpStep, Recorder, check_capture_error_mode
+from ._replay_ops import masked_fill_by_copy, pad_by_fill, roll_by_copies, rows_gather
 from ._refusals import CaptureError
 from ._tape_device import NAMES, TapeDevice, TapeDeviceState, TapePool, refuse_default_stream
 from ._warm_up import WarmIslands, no_cycle_collection, warm_up
@@ -348,6 +352,10 @@ def _plan_kind(step: OpStep) -> str:
 
 
 _CLONE = torch.ops.aten.clone.default
+_INDEX = torch.ops.aten.index.Tensor
+# recorded op -> its replay as cheaper calls leaving the same bytes (``_replay_ops``), or None where it does not apply
+_MOVES = {torch.ops.aten.roll.default: roll_by_copies, torch.ops.aten.constant_pad_nd.default: pad_by_fill,
+          torch.ops.aten.masked_fill.Scalar: masked_fill_by_copy}
 
 
 def _boxed(op: Any) -> Any:
@@ -367,6 +375,11 @@ def _plan_call(step: OpStep, kind: str) -> _Call:
             # any other through its functional binding and copy the result in
             if func is _CLONE and isinstance(step.args[0], torch.Tensor):
                 return (step.outputs[0].copy_, (step.args[0],), {})
+            # pure data movement, done as cheaper calls that leave the same bytes (``_replay_ops``)
+            moved = (rows_gather(step.args, step.kwargs, step.outputs[0], bound) if func is _INDEX else
+                     _MOVES[func](step.args, step.kwargs, step.outputs[0]) if func in _MOVES else None)
+            if moved is not None:
+                return (moved, (), {})
             if _fast_callable(func, step.args, step.kwargs) is not _boxed(func):
                 return (_compute_then_copy(func, step.args, step.kwargs, ((0, step.outputs[0]),)), (), {}) \
                     if len(step.outputs) == 1 else bound

@@ -114,12 +114,13 @@ def test_reused_memory_keeps_a_view_with_its_base():
 
 
 def test_an_op_without_a_public_out_binding_replays_through_its_functional_binding_into_its_output():
-    # torch.roll and a clone take no out= in Python: their .out overloads are reachable only through the
-    # boxed call, which costs more than the op; replay computes the roll and copies the clone's source straight in
+    # torch.roll over two dimensions and a clone take no out= in Python: their .out overloads are reachable
+    # only through the boxed call, which costs more than the op; replay computes the roll and copies the
+    # clone's source straight in
     s = SimpleNamespace(x=torch.arange(6.0).reshape(2, 3))
 
     def fn():
-        return torch.roll(s.x * 2, 1, 1), (s.x + 1).t().clone()
+        return torch.roll(s.x * 2, (1, 1), (0, 1)), (s.x + 1).t().clone()
 
     g = capture(fn, roots={"s": s})
     with OpLog() as log:
