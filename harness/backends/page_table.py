@@ -50,6 +50,24 @@ def page_table_slots(page_table: torch.Tensor, seq_lens: torch.Tensor, width: in
     return torch.where(pos[None, :] < seq_lens[:, None], slots, torch.zeros_like(slots))
 
 
+def position_slots(
+    req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor, lens: torch.Tensor,
+    key_pos: torch.Tensor, *, page_size: int,
+) -> torch.Tensor:
+    """``page_table_slots(build_page_table(..., seq_lens, ...), lens, ...)``: [bs, width] int64 full-pool slot of
+    each position (``key_pos``: 0..width-1), 0 past its request's pages or ``lens``.
+
+    With pages of one slot the page table is the request's row of ``req_to_token`` itself: the same values in
+    a fifth of the ops (a backend builds this table for every forward, eager or replayed)."""
+    if page_size != 1:
+        width = key_pos.numel()
+        pages = build_page_table(req_to_token, req_pool_indices, seq_lens, width, page_size=page_size)
+        return page_table_slots(pages, lens, width, page_size=page_size)
+    rows = req_to_token[req_pool_indices.long(), : key_pos.numel()].long()
+    bound = seq_lens if lens is seq_lens else torch.minimum(seq_lens, lens)
+    return torch.where(key_pos[None, :] < bound[:, None], rows, torch.zeros_like(rows))
+
+
 def extend_token_rows(extend_seq_lens_cpu: tuple[int, ...], device: torch.device) -> torch.Tensor:
     """Batch row of every token of an extend batch (eager only: it sizes a tensor from Python ints)."""
     return torch.repeat_interleave(

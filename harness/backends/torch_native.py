@@ -36,10 +36,9 @@ from .base import (
     swa_window_left_out,
 )
 from .page_table import (
-    build_page_table,
     extend_token_kv_lens,
     extend_token_rows,
-    page_table_slots,
+    position_slots,
     tree_slot_table,
     tree_swa_slot_table,
 )
@@ -76,14 +75,13 @@ class TorchNativeMetadataBuilder(AttentionMetadataBuilder):
         rows: their request's, then their branch's)."""
         if batch.tree is not None:
             return tree_slot_table(self.req_to_token, batch.req_pool_indices, batch.tree, batch.seq_lens, self.width)
-        pages = build_page_table(self.req_to_token, batch.req_pool_indices, batch.seq_lens, self.width,
-                                 page_size=batch.page_size)
         lens = batch.seq_lens
         if "read_page_tail" in self.faults:
             # vLLM PR 47574's family: the last page is read whole, its unwritten tail included; the
             # dense kernel masks those keys, but 0 x NaN is NaN where a freed, reused page holds poison
             lens = (lens + batch.page_size - 1) // batch.page_size * batch.page_size
-        return page_table_slots(pages, lens, self.width, page_size=batch.page_size)
+        return position_slots(self.req_to_token, batch.req_pool_indices, batch.seq_lens, lens, self._key_pos,
+                              page_size=batch.page_size)
 
     def _swa_table(self, batch: AttentionBatch, page_table: torch.Tensor) -> torch.Tensor:
         if swa_window_left_out(batch.forward_mode, self.faults):
