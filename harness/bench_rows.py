@@ -6,8 +6,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-GOAL = 0.7
-"""a graph replay should cost at most this share of the eager forward it replaces (``BenchRow.ok``)"""
+REPLAY_GOALS = {"decode": 0.6, "prefill": 0.8}
+"""per graph kind, the share of the eager forward it replaces that a graph replay should cost at most
+(``BenchRow.ok``): a decode graph holds the whole forward, a prefill graph leaves attention an eager island"""
+
+CAPTURE_GOAL_MS = 15.0
+"""one graph's capture, its two warm-ups included, should take at most this long (``BenchRow.capture_ok``)"""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -33,9 +37,18 @@ class BenchRow:
     """median time to capture this bucket's graph, warm-up included"""
 
     @property
+    def goal(self) -> float:
+        """The replay goal of the row's kind (a kind without one is held to the decode graph's)."""
+        return REPLAY_GOALS.get(self.kind, REPLAY_GOALS["decode"])
+
+    @property
     def ok(self) -> bool:
-        """Replay meets the goal: at most GOAL x the eager forward it replaces."""
-        return self.ratio <= GOAL
+        """Replay meets its kind's goal: at most ``goal`` x the eager forward it replaces."""
+        return self.ratio <= self.goal
+
+    @property
+    def capture_ok(self) -> bool:
+        return self.capture_ms <= CAPTURE_GOAL_MS
 
 
 GPU_GOAL_SPEEDUP = 2.0

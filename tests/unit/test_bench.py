@@ -90,3 +90,13 @@ def test_the_gpu_benchmark_runs_flashinfer_on_a_bfloat16_head_dim_64_copy_of_the
     assert (spec.backend, spec.model.dtype, spec.model.head_dim, spec.pool.kv_dtype) == (
         "flashinfer", "bfloat16", 64, "bfloat16")
     assert spec.model.window == 8 and spec.model.layer_pattern == ("swa", "full", "swa", "full")  # else the preset's
+
+
+def test_each_graph_kind_is_held_to_its_own_replay_goal_and_every_capture_to_the_capture_goal():
+    import dataclasses
+
+    decode, prefill = _row(0.7), dataclasses.replace(_row(0.7), kind="prefill", capture_ms=20.0)
+    assert not decode.ok and prefill.ok  # decode: at most 0.6x; prefill (attention an eager island): 0.8x
+    assert decode.capture_ok and not prefill.capture_ok
+    text = render_markdown([decode, prefill], {"device": "cpu"})
+    assert "2 rows, 1 above their replay goal (decode <= 0.6x eager, prefill <= 0.8x eager), 1 with a capture above 15 ms" in text
