@@ -22,22 +22,32 @@ def _replays() -> range:
     return range(COMPILE_AFTER + 2)
 
 
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view(torch.uint8)
+
+
+def _replays_as_eager(fn, s: SimpleNamespace, refresh, replaced: str) -> None:
+    """Capture ``fn`` over ``s``; its replay runs no ``replaced`` op, and past its compile, after each
+    ``refresh(k)`` of the inputs, leaves eager's bytes (NaN payloads too)."""
+    g = capture(fn, roots={"s": s})
+    with OpLog() as log:
+        g.replay()
+    assert not any(op.startswith(replaced) for op in log.ops), log.ops
+    for k in _replays():
+        refresh(k)
+        g.replay()
+        assert torch.equal(_bytes(g.outputs[0]), _bytes(fn())), k
+
+
 @pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
 def test_rows_named_by_an_integer_index_replay_as_index_select_and_match_eager(dtype):
     s = SimpleNamespace(kv=torch.randn(16, 2, 4), table=torch.randint(0, 16, (3, 5), dtype=dtype))
 
-    def fn():
-        return (s.kv * 2)[s.table] + 1
-
-    g = capture(fn, roots={"s": s})
-    with OpLog() as log:
-        g.replay()
-    assert "aten.index_select.out" in log.ops and "aten.index.Tensor_out" not in log.ops
-    for k in _replays():
+    def refresh(k: int) -> None:
         s.kv.copy_(torch.randn(16, 2, 4))
         s.table.copy_(torch.randint(0, 16, (3, 5), dtype=dtype))
-        g.replay()
-        assert torch.equal(g.outputs[0], fn()), k
+
+    _replays_as_eager(lambda: (s.kv * 2)[s.table] + 1, s, refresh, "aten.index.")
 
 
 def test_negative_indices_count_from_the_end_as_the_boxed_index_does():
@@ -80,18 +90,8 @@ def test_a_gather_not_over_the_first_dimension_or_into_shared_memory_keeps_the_g
 @pytest.mark.parametrize("shift", [1, -1, 3, 5, 7, -12, 0])
 def test_a_roll_along_one_dimension_replays_as_two_copies_and_matches_eager(shift):
     s = SimpleNamespace(x=torch.randn(3, 5, 2))
-
-    def fn():
-        return torch.roll(s.x * 2, shift, 1)
-
-    g = capture(fn, roots={"s": s})
-    with OpLog() as log:
-        g.replay()
-    assert "aten.roll.default" not in log.ops
-    for k in _replays():
-        s.x.copy_(torch.randn(3, 5, 2))
-        g.replay()
-        assert torch.equal(g.outputs[0], fn()), k
+    _replays_as_eager(lambda: torch.roll(s.x * 2, shift, 1), s, lambda k: s.x.copy_(torch.randn(3, 5, 2)),
+                      "aten.roll.")
 
 
 def test_a_roll_over_the_flattened_tensor_or_into_its_own_memory_keeps_the_general_path():
@@ -105,18 +105,8 @@ def test_a_roll_over_the_flattened_tensor_or_into_its_own_memory_keeps_the_gener
 @pytest.mark.parametrize("pad, value", [((1, 2), 0.0), ((0, 3, 2, 0), -1.5), ((1, 1, 1, 1, 1, 1), float("nan"))])
 def test_a_constant_pad_replays_as_a_fill_and_a_copy_and_matches_eager(pad, value):
     s = SimpleNamespace(x=torch.randn(2, 3, 4))
-
-    def fn():
-        return torch.nn.functional.pad(s.x + 1, pad, value=value)
-
-    g = capture(fn, roots={"s": s})
-    with OpLog() as log:
-        g.replay()
-    assert "aten.constant_pad_nd.default" not in log.ops
-    for k in _replays():
-        s.x.copy_(torch.randn(2, 3, 4))
-        g.replay()
-        assert torch.equal(g.outputs[0].view(torch.int32), fn().view(torch.int32)), k  # bitwise, NaN too
+    _replays_as_eager(lambda: torch.nn.functional.pad(s.x + 1, pad, value=value), s,
+                      lambda k: s.x.copy_(torch.randn(2, 3, 4)), "aten.constant_pad_nd.")
 
 
 def test_a_negative_pad_crops_and_keeps_the_general_path():
@@ -130,18 +120,11 @@ def test_a_negative_pad_crops_and_keeps_the_general_path():
 def test_a_masked_fill_replays_as_a_copy_and_a_fill_in_place_and_matches_eager(value):
     s = SimpleNamespace(x=torch.randn(4, 6), keep=torch.rand(1, 6) > 0.5)
 
-    def fn():
-        return (s.x * 3).masked_fill(s.keep, value)
-
-    g = capture(fn, roots={"s": s})
-    with OpLog() as log:
-        g.replay()
-    assert not any(op.startswith("aten.masked_fill.") for op in log.ops)
-    for k in _replays():
+    def refresh(k: int) -> None:
         s.x.copy_(torch.randn(4, 6))
         s.keep.copy_(torch.rand(1, 6) > 0.5)
-        g.replay()
-        assert torch.equal(g.outputs[0], fn()), k
+
+    _replays_as_eager(lambda: (s.x * 3).masked_fill(s.keep, value), s, refresh, "aten.masked_fill.")
 
 
 def test_a_masked_fill_whose_mask_widens_the_result_keeps_the_general_path():
