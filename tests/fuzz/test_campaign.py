@@ -65,16 +65,23 @@ def _python(code: str) -> list[str]:
 
 def test_a_campaign_that_runs_on_is_stopped_at_its_budget_with_its_workers(tmp_path):
     marker = tmp_path / "worker-ended"
-    # a hub and a worker process that both run until interrupted, as HypoFuzz's do; the worker notes its end
+    # A hub and a worker process that both run until interrupted, as HypoFuzz's do; the worker notes its end.
+    # SIGINT is held from the hub's first line until the worker is inside its try (the worker inherits the
+    # mask): on a loaded machine the budget can run out while they start, and a worker interrupted before its
+    # try would leave no note whatever the campaign runner did.
     result = run_campaign(_python(f"""
+        import signal
+        signal.pthread_sigmask(signal.SIG_BLOCK, {{signal.SIGINT}})
         import multiprocessing, time
         def worker():
             try:
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, {{signal.SIGINT}})
                 time.sleep(60)
             finally:
                 open({str(marker)!r}, "w").close()
         if __name__ == "__main__":
             multiprocessing.Process(target=worker).start()
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {{signal.SIGINT}})
             print("fuzzing", flush=True)
             time.sleep(60)
         """), budget_s=0.8, grace_s=10)
