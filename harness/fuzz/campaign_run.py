@@ -67,7 +67,8 @@ def run_campaign(command: Sequence[str], *, budget_s: float, env: dict[str, str]
     """Run ``command`` (HypoFuzz) for at most ``budget_s`` seconds, its output passed through to ours."""
     start = time.monotonic()
     proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)  # its own process group: the workers are stopped with the hub
+                            start_new_session=True,  # its own process group: the workers are stopped with the hub
+                            preexec_fn=_interruptible)
     output: list[str] = []
 
     def relay() -> None:
@@ -103,6 +104,14 @@ def run_campaign(command: Sequence[str], *, budget_s: float, env: dict[str, str]
         stopped = "crash"
     return CampaignResult(stopped=stopped, returncode=proc.returncode, elapsed_s=time.monotonic() - start,
                           crashes=crashes(text))
+
+
+def _interruptible() -> None:
+    """In the child, before it runs HypoFuzz: SIGINT back to its default. A command started in the background
+    by a shell without job control (``cmd &`` in a script, in CI) inherits SIGINT ignored, and an interpreter
+    that inherits it ignored never raises KeyboardInterrupt: the budget's interrupt would do nothing, and the
+    grace period would end in SIGKILL, leaving HypoFuzz no chance to end its workers."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _signal_group(proc: subprocess.Popen, sig: signal.Signals) -> None:

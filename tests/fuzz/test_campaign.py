@@ -5,6 +5,7 @@ an ending on a failure or at the budget from HypoFuzz breaking. HypoFuzz itself 
 that end the ways it ends."""
 
 import ast
+import signal
 import subprocess
 import sys
 import textwrap
@@ -63,7 +64,21 @@ def _python(code: str) -> list[str]:
     return [sys.executable, "-c", textwrap.dedent(code)]
 
 
-def test_a_campaign_that_runs_on_is_stopped_at_its_budget_with_its_workers(tmp_path):
+@pytest.fixture(params=["default", "ignored"])
+def inherited_sigint(request):
+    """The harness's SIGINT as it started: as a terminal gives it, or ignored, as a shell without job control
+    hands it to a background command (``make fuzz-campaign &`` in a CI script)."""
+    if request.param == "default":
+        yield
+        return
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
+def test_a_campaign_that_runs_on_is_stopped_at_its_budget_with_its_workers(tmp_path, inherited_sigint):
     marker = tmp_path / "worker-ended"
     # A hub and a worker process that both run until interrupted, as HypoFuzz's do; the worker notes its end.
     # SIGINT is held from the hub's first line until the worker is inside its try (the worker inherits the

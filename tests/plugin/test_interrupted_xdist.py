@@ -36,11 +36,13 @@ def _start(tmp_path: Path, write_scenario, *extra: str) -> subprocess.Popen:
     write_scenario(tmp_path, "tiny_match")
     (tmp_path / "misbehaving_designs.py").write_bytes((SAMPLES / "misbehaving_designs.py").read_bytes())
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
-    # a session of its own: the signals below reach it and its workers as a terminal's would, nothing else
+    # a session of its own: the signals below reach it and its workers as a terminal's would, nothing else;
+    # SIGINT at its default there, as a terminal's foreground job has it (a shell without job control hands a
+    # background command SIGINT ignored, and the session would keep ignoring it)
     return subprocess.Popen([sys.executable, "-m", "pytest", "-p", "harness.plugin", "-p", "no:cacheprovider",
                              "-p", "no:randomly", "-v", "-n", "2", "--dist", "loadfile", "scenarios", *extra],
                             cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 def _read_until(proc: subprocess.Popen, pattern: str, limit_s: float = 300) -> list[str]:
