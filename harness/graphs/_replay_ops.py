@@ -17,8 +17,14 @@ their own here, bound once at a graph's first replay:
 * ``masked_fill`` whose mask broadcasts to the input's shape is the input copied into the output, which is
   then filled in place where the mask holds (what the functional op does in a fresh tensor).
 
-Neither applies where the output shares a storage with an input (the tape's memory reuse can arrange that):
+None applies where the output shares a storage with an input (the tape's memory reuse can arrange that):
 those keep the general path. Each returns None where it does not apply.
+
+The calls read views of the tape's pins (flattened, narrowed) made once, not at every replay (a ``narrow``
+costs as much as the copy it serves). A pin can move: the tape re-points the pins of an input the program
+reallocated to a block of its own (``_homes.py``), and a view made before would still read the program's new
+memory. So each call checks the storages of the pins it viewed (a fraction of a microsecond) and makes its
+views again where one moved.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from typing import Any
 
 import torch
 
-from ._ops import storage_key
+from ._ops import _storage_id, storage_key
 
 __all__ = ["masked_fill_by_copy", "pad_by_fill", "roll_by_copies", "rows_gather"]
 
@@ -39,6 +45,20 @@ def _broadcasts_to(shape: torch.Size, target: torch.Size) -> bool:
     """``shape`` broadcasts to ``target`` without widening it (``torch.broadcast_shapes`` imports sympy, which
     costs a child process a second)."""
     return len(shape) <= len(target) and all(d in (1, t) for d, t in zip(reversed(shape), reversed(target)))
+
+
+def _following(pins: tuple[torch.Tensor, ...], make: Callable[[], tuple[torch.Tensor, ...]]
+               ) -> Callable[[], tuple[torch.Tensor, ...]]:
+    """The views ``make`` builds of ``pins``, made again whenever a pin has been moved to another storage."""
+    state = [tuple(map(_storage_id, pins)), make()]
+
+    def views() -> tuple[torch.Tensor, ...]:
+        now = tuple(map(_storage_id, pins))
+        if now != state[0]:
+            state[0], state[1] = now, make()
+        return state[1]
+
+    return views
 
 
 def _apart(*tensors: torch.Tensor) -> bool:
@@ -55,15 +75,17 @@ def rows_gather(args: tuple[Any, ...], kwargs: dict[str, Any], out: Any,
     src, (idx,) = args
     if not (isinstance(src, torch.Tensor) and isinstance(idx, torch.Tensor) and isinstance(out, torch.Tensor)):
         return None
-    if (src.dim() == 0 or idx.dtype not in _INDEX_DTYPES or out.dtype != src.dtype
+    if (src.dim() == 0 or out.numel() == 0 or idx.dtype not in _INDEX_DTYPES or out.dtype != src.dtype
             or not (src.device == idx.device == out.device) or not (idx.is_contiguous() and out.is_contiguous())
             or out.shape != idx.shape + src.shape[1:] or not _apart(src, idx, out)):
         return None
-    flat_idx, flat_out = idx.view(-1), out.view(-1, *src.shape[1:])
+    rows = (-1, *src.shape[1:])
+    views = _following((idx, out), lambda: (idx.view(-1), out.view(rows)))
     select = torch.index_select
     call, call_args, call_kwargs = boxed
 
     def gather() -> None:
+        flat_idx, flat_out = views()
         try:
             select(src, 0, flat_idx, out=flat_out)
             return
@@ -99,10 +121,11 @@ def roll_by_copies(args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> C
     if s == 0:
         whole = out.copy_
         return lambda: whole(x)
-    head_to, head_from = out.narrow(dim, s, n - s), x.narrow(dim, 0, n - s)
-    tail_to, tail_from = out.narrow(dim, 0, s), x.narrow(dim, n - s, s)
+    views = _following((x, out), lambda: (out.narrow(dim, s, n - s), x.narrow(dim, 0, n - s),
+                                          out.narrow(dim, 0, s), x.narrow(dim, n - s, s)))
 
     def roll() -> None:
+        head_to, head_from, tail_to, tail_from = views()
         head_to.copy_(head_from)
         tail_to.copy_(tail_from)
 
@@ -121,18 +144,25 @@ def pad_by_fill(args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> Call
             or out.device != x.device or not _apart(x, out)):
         return None
     shape = list(x.shape)
-    interior = out
     for k in range(len(pad) // 2):
-        dim = x.dim() - 1 - k
-        shape[dim] += pad[2 * k] + pad[2 * k + 1]
-        interior = interior.narrow(dim, pad[2 * k], x.shape[dim])
+        shape[x.dim() - 1 - k] += pad[2 * k] + pad[2 * k + 1]
     if list(out.shape) != shape:
         return None
-    fill, copy = out.fill_, interior.copy_
+
+    def inside() -> tuple[torch.Tensor]:
+        interior = out
+        for k in range(len(pad) // 2):
+            dim = x.dim() - 1 - k
+            interior = interior.narrow(dim, pad[2 * k], x.shape[dim])
+        return (interior,)
+
+    views = _following((out,), inside)
+    fill = out.fill_
 
     def padded() -> None:
+        (interior,) = views()
         fill(value)
-        copy(x)
+        interior.copy_(x)
 
     return padded
 

@@ -153,3 +153,46 @@ print(sorted(m for m in ("sympy", "torch._dynamo", "torch.fx.experimental.symbol
 """
     out = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+@pytest.mark.parametrize("program", [
+    pytest.param(lambda s: s.x[s.i], id="gather"),
+    pytest.param(lambda s: torch.roll(s.x, 1, 0), id="roll"),
+    pytest.param(lambda s: torch.nn.functional.pad(s.x, (1, 1)), id="pad"),
+    pytest.param(lambda s: s.x.masked_fill(s.x > 2, 0.0), id="masked_fill"),
+])
+def test_these_calls_follow_the_memory_the_tape_moves_a_reallocated_input_to(program):
+    # once bound, a call must read where the tape's pins are, not where they were: a captured input resized past
+    # its capacity keeps the graph on the old, freed block (poison), whatever the program writes into the new one
+    s = SimpleNamespace(x=torch.arange(8.0), i=torch.tensor([1, 3]))
+    g = capture(lambda: program(s) * 1, roots={"s": s}, static=[s.x, s.i])
+    for _ in _replays():
+        g.replay()  # bound, then compiled
+    s.x.resize_(4096)
+    s.x.fill_(100.0)
+    (stale,) = g.replay()
+    assert (stale.path, stale.kind) == ("s.x", "memory")
+    assert not bool((g.outputs[0] == 100.0).any()), g.outputs[0]
+
+
+@pytest.mark.parametrize("moved", ["x", "i"])
+def test_a_gather_whose_source_or_index_the_tape_moves_replays_as_the_boxed_call_does(moved, monkeypatch):
+    from harness.graphs import tape
+
+    def replays(fast: bool):
+        if not fast:
+            monkeypatch.setattr(tape, "_INDEX", None)
+        s = SimpleNamespace(x=torch.arange(8.0), i=torch.tensor([1, 3]))
+        g = capture(lambda: s.x[s.i] * 1, roots={"s": s}, static=[s.x, s.i])
+        for _ in _replays():
+            g.replay()
+        getattr(s, moved).resize_(4096).fill_(2)  # reallocated: the graph keeps the old, freed block
+        try:
+            g.replay()
+        except IndexError as exc:  # the freed index block's poison is out of range
+            return str(exc)
+        return g.outputs[0].clone()
+
+    fast, boxed = replays(True), replays(False)
+    assert type(fast) is type(boxed)
+    assert fast == boxed if isinstance(fast, str) else torch.equal(_bytes(fast), _bytes(boxed))
