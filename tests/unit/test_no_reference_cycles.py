@@ -1,6 +1,6 @@
 """A run's objects die by reference counting: runners, graphs and their tapes, the stack and its prefix cache.
 
-The worker children run each task without the cyclic collector (``workers._collector_between_tasks``); a
+The worker children run each task without the cyclic collector (``workers.collector_between_tasks``); a
 reference cycle through a runner would leave its whole object graph (every tape of every graph) to the one
 collection after the task, and make the collector's passes during a run cost a tenth of its time again.
 """

@@ -176,7 +176,7 @@ def _capture_output(write_fd: int) -> None:
 
 
 @contextmanager
-def _collector_between_tasks() -> Iterator[None]:
+def collector_between_tasks() -> Iterator[None]:
     """Run a task without the cyclic collector, then collect once and freeze what survives.
 
     A task's graphs hold tens of thousands of container objects that live as long as the task does; the
@@ -220,7 +220,7 @@ def _child(conn: Connection, out: tuple[int, int], parent: int, fn: Callable[[An
         if k and not _go_on(conn):
             break
         try:
-            with _collector_between_tasks():
+            with collector_between_tasks():
                 payload: tuple[str, Any] = ("ok", fn(arg))
         except BaseException as exc:  # noqa: BLE001 - whatever escapes the task is reported, never lost
             payload = ("raised", f"{type(exc).__name__}: {exc}")
