@@ -145,10 +145,17 @@ def _compare(
 
 
 def _capture_ms(graph: Runner, bucket: int, *, repeats: int, device: str) -> float:
-    """Median time to capture the bucket's graph again (warm-up included), as a runner does at start-up."""
+    """Median time to capture the bucket's graph again (warm-up included), as a runner does at start-up: with no
+    graph of the bucket's yet, so the one the last capture left is let go before the timing, not inside it."""
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     capture = graph._capture  # noqa: SLF001 - the bench times the runner's own capture path
-    return statistics.median(_timed(lambda: capture(bucket), sync) for _ in range(max(1, repeats)))
+
+    def once() -> float:
+        graph.graphs.pop(bucket, None)
+        graph.outputs.pop(bucket, None)
+        return _timed(lambda: capture(bucket), sync)
+
+    return statistics.median(once() for _ in range(max(1, repeats)))
 
 
 def _percentile(values: list[float], q: float) -> float:

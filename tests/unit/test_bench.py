@@ -34,6 +34,25 @@ def test_a_timed_call_runs_as_a_worker_child_runs_a_task_without_the_cyclic_coll
     assert gc.isenabled()
 
 
+def test_a_timed_capture_starts_with_no_graph_of_its_bucket_and_leaves_a_replayable_one():
+    """At start-up a runner has no graph of the bucket: freeing the last capture's tape is no capture's cost."""
+    import weakref
+
+    runner, eager, batch = bench._decode_case("all-swa", 2, 2, "tape", "cpu")  # noqa: SLF001
+    first = weakref.ref(runner.graphs[2])
+    freed_before = []
+    capture = runner._capture  # noqa: SLF001
+
+    def watched(bucket: int) -> None:
+        freed_before.append(first() is None and bucket not in runner.graphs)
+        capture(bucket)
+
+    runner._capture = watched  # noqa: SLF001
+    assert bench._capture_ms(runner, 2, repeats=2, device="cpu") > 0  # noqa: SLF001
+    assert freed_before == [True, True]
+    assert torch.equal(runner.forward(batch), eager.forward(batch))
+
+
 def _row(ratio: float) -> BenchRow:
     return BenchRow(preset="p", kind="decode", bucket=1, real=1, engine="tape", device="cpu", eager_ms=1.0,
                     replay_ms=ratio, ratio=ratio, ratio_p10=ratio, ratio_p90=ratio, capture_ms=3.0)
