@@ -4,6 +4,7 @@ Nothing here asserts on speed: performance is measured by ``make bench``, never 
 """
 
 import gc
+import weakref
 from pathlib import Path
 
 import pytest
@@ -36,8 +37,6 @@ def test_a_timed_call_runs_as_a_worker_child_runs_a_task_without_the_cyclic_coll
 
 def test_a_timed_capture_starts_with_no_graph_of_its_bucket_and_leaves_a_replayable_one():
     """At start-up a runner has no graph of the bucket: freeing the last capture's tape is no capture's cost."""
-    import weakref
-
     runner, eager, batch = bench._decode_case("all-swa", 2, 2, "tape", "cpu")  # noqa: SLF001
     first = weakref.ref(runner.graphs[2])
     freed_before = []
