@@ -34,6 +34,7 @@ import torch
 from .bench_rows import GPU_GOAL_MAX_BS, GPU_GOAL_SPEEDUP, BenchRow, GpuBenchRow
 from .diffbench import measure_diff
 from .check.run.assemble import RunParts, assemble
+from .check.run.malloc import keep_freed_memory
 from .check.run.workers import collector_between_tasks
 from .report.bench import (
     DIFF_BEGIN,
@@ -332,6 +333,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--no-flashinfer", action="store_true", help="with --gpu: leave FlashInfer out")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
+    # as a worker child runs: otherwise a call's time holds however many fresh pages the allocator's history gives it
+    keep_freed_memory()
     if args.gpu:
         return run_gpu_bench(repeats=min(args.repeats, 30), out=Path(args.out), flashinfer=not args.no_flashinfer)
     code = 0 if args.diff_only else run_bench(repeats=args.repeats, out=Path(args.out))

@@ -26,9 +26,11 @@ machine does not land on one case only.
 
 Peak memory is the growth of the process's resident set during the call: Linux resets the high-water
 mark (``VmHWM``) when "5" is written to ``/proc/self/clear_refs``, so it is reset right before each call
-and read right after. torch allocates CPU tensors with malloc (large blocks are mapped and unmapped
-directly), so the resident set follows live tensors; tracemalloc would not see them. Where the reset is
-not allowed the peak is reported as None.
+and read right after. torch allocates CPU tensors with malloc, so the resident set follows live tensors
+(tracemalloc would not see them) once the memory the process keeps free is given back: ``make bench`` runs
+as a worker child does, holding freed blocks for reuse (``check/run/malloc.py``), so the first round gives
+them back before each call (its peaks are whole) and later rounds run on them, as a long diff's steps do.
+Where the reset is not allowed the peak is reported as None.
 
 Memory needed: about 4 x ``cache_bytes`` (the reference, the copy's buffers, one subject at a time and
 the clone's or the diff's transient memory).
@@ -45,6 +47,7 @@ from dataclasses import dataclass
 import torch
 
 from .bench_rows import DiffBenchRow
+from .check.run.malloc import release_freed_memory
 from .runspec import RunSpec
 from .serving.model import ModelSpec
 from .serving.pool import PoolSpec, poison_
@@ -131,7 +134,9 @@ def measure_diff(
             # a case's calls take turns going first, so that neither always meets a warmer machine
             names = list(reversed(calls)) if round_ % 2 else list(calls)
             for name in names:
-                seconds, peak, results[name] = _timed(calls[name])
+                # the first round's peaks are whole (``_timed``); later rounds run as a long diff's steps do,
+                # on the pages its earlier steps freed
+                seconds, peak, results[name] = _timed(calls[name], fresh=round_ == 0)
                 best[name] = min(best.get(name, float("inf")), seconds)
                 if peak is not None:
                     peaks[name] = max(peaks.get(name) or 0, peak)
@@ -277,9 +282,13 @@ def _reset_peak() -> bool:
         return False
 
 
-def _timed(call: Callable[[], object]) -> tuple[float, int | None, object]:
-    """Seconds, resident-set growth (None where it cannot be measured) and result of one call."""
+def _timed(call: Callable[[], object], *, fresh: bool) -> tuple[float, int | None, object]:
+    """Seconds, resident-set growth (None where it cannot be measured) and result of one call. ``fresh``: the
+    memory the process keeps free (``malloc.keep_freed_memory``) is given back first, so the call's growth is
+    all it allocates; otherwise it may reuse those pages and its growth says less than its peak."""
     gc.collect()
+    if fresh:
+        release_freed_memory()
     measurable = _reset_peak()
     before = _status("VmRSS") if measurable else 0
     start = time.perf_counter()

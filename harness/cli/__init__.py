@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Sequence
 from ..check.matrix.expect import EXPECT_DEFAULT, expect_problem
 from .keywords import KeywordError, Keywords
 from .types import int_at_least
+from ..check.run.malloc import keep_freed_memory
 from ..check.run.workers import Terminated, output_block, terminate_like_ctrl_c
 from ..imports import is_import_path, name_type, unknown_name
 from ..options import add_cli_option
@@ -510,6 +511,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if getattr(args, "report_dir_default", None) and not args.report_dir:
         args.report_dir = args.report_dir_default
     args.command_line = shlex.join(["python", "-m", "harness", *(sys.argv[1:] if argv is None else argv)])
+    keep_freed_memory()  # the command's own process (its references, the report), as its worker children do
     with terminate_like_ctrl_c():
         try:
             return args.func(args)

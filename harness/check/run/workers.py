@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from . import wire
+from .malloc import keep_freed_memory
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -209,6 +210,7 @@ def _child(conn: Connection, out: tuple[int, int], parent: int, fn: Callable[[An
     # out of the collector's generations, the child's collections scan only what its tasks allocate, and do
     # not write to (and so copy) the inherited pages
     gc.freeze()
+    keep_freed_memory()  # a forward's temporaries stay this child's pages, not new ones at every step
     os.close(out[0])
     _guard(conn, out[1])
     _capture_output(out[1])
