@@ -13,7 +13,7 @@ import textwrap
 
 import pytest
 
-from harness.check.run.malloc import keep_freed_memory
+from harness.check.run.malloc import keep_freed_memory, release_freed_memory
 
 _GLIBC = sys.platform.startswith("linux") and (os.confstr("CS_GNU_LIBC_VERSION") or "").startswith("glibc")
 glibc_only = pytest.mark.skipif(not _GLIBC, reason="the thresholds are glibc's; other C libraries keep their own")
@@ -76,6 +76,26 @@ def test_a_worker_child_keeps_its_freed_memory():
     assert faults < pages // 100, (faults, pages)
 
 
+@glibc_only
+def test_what_is_kept_goes_back_when_a_measurement_asks():
+    """A peak measured as the resident set's growth needs the kept memory given back first (the diff bench)."""
+    kept, given_back = _faults("""
+        from harness.check.run.malloc import keep_freed_memory, release_freed_memory
+
+        def resident():
+            with open("/proc/self/statm") as f:
+                return int(f.read().split()[1])
+
+        assert keep_freed_memory()
+        rounds(1)
+        before = resident()
+        assert release_freed_memory()
+        print(before, resident())
+    """)
+    assert kept - given_back > 0.9 * 7680, (kept, given_back)  # a round's 30 MiB is 7,680 pages
+
+
 def test_elsewhere_it_is_a_no_op_that_says_so(monkeypatch):
     monkeypatch.setattr(sys, "platform", "darwin")
     assert keep_freed_memory() is False
+    assert release_freed_memory() is False

@@ -21,6 +21,7 @@ from __future__ import annotations
 import ctypes
 import os
 import sys
+from collections.abc import Callable
 
 MMAP_THRESHOLD = 32 << 20
 """the largest value glibc takes for ``M_MMAP_THRESHOLD`` on 64-bit (half its 64 MiB heap size): a bigger block
@@ -37,13 +38,9 @@ _M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD = -1, -2, -3
 def keep_freed_memory() -> bool:
     """Set glibc's thresholds for this process (and the children it forks from now on); True where they took.
     A no-op returning False where the C library is not glibc (musl, macOS, Windows)."""
-    if not _glibc():
+    mallopt = _glibc_function("mallopt", (ctypes.c_int, ctypes.c_int))
+    if mallopt is None:
         return False
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
-        return False
-    mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
     # the mmap threshold first: setting any of the three stops glibc from raising it by itself
     return all(mallopt(param, value) == 1 for param, value in (
         (_M_MMAP_THRESHOLD, MMAP_THRESHOLD), (_M_TRIM_THRESHOLD, TRIM_THRESHOLD), (_M_TOP_PAD, TOP_PAD)))
@@ -52,24 +49,25 @@ def keep_freed_memory() -> bool:
 def release_freed_memory() -> bool:
     """Give what the heap holds free back to the kernel now (``malloc_trim``), so that the resident set is the
     live memory again: what a measurement of a call's peak growth needs first. False where not glibc."""
-    if not _glibc():
+    trim = _glibc_function("malloc_trim", (ctypes.c_size_t,))
+    if trim is None:
         return False
-    try:
-        trim = ctypes.CDLL(None).malloc_trim
-    except (OSError, AttributeError):
-        return False
-    trim.argtypes, trim.restype = (ctypes.c_size_t,), ctypes.c_int
     trim(0)
     return True
 
 
-def _glibc() -> bool:
+def _glibc_function(name: str, argtypes: tuple[type, ...]) -> Callable[..., int] | None:
+    """glibc's ``name`` (returning an int), or None where the process's C library is not glibc."""
     if not sys.platform.startswith("linux"):
-        return False
+        return None
     try:
-        return (os.confstr("CS_GNU_LIBC_VERSION") or "").startswith("glibc")
-    except (ValueError, OSError):  # a libc that does not know the name: not glibc
-        return False
+        if not (os.confstr("CS_GNU_LIBC_VERSION") or "").startswith("glibc"):
+            return None
+        found = getattr(ctypes.CDLL(None), name)
+    except (ValueError, OSError, AttributeError):  # a libc that does not know the name, or lacks the function
+        return None
+    found.argtypes, found.restype = argtypes, ctypes.c_int
+    return found
 
 
 __all__ = ["keep_freed_memory", "release_freed_memory"]
