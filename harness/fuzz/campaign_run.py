@@ -49,17 +49,29 @@ class CampaignResult:
 
 
 def crashes(output: str) -> tuple[str, ...]:
-    """The last line of every traceback in ``output`` that does not end in one of ``SHUTDOWN_ERRORS``."""
+    """The last line of every traceback in ``output`` that does not end in one of ``SHUTDOWN_ERRORS``.
+
+    The hub and its workers write to one pipe, so two tracebacks printed at once interleave line by line: a
+    traceback's header may be followed by another's before its own frames. Each exception line (unindented,
+    ``Name`` or ``Name: message``) ends the earliest traceback still open, whichever process printed it: which
+    one it ends does not change which exceptions were raised. Other unindented lines (another traceback's
+    header, multiprocessing's ``Process Process-1:`` banner, chained tracebacks' "During handling ...") end
+    none; a traceback the output stops inside ends in nothing, and counts."""
     found = []
-    lines = output.splitlines()
-    for i, line in enumerate(lines):
-        if not line.startswith("Traceback (most recent call last):"):
-            continue
-        # a traceback's frames are indented; its first unindented line after them names the exception
-        last = next((later for later in lines[i + 1:] if later and not later.startswith(" ")), "")
-        if not last.startswith(SHUTDOWN_ERRORS):
-            found.append(last)
-    return tuple(found)
+    open_ = 0
+    for line in output.splitlines():
+        if line.startswith(_HEADER):
+            open_ += 1
+        elif open_ and _EXCEPTION_LINE.match(line):
+            open_ -= 1
+            if not line.startswith(SHUTDOWN_ERRORS):
+                found.append(line)
+    return tuple(found) + ("",) * open_
+
+
+_HEADER = "Traceback (most recent call last):"
+_EXCEPTION_LINE = re.compile(r"[A-Za-z_][\w.]*(?::(?: .*)?)?$")
+"""how Python's traceback ends: the exception's (dotted) class name, then its message after a colon"""
 
 
 def run_campaign(command: Sequence[str], *, budget_s: float, env: dict[str, str] | None = None,

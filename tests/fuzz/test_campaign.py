@@ -142,3 +142,55 @@ def test_the_tracebacks_of_hypofuzz_s_own_shutdown_are_not_crashes():
         ValueError: a real one
         """)
     assert crashes(output) == ("ValueError: a real one",)
+
+
+def test_tracebacks_printed_at_once_by_the_hub_and_a_worker_are_read_line_by_line():
+    """One pipe: the worker's header can come before the hub's frames (a CI run saw this at the budget)."""
+    interleaved = textwrap.dedent("""\
+        fuzzing
+        Process Process-1:
+        Traceback (most recent call last):
+        Traceback (most recent call last):
+          File "<string>", line 15, in <module>
+        KeyboardInterrupt
+          File "multiprocessing/process.py", line 314, in _bootstrap
+            self.run()
+        KeyboardInterrupt
+        """)
+    assert crashes(interleaved) == ()
+    banner_inside = textwrap.dedent("""\
+        Traceback (most recent call last):
+        Process Process-2:
+          File "hypofuzz/hy.py", line 120, in run
+        Traceback (most recent call last):
+          File "multiprocessing/connection.py", line 384, in _send
+        BrokenPipeError: [Errno 32] Broken pipe
+        KeyboardInterrupt
+        """)
+    assert crashes(banner_inside) == ()
+    real_one_inside = textwrap.dedent("""\
+        Traceback (most recent call last):
+        Traceback (most recent call last):
+          File "hypofuzz/hy.py", line 120, in run
+          File "harness/serving/allocator.py", line 51, in free_slots
+        KeyboardInterrupt
+        hypothesis.errors.Flaky: Inconsistent results from replaying a failing test case!
+        """)
+    assert crashes(real_one_inside) == ("hypothesis.errors.Flaky: Inconsistent results from replaying a failing test case!",)
+
+
+def test_a_traceback_the_output_stops_inside_is_a_crash():
+    cut = "Traceback (most recent call last):\n  File \"hypofuzz/hy.py\", line 120, in run\n"
+    assert crashes(cut) == ("",)
+    chained = textwrap.dedent("""\
+        Traceback (most recent call last):
+          File "a.py", line 1, in f
+        KeyError: 'x'
+
+        During handling of the above exception, another exception occurred:
+
+        Traceback (most recent call last):
+          File "a.py", line 3, in f
+        RuntimeError: while handling it
+        """)
+    assert crashes(chained) == ("KeyError: 'x'", "RuntimeError: while handling it")
