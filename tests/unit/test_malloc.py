@@ -6,17 +6,17 @@ before (the command line tunes the process it runs in, and tests call it).
 
 from __future__ import annotations
 
-import os
+import ctypes
 import subprocess
 import sys
 import textwrap
 
 import pytest
 
-from harness.check.run.malloc import keep_freed_memory, release_freed_memory
+from harness.check.run.malloc import _glibc_function, keep_freed_memory, release_freed_memory
 
-_GLIBC = sys.platform.startswith("linux") and (os.confstr("CS_GNU_LIBC_VERSION") or "").startswith("glibc")
-glibc_only = pytest.mark.skipif(not _GLIBC, reason="the thresholds are glibc's; other C libraries keep their own")
+glibc_only = pytest.mark.skipif(_glibc_function("mallopt", (ctypes.c_int, ctypes.c_int)) is None,
+                                reason="the thresholds are glibc's; other C libraries keep their own")
 
 # One round of a forward's temporaries, as malloc sees them: a dozen blocks of 1-4 MiB written and freed. The
 # faults of five rounds after a first are printed with the pages they touched.
